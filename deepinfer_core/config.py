@@ -1,0 +1,132 @@
+"""Engine configuration: one frozen pydantic model.
+
+Every field can be set, in increasing precedence, by its default, a config file
+(``--config file.toml|yaml|json``), a ``DEEPINFER_<FIELD>`` environment variable, and an explicit
+argument (``LLM(field=...)`` or a CLI flag). Unknown fields are errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "DEEPINFER_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field, the value and what is allowed."""
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    model: str | None = Field(None, description="checkpoint directory; None uses the built-in demo checkpoint")
+    backend: str = Field("auto", description='platform name, or "auto" for the best available')
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    seed: int = 0
+    max_model_len: int | None = Field(None, ge=1)
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(2048, ge=1)
+    block_size: int | None = Field(None, ge=1, description="tokens per KV block; None picks the smallest valid")
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    enable_prefix_caching: bool = True
+    speculative_config: dict[str, Any] | None = None
+    structured_outputs_backend: Literal["auto", "xgrammar", "llguidance"] = "xgrammar"
+    skip_tokenizer_init: bool = False
+    enforce_eager: bool = False
+    batch_invariant: bool = Field(True, description="row results independent of batch composition (reference ops)")
+    data_parallel_size: int = Field(1, ge=1)
+    expert_parallel: bool = False
+    eplb: dict[str, Any] | None = None
+    strict_plugins: bool = False
+    plugins: list[str] | None = Field(None, description="entry-point names to load; None loads all, [] none")
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("backend must be a platform name or 'auto'")
+        return v.strip()
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file into a dict of config fields.
+
+    A TOML file may put the fields at top level or under a ``[deepinfer]`` table."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    suffix = p.suffix.lower()
+    text = p.read_text()
+    if suffix == ".toml":
+        data = tomllib.loads(text)
+    elif suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    elif suffix == ".json":
+        data = json.loads(text)
+    else:
+        raise ConfigError(f"config file {str(p)!r}: unsupported extension {suffix!r}; use .toml, .yaml, .yml or .json")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of field names to values")
+    if isinstance(data.get("deepinfer"), dict):
+        data = data["deepinfer"]
+    return data
+
+
+def _env_value(name: str, raw: str) -> Any:
+    field = EngineConfig.model_fields[name]
+    if name == "plugins":
+        return [s.strip() for s in raw.split(",") if s.strip()]
+    if raw.strip().lower() in ("none", "null") and field.default is None:
+        return None
+    ann = str(field.annotation)
+    if "dict" in ann:
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{ENV_PREFIX}{name.upper()} must be JSON: {e}") from None
+    return raw  # pydantic coerces "1", "true", "0.5" ...
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """``DEEPINFER_<FIELD>`` variables as config values. ``DEEPINFER_PLUGINS`` is comma-separated."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for name in EngineConfig.model_fields:
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            out[name] = _env_value(name, environ[key])
+    return out
+
+
+def load_config(config_file: str | Path | None = None, environ: dict[str, str] | None = None, **explicit: Any) -> EngineConfig:
+    """Merge file < environment < explicit values into a validated :class:`EngineConfig`."""
+    merged: dict[str, Any] = {}
+    if config_file is not None:
+        merged.update(read_config_file(config_file))
+    merged.update(env_overrides(environ))
+    merged.update({k: v for k, v in explicit.items()})
+    try:
+        return EngineConfig(**merged)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def format_validation_error(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(EngineConfig.model_fields)
+            lines.append(f"unknown parameter {loc!r}; allowed parameters: {allowed}")
+        else:
+            lines.append(f"{loc}={err.get('input')!r}: {err['msg']}")
+    return "invalid engine configuration: " + "; ".join(lines)

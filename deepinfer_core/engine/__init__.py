@@ -1,0 +1,1 @@
+"""The engine: input processing, scheduler, KV manager, model runner, sampler, output processing."""

@@ -1,0 +1,50 @@
+"""The contract every model architecture implements for the engine."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from deepinfer_core.engine.forward_batch import ForwardBatch
+    from deepinfer_core.kv.spec import CacheSpec
+    from deepinfer_core.ops.backends import Backends
+
+
+class CausalLM(ABC):
+    """A decoder model written against :class:`~deepinfer_core.ops.backends.Backends`; holds no device code."""
+
+    vocab_size: int
+    max_position_embeddings: int
+    eos_token_ids: list[int]
+    #: number of MTP (multi-token prediction) modules in the checkpoint; 0 if none
+    num_mtp_layers: int = 0
+
+    @classmethod
+    @abstractmethod
+    def from_checkpoint(cls, path: Path, backends: Backends, dtype: torch.dtype) -> CausalLM:
+        """Load config and weights from a checkpoint directory onto ``backends.memory.device``."""
+
+    @abstractmethod
+    def cache_specs(self) -> list[CacheSpec]:
+        """All state kept between steps (see :mod:`deepinfer_core.kv.spec`)."""
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Run the decoder over ``batch``, reading and writing ``kv`` (spec name -> pool tensor).
+
+        Returns the final hidden state of every token row (for V4: the mHC streams ``[T, hc_mult, D]``
+        before ``hc_head``; that is what MTP consumes)."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden`` rows (as returned by :meth:`forward`) -> logits ``[L, vocab_size]`` float32."""
+
+    def mtp_forward(
+        self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """One MTP draft step with module ``index`` (see the V4 model for the exact contract)."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP module")

@@ -1,0 +1,61 @@
+"""Weight containers shared by the dense and MoE ops.
+
+A weight is either a plain ``torch.Tensor`` ``[out, in]`` (BF16/FP32) or a :class:`QuantizedWeight`
+that stays quantized in memory; ops dequantize it block by block (reference) or natively (devices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+import torch
+
+QuantFormat = Literal["fp8_block", "fp4_e2m1"]
+
+
+@dataclass
+class QuantizedWeight:
+    """A quantized ``[out, in]`` matrix.
+
+    - ``fp8_block``: ``data`` is ``float8_e4m3fn [out, in]``; ``scale`` is ``float32 [ceil(out/128), ceil(in/128)]``
+      (one dequantization multiplier per 128x128 block; checkpoints with ``scale_fmt: ue8m0`` are
+      converted to float32 powers of two at load time).
+    - ``fp4_e2m1``: ``data`` is ``uint8 [out, in/2]``, two e2m1 codes per byte, low nibble first
+      (element ``2j`` in bits 0-3, ``2j+1`` in bits 4-7); ``scale`` is ``float32 [out, in/32]``
+      (ue8m0 powers of two, one per 32 input values).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    format: QuantFormat
+    shape: tuple[int, int]  # logical [out, in]
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.shape[1]
+
+
+Weight = Union[torch.Tensor, QuantizedWeight]
+
+
+@dataclass
+class ExpertWeights:
+    """The routed experts of one MoE layer, SwiGLU ``w2(silu(w1 x) * (w3 x))``.
+
+    Each of ``w1``, ``w3`` (``[I, D]``) and ``w2`` (``[D, I]``) is a list with one :data:`Weight` per
+    *local* expert. ``expert_ids`` maps a local index to the global expert id (identity without EP).
+    """
+
+    w1: list[Weight]
+    w3: list[Weight]
+    w2: list[Weight]
+    expert_ids: list[int]
+
+    @property
+    def num_local_experts(self) -> int:
+        return len(self.w1)

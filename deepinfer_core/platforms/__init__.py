@@ -1,0 +1,1 @@
+"""Platforms: named bundles of backends with an availability probe and a priority for ``auto``."""

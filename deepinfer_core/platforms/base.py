@@ -1,0 +1,48 @@
+"""The platform contract that plugins implement."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deepinfer_core.config import EngineConfig
+    from deepinfer_core.ops.backends import Backends
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    reason: str = ""  # why not, or a short description of the device when available
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+class Platform(ABC):
+    """A named target (``reference``, ``cuda_sm100``, ``ascend950``, a third party's ...).
+
+    ``backend="auto"`` picks the available platform with the highest :attr:`priority`.
+    Ops a platform does not provide fall back to the reference ops (see
+    :func:`deepinfer_core.plugins.resolve.resolve_backends`).
+    """
+
+    name: str
+    priority: int = 0
+    device_type: str = "cpu"
+
+    @abstractmethod
+    def is_available(self) -> Availability:
+        """Cheap probe: can this platform run here? Must not raise; say why not in ``reason``."""
+
+    def describe(self) -> str:
+        """One line about the device (name, compute capability ...) for ``deepinfer plugins``."""
+        return self.is_available().reason
+
+    def create_backends(self, config: EngineConfig) -> dict[str, object]:
+        """The platform's own op objects, ``{concern: object}``; missing concerns use the reference."""
+        return {}
+
+    def finalize(self, backends: Backends, config: EngineConfig) -> None:  # noqa: B027 - optional hook
+        """Called once after all backends are resolved (e.g. to set up graph capture)."""

@@ -1,0 +1,1 @@
+"""Plugin system: hook specs, the plugin-manager factory and hook resolution."""

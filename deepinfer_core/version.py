@@ -1,0 +1,9 @@
+"""Versions of the package and of the plugin API."""
+
+__version__ = "0.1.0"
+
+#: Version of the plugin API (hook specs, op base classes, platform contract).
+#: A plugin declares the version it was built for as ``DEEPINFER_PLUGIN_API = "MAJOR.MINOR"``
+#: in the module its entry point names. It is accepted when MAJOR matches and MINOR is not newer
+#: than the core's: minors only add hooks or optional methods.
+PLUGIN_API_VERSION = "1.0"
