@@ -24,8 +24,9 @@ class Platform(ABC):
     """A named target (``reference``, ``cuda_sm100``, ``ascend950``, a third party's ...).
 
     ``backend="auto"`` picks the available platform with the highest :attr:`priority`.
-    Ops a platform does not provide fall back to the reference ops (see
-    :func:`deepinfer_core.plugins.resolve.resolve_backends`).
+    A platform's ops come from the op hooks (``deepinfer_attention_ops`` ...) called with its name;
+    a concern no plugin serves falls back to the reference ops (see
+    :func:`deepinfer_core.plugins.registry.resolve_backends`).
     """
 
     name: str
@@ -39,10 +40,6 @@ class Platform(ABC):
     def describe(self) -> str:
         """One line about the device (name, compute capability ...) for ``deepinfer plugins``."""
         return self.is_available().reason
-
-    def create_backends(self, config: EngineConfig) -> dict[str, object]:
-        """The platform's own op objects, ``{concern: object}``; missing concerns use the reference."""
-        return {}
 
     def finalize(self, backends: Backends, config: EngineConfig) -> None:  # noqa: B027 - optional hook
         """Called once after all backends are resolved (e.g. to set up graph capture)."""

@@ -1,0 +1,1 @@
+"""The ``deepinfer`` command line: plugins, generate, chat, bench."""

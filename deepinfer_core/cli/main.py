@@ -1,0 +1,65 @@
+"""Entry point of the ``deepinfer`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deepinfer_core.cli import bench_cmd, chat_cmd, generate_cmd, plugins_cmd
+from deepinfer_core.cli.args import add_engine_args, add_sampling_args
+from deepinfer_core.version import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deepinfer", description="DeepSeek-V4 inference with pluggable backends")
+    p.add_argument("--version", action="version", version=f"deepinfer {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("plugins", help="list installed plugins, their hooks and platforms")
+    sp.add_argument("--config")
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(func=plugins_cmd.run)
+
+    g = sub.add_parser("generate", help="complete prompts")
+    g.add_argument("prompts", nargs="*", help="prompt texts")
+    g.add_argument("--input-file", help="one prompt per line (.txt) or JSONL (.jsonl)")
+    g.add_argument("--json", action="store_true", help="print results as JSON")
+    g.add_argument("--echo", action="store_true", help="print the prompt before its completion")
+    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    add_engine_args(g)
+    add_sampling_args(g)
+    g.set_defaults(func=generate_cmd.run)
+
+    c = sub.add_parser("chat", help="chat with the model")
+    c.add_argument("--message", action="append", help="send these user turns and exit (repeatable)")
+    c.add_argument("--system", help="system prompt")
+    c.add_argument("--thinking-mode", default="non-think", choices=["non-think", "think-high", "think-max"])
+    c.add_argument("--json", action="store_true")
+    add_engine_args(c)
+    add_sampling_args(c)
+    c.set_defaults(func=chat_cmd.run)
+
+    b = sub.add_parser("bench", help="throughput and latency of a synthetic workload")
+    b.add_argument("--num-prompts", type=int, default=32)
+    b.add_argument("--input-len", type=int, default=64)
+    b.add_argument("--output-len", type=int, default=32)
+    b.add_argument("--bench-seed", type=int, default=0)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--json", action="store_true")
+    add_engine_args(b)
+    b.set_defaults(func=bench_cmd.run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except ValueError as e:  # configuration and input errors: one clear line, no traceback
+        print(f"deepinfer: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

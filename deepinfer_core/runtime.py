@@ -1,0 +1,26 @@
+"""Build everything plugins contribute, once, from an :class:`EngineConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepinfer_core.config import EngineConfig
+from deepinfer_core.ops.backends import Backends
+from deepinfer_core.platforms.base import Platform
+from deepinfer_core.plugins.registry import PluginRegistry, build_registry, resolve_backends, select_platform
+
+
+@dataclass(frozen=True)
+class Runtime:
+    config: EngineConfig
+    registry: PluginRegistry
+    platform: Platform
+    backends: Backends
+
+
+def build_runtime(config: EngineConfig, extra_plugins: list[object] = ()) -> Runtime:
+    """Load plugins, select the platform named by ``config.backend`` and resolve its backends.
+    This is the only place hooks are called; the engine keeps the result."""
+    registry = build_registry(allow=config.plugins, strict=config.strict_plugins, extra_plugins=list(extra_plugins))
+    platform = select_platform(registry, config.backend)
+    return Runtime(config, registry, platform, resolve_backends(registry, platform, config))
