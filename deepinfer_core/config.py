@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "DEEPINFER_"
@@ -25,14 +25,18 @@ class ConfigError(ValueError):
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
-    model: str | None = Field(None, description="checkpoint directory; None uses the built-in demo checkpoint")
+    model: str | None = Field(
+        None, description="checkpoint directory; None uses the built-in demo checkpoint"
+    )
     backend: str = Field("auto", description='platform name, or "auto" for the best available')
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int = 0
     max_model_len: int | None = Field(None, ge=1)
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(2048, ge=1)
-    block_size: int | None = Field(None, ge=1, description="tokens per KV block; None picks the smallest valid")
+    block_size: int | None = Field(
+        None, ge=1, description="tokens per KV block; None picks the smallest valid"
+    )
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
@@ -40,7 +44,9 @@ class EngineConfig(BaseModel):
     structured_outputs_backend: Literal["auto", "xgrammar", "llguidance"] = "xgrammar"
     skip_tokenizer_init: bool = False
     enforce_eager: bool = False
-    batch_invariant: bool = Field(True, description="row results independent of batch composition (reference ops)")
+    batch_invariant: bool = Field(
+        True, description="row results independent of batch composition (reference ops)"
+    )
     data_parallel_size: int = Field(1, ge=1)
     expert_parallel: bool = False
     eplb: dict[str, Any] | None = None
@@ -73,7 +79,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     elif suffix == ".json":
         data = json.loads(text)
     else:
-        raise ConfigError(f"config file {str(p)!r}: unsupported extension {suffix!r}; use .toml, .yaml, .yml or .json")
+        raise ConfigError(
+            f"config file {str(p)!r}: unsupported extension {suffix!r}; use .toml, .yaml, .yml or .json"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of field names to values")
     if isinstance(data.get("deepinfer"), dict):
@@ -107,7 +115,9 @@ def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
     return out
 
 
-def load_config(config_file: str | Path | None = None, environ: dict[str, str] | None = None, **explicit: Any) -> EngineConfig:
+def load_config(
+    config_file: str | Path | None = None, environ: dict[str, str] | None = None, **explicit: Any
+) -> EngineConfig:
     """Merge file < environment < explicit values into a validated :class:`EngineConfig`."""
     merged: dict[str, Any] = {}
     if config_file is not None:

@@ -17,15 +17,24 @@ def run(ns: argparse.Namespace) -> int:
     llm = make_llm(ns)
     rng = random.Random(ns.bench_seed)
     vocab = llm.vocab_size
-    prompts = [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(ns.input_len)]} for _ in range(ns.num_prompts)]
-    params = SamplingParams(max_tokens=ns.output_len, ignore_eos=True, temperature=ns.temperature, seed=ns.bench_seed)
+    prompts = [
+        {"prompt_token_ids": [rng.randrange(vocab) for _ in range(ns.input_len)]}
+        for _ in range(ns.num_prompts)
+    ]
+    params = SamplingParams(
+        max_tokens=ns.output_len, ignore_eos=True, temperature=ns.temperature, seed=ns.bench_seed
+    )
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=not ns.json)
     elapsed = time.perf_counter() - t0
     n_in = sum(len(o.prompt_token_ids) for o in outs)
     n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    ttft = [o.metrics.first_token_time for o in outs if getattr(o.metrics, "first_token_time", None) is not None]
-    tpot = [o.metrics.time_per_output_token for o in outs if getattr(o.metrics, "time_per_output_token", None)]
+    ttft = [
+        o.metrics.first_token_time for o in outs if getattr(o.metrics, "first_token_time", None) is not None
+    ]
+    tpot = [
+        o.metrics.time_per_output_token for o in outs if getattr(o.metrics, "time_per_output_token", None)
+    ]
     res = {
         "backend": llm.backend_name,
         "num_prompts": ns.num_prompts,

@@ -41,7 +41,9 @@ def _jsonl_prompt(line: str, path: Path, lineno: int) -> Any:
         return {"prompt_token_ids": obj["prompt_token_ids"]}
     if isinstance(obj, dict) and "prompt" in obj:
         return obj["prompt"]
-    raise SystemExit(f'deepinfer: {path}:{lineno}: expected a string, {{"prompt": ...}} or {{"prompt_token_ids": [...]}}')
+    raise SystemExit(
+        f'deepinfer: {path}:{lineno}: expected a string, {{"prompt": ...}} or {{"prompt_token_ids": [...]}}'
+    )
 
 
 def make_llm(ns: argparse.Namespace):

@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print results as JSON")
     g.add_argument("--echo", action="store_true", help="print the prompt before its completion")
     g.add_argument("--no-progress", action="store_true")
-    g.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    g.add_argument(
+        "--progress", action="store_true", help="show the progress bar even when not on a terminal"
+    )
     add_engine_args(g)
     add_sampling_args(g)
     g.set_defaults(func=generate_cmd.run)

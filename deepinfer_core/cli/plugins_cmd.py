@@ -18,7 +18,9 @@ def collect(config_file: str | None = None) -> dict:
     plugins = []
     for plugin_name, plugin in reg.pm.list_name_plugin():
         loaded = next((p for p in reg.report.loaded if p.name == plugin_name), None)
-        dist, version = (loaded.dist, loaded.version) if loaded else ("deepinfer-core (built-in)", __version__)
+        dist, version = (
+            (loaded.dist, loaded.version) if loaded else ("deepinfer-core (built-in)", __version__)
+        )
         owned = [n for n, owner in reg.platforms.owners.items() if owner == plugin_name]
         plugins.append(
             {
@@ -27,17 +29,32 @@ def collect(config_file: str | None = None) -> dict:
                 "version": version,
                 "hooks": implemented_hooks(reg.pm, plugin),
                 "platforms": {
-                    n: {"available": avail[n].available, "detail": avail[n].reason, "priority": reg.platforms[n].priority}
+                    n: {
+                        "available": avail[n].available,
+                        "detail": avail[n].reason,
+                        "priority": reg.platforms[n].priority,
+                    }
                     for n in owned
                 },
                 "proposers": [n for n, o in reg.proposers.owners.items() if o == plugin_name],
-                "structured_backends": [n for n, o in reg.structured_backends.owners.items() if o == plugin_name],
+                "structured_backends": [
+                    n for n, o in reg.structured_backends.owners.items() if o == plugin_name
+                ],
                 "models": [n for n, o in reg.models.owners.items() if o == plugin_name],
             }
         )
-    failed = [{"name": f.name, "distribution": f.dist, "version": f.version, "error": f.error} for f in reg.report.failed]
+    failed = [
+        {"name": f.name, "distribution": f.dist, "version": f.version, "error": f.error}
+        for f in reg.report.failed
+    ]
     auto = max((reg.platforms[n] for n, a in avail.items() if a.available), key=lambda p: p.priority).name
-    return {"core_version": __version__, "plugin_api": PLUGIN_API_VERSION, "plugins": plugins, "failed": failed, "auto": auto}
+    return {
+        "core_version": __version__,
+        "plugin_api": PLUGIN_API_VERSION,
+        "plugins": plugins,
+        "failed": failed,
+        "auto": auto,
+    }
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -13,4 +13,6 @@ class ReferencePlatform(Platform):
     device_type = "cpu"
 
     def is_available(self) -> Availability:
-        return Availability(True, f"CPU ({_pyplatform.machine() or 'unknown arch'}), pure PyTorch reference ops")
+        return Availability(
+            True, f"CPU ({_pyplatform.machine() or 'unknown arch'}), pure PyTorch reference ops"
+        )

@@ -95,15 +95,36 @@ def _load_one(pm: pluggy.PluginManager, ep: md.EntryPoint, strict: bool, report:
         if not ok:
             raise PluginLoadError(f"plugin {ep.name!r} from {dist} {version} is refused: {why}")
         _register(pm, obj, ep.name)
+        _check_known_hooks(pm, pm.get_plugin(ep.name), ep.name)
     except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
         msg = exc.args[0] if isinstance(exc, PluginLoadError) else f"{type(exc).__name__}: {exc}"
         item = LoadedPlugin(ep.name, dist, version, None, msg)
         if strict:
-            raise PluginLoadError(f"plugin {ep.name!r} (distribution {dist} {version}) failed to load: {msg}") from exc
-        log.warning("deepinfer: plugin %r (distribution %s %s) failed to load: %s", ep.name, dist, version, msg)
+            raise PluginLoadError(
+                f"plugin {ep.name!r} (distribution {dist} {version}) failed to load: {msg}"
+            ) from exc
+        log.warning(
+            "deepinfer: plugin %r (distribution %s %s) failed to load: %s", ep.name, dist, version, msg
+        )
         report.failed.append(item)
         return
     report.loaded.append(LoadedPlugin(ep.name, dist, version, obj))
+
+
+def _check_known_hooks(pm: pluggy.PluginManager, plugin: object, name: str) -> None:
+    """Refuse a plugin that implements a hook no spec declares (usually a misspelling)."""
+    unknown = sorted(
+        hook_name
+        for hook_name, caller in vars(pm.hook).items()
+        if isinstance(caller, pluggy.HookCaller)
+        and caller.spec is None
+        and any(impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls())
+    )
+    if unknown:
+        pm.unregister(plugin)
+        raise PluginLoadError(
+            f"plugin {name!r} implements unknown hook(s) {', '.join(unknown)} (misspelled?)"
+        )
 
 
 def _register(pm: pluggy.PluginManager, obj: object, name: str) -> None:

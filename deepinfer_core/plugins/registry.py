@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from deepinfer_core.plugins.manager import LoadReport, make_plugin_manager
 from deepinfer_core.platforms.base import Availability, Platform
+from deepinfer_core.plugins.manager import LoadReport, make_plugin_manager
 
 if TYPE_CHECKING:
     from deepinfer_core.config import EngineConfig
@@ -31,7 +31,9 @@ class NamedRegistry(dict):
 
     def add(self, name: str, obj: Any, owner: str) -> None:
         if name in self:
-            raise ValueError(f"{self.kind} {name!r} is registered twice: by {self.owners[name]} and by {owner}")
+            raise ValueError(
+                f"{self.kind} {name!r} is registered twice: by {self.owners[name]} and by {owner}"
+            )
         self[name] = obj
         self.owners[name] = owner
 
@@ -50,7 +52,9 @@ class PluginRegistry:
     report: LoadReport
     platforms: NamedRegistry = field(default_factory=lambda: NamedRegistry("platform"))
     proposers: NamedRegistry = field(default_factory=lambda: NamedRegistry("proposer"))
-    structured_backends: NamedRegistry = field(default_factory=lambda: NamedRegistry("structured-output backend"))
+    structured_backends: NamedRegistry = field(
+        default_factory=lambda: NamedRegistry("structured-output backend")
+    )
     models: NamedRegistry = field(default_factory=lambda: NamedRegistry("model architecture"))
 
     def availability(self) -> dict[str, Availability]:
@@ -75,7 +79,7 @@ def build_registry(
         for impl in hook.get_hookimpls():
             owner = impl.plugin_name
             if table is reg.platforms:
-                impl.function(register=lambda p, _o=owner: table.add(p.name, p, _o))
+                impl.function(register=lambda p, _o=owner, _t=table: _t.add(p.name, p, _o))
             else:
                 impl.function(register=lambda n, obj, _o=owner, _t=table: _t.add(n, obj, _o))
     return reg
@@ -111,7 +115,9 @@ def _installed_summary(reg: PluginRegistry, avail: dict[str, Availability]) -> s
         parts.append(f"{n} (available)" if a.available else f"{n} (unavailable: {a.reason})")
     text = "Installed platforms: " + ", ".join(parts) + "."
     if reg.report.failed:
-        text += " Plugins that failed to load: " + "; ".join(f"{f.name} from {f.dist}: {f.error}" for f in reg.report.failed)
+        text += " Plugins that failed to load: " + "; ".join(
+            f"{f.name} from {f.dist}: {f.error}" for f in reg.report.failed
+        )
     return text
 
 

@@ -37,7 +37,9 @@ class ReferenceCommOps(CommOps):
         # gloo has no all_to_all_single with uneven splits on every build: exchange per peer.
         sends = list(x.contiguous().split(send_counts))
         recvs = list(out.split(recv_counts))
-        dist.all_to_all(recvs, sends, group=group) if dist.get_backend(group) != "gloo" else _gloo_all_to_all(recvs, sends, group)
+        dist.all_to_all(recvs, sends, group=group) if dist.get_backend(group) != "gloo" else _gloo_all_to_all(
+            recvs, sends, group
+        )
         return torch.cat(recvs, dim=0) if recvs else out
 
 

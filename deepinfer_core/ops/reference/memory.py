@@ -26,7 +26,11 @@ class ReferenceMemoryOps(MemoryOps):
 
     def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:
         """On the CPU the "device" is host memory: a fraction of what is free now (the model is loaded)."""
-        return max(0, int(host_available_bytes() * gpu_memory_utilization) - int(os.environ.get("DEEPINFER_HOST_RESERVE", 0)))
+        return max(
+            0,
+            int(host_available_bytes() * gpu_memory_utilization)
+            - int(os.environ.get("DEEPINFER_HOST_RESERVE", 0)),
+        )
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, device=self.device)

@@ -1,0 +1,1 @@
+"""A minimal third-party backend for DeepInfer (see docs/plugins.md for the walk-through)."""

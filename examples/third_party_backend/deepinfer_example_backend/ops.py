@@ -1,0 +1,66 @@
+"""The ops this backend implements itself. Everything else falls back to the reference ops."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.ops.dense import DenseOps
+from deepinfer_core.ops.sampling import SamplingOps
+from deepinfer_core.plugins.registry import reference_op
+
+
+class ExampleDenseOps(DenseOps):
+    """Own RMSNorm (one fused expression); the other dense ops are delegated to the reference."""
+
+    def __init__(self) -> None:
+        self._ref = reference_op("dense")
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        xf = x.float()
+        y = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (y * weight if weight is not None else y).to(x.dtype)
+
+    def linear(self, x, weight):
+        return self._ref.linear(x, weight)
+
+    def rope(self, x, positions, inv_freq, inverse=False):
+        return self._ref.rope(x, positions, inv_freq, inverse)
+
+    def hc_pre(self, x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
+        return self._ref.hc_pre(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps)
+
+    def hc_post(self, y, residual, post, comb):
+        return self._ref.hc_post(y, residual, post, comb)
+
+    def hc_head(self, x, fn, base, scale, hc_eps, norm_eps):
+        return self._ref.hc_head(x, fn, base, scale, hc_eps, norm_eps)
+
+    def swiglu_mlp(self, x, w1, w3, w2, limit):
+        return self._ref.swiglu_mlp(x, w1, w3, w2, limit)
+
+
+class ExampleSamplingOps(SamplingOps):
+    """Own argmax (lowest id wins ties, as the contract says); the rest is the reference."""
+
+    def __init__(self) -> None:
+        self._ref = reference_op("sampling")
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        best = logits.max(dim=-1, keepdim=True).values
+        ids = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
+        return torch.where(logits == best, ids, logits.shape[-1]).min(dim=-1).values
+
+    def apply_penalties(self, *args, **kwargs):
+        return self._ref.apply_penalties(*args, **kwargs)
+
+    def probs(self, logits, params):
+        return self._ref.probs(logits, params)
+
+    def sample(self, probs, generators):
+        return self._ref.sample(probs, generators)
+
+    def apply_bitmask(self, logits, bitmask):
+        return self._ref.apply_bitmask(logits, bitmask)
+
+    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
+        return self._ref.rejection_sample(draft_ids, draft_probs, target_probs, generators)

@@ -1,0 +1,31 @@
+"""Availability probe and identity of the ``ascend950`` platform."""
+
+from __future__ import annotations
+
+import importlib
+
+from deepinfer_core.platforms.base import Availability, Platform
+
+
+def probe_npu() -> Availability:
+    """torch_npu importable and at least one NPU visible; otherwise say which of the two is missing."""
+    try:
+        torch_npu = importlib.import_module("torch_npu")
+    except ImportError as e:
+        return Availability(False, f"torch_npu is not importable ({e}); install the Ascend PyTorch adapter")
+    import torch
+
+    npu = getattr(torch, "npu", None)
+    count = npu.device_count() if npu is not None else 0
+    if count < 1:
+        return Availability(False, f"torch_npu {getattr(torch_npu, '__version__', '?')} found no NPU device")
+    return Availability(True, f"{count} NPU(s): {npu.get_device_name(0)}")
+
+
+class Ascend950Platform(Platform):
+    name = "ascend950"
+    priority = 90
+    device_type = "npu"
+
+    def is_available(self) -> Availability:
+        return probe_npu()

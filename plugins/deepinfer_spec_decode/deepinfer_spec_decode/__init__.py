@@ -1,0 +1,1 @@
+"""DeepInfer speculative decoding: proposers (MTP, n-gram) and the verifier."""
