@@ -1,0 +1,62 @@
+"""Developer and CI sessions: ``nox -s tests lint conformance demo``.
+
+Torch is pinned to the CPU build first (``TORCH_SPEC``) so that no dependency range pulls a CUDA build.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "tests", "conformance", "demo"]
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH_SPEC = os.environ.get("DEEPINFER_TORCH_SPEC", "torch==2.13.0")
+PLUGINS = [
+    "plugins/deepinfer_cuda_sm100",
+    "plugins/deepinfer_ascend950",
+    "plugins/deepinfer_spec_decode",
+    "plugins/deepinfer_structured",
+    "examples/third_party_backend",
+]
+
+
+def install_all(session: nox.Session) -> None:
+    session.install(TORCH_SPEC)
+    session.install("-e", ".[test]")
+    for p in PLUGINS:
+        session.install("-e", p)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole test suite, with every plugin and the example backend installed."""
+    install_all(session)
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """The conformance kit against the reference ops and the example third-party backend."""
+    install_all(session)
+    for backend in ("reference", "example"):
+        session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "deepinfer_core.testing",
+                    "--deepinfer-backend", backend)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """A fresh venv with only deepinfer-core: ``deepinfer plugins`` shows only ``reference``, and the
+    quick-start generation runs on the CPU."""
+    session.install(TORCH_SPEC)
+    session.install(".")
+    session.run("python", "tools/check_core_only.py")
+    session.run("deepinfer", "generate", "def quicksort(xs):", "--max-tokens", "32", "--no-progress")
