@@ -41,13 +41,19 @@ class SamplingOps(ABC):
 
     @abstractmethod
     def probs(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-        """The sampling distribution ``[B, V]`` f32 after temperature, top-k, top-p and min-p.
-        Greedy rows (temperature 0) get a one-hot at the argmax."""
+        """The sampling distribution ``[B, V]`` f32, in this order: divide by temperature; top-k keeps
+        the logits ``>=`` the k-th largest (ties at the threshold stay); softmax; top-p keeps the
+        smallest set of most likely tokens whose mass reaches ``top_p`` (the most likely token always
+        stays; equal probabilities are ordered by token id); min-p keeps tokens with
+        ``p >= min_p * max(p)``; renormalise. Greedy rows (temperature 0) get a one-hot at the argmax.
+        Each row depends only on its own logits and parameters (batch invariant)."""
 
     @abstractmethod
     def sample(self, probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
         """Draw one token per row from ``probs [B, V]`` -> ``[B]`` int64, using row ``b``'s generator
-        (``None``: the default generator). Rows must consume randomness independently of each other."""
+        (``None``: the default generator). Rows must consume randomness independently of each other,
+        and a row's draw must depend only on its probabilities and its generator's state. Tokens with
+        probability 0 are never drawn."""
 
     @abstractmethod
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
@@ -73,4 +79,8 @@ class SamplingOps(ABC):
         rejection sample from ``normalize(max(0, p - q))``; if all are accepted, sample a bonus token
         from ``target_probs[:, k]``. Returns ``(tokens [B, k+1] int64 padded with -1, num_accepted [B])``
         where row ``b`` emits ``num_accepted[b] + 1`` tokens.
+
+        Randomness: row ``b`` draws only from ``generators[b]``: one uniform per examined draft, then the
+        one token it samples (residual or bonus). If the residual has no mass (``p == q``, which cannot be
+        rejected in exact arithmetic), the token is drawn from ``target_probs[b, j]``.
         """

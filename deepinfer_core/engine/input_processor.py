@@ -1,0 +1,137 @@
+"""Prompts and parameters in, validated requests out; every error is raised here, before scheduling.
+
+Errors are :class:`~deepinfer_core.sampling_params.InvalidParameterError` (a ``ValueError``) naming the
+parameter, the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+from deepinfer_core.sampling_params import InvalidParameterError, SamplingParams, invalid
+
+Prompt = str | dict
+
+
+@dataclass
+class ProcessedPrompt:
+    prompt: str | None
+    token_ids: list[int]
+    params: SamplingParams
+
+
+class InputProcessor:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, max_model_len: int, structured_backends: Seq[str] = ()
+    ):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.structured_backends = list(structured_backends)
+
+    def process(
+        self,
+        prompts: Any,
+        params: SamplingParams | list[SamplingParams] | None,
+        add_special_tokens: bool = True,
+    ) -> list[ProcessedPrompt]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise invalid("prompts", type(prompts).__name__, "must be a prompt or a list of prompts")
+        plist = self._params_list(params, len(prompts))
+        return [self._one(i, p, sp, add_special_tokens) for i, (p, sp) in enumerate(zip(prompts, plist))]
+
+    def _params_list(self, params: Any, n: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * n
+        if isinstance(params, SamplingParams):
+            return [params] * n
+        if not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
+            raise invalid("sampling_params", params, "must be a SamplingParams or a list of them")
+        if len(params) != n:
+            raise invalid(
+                "sampling_params", f"list of {len(params)}", f"must have one entry per prompt ({n} prompts)"
+            )
+        return list(params)
+
+    def _one(self, i: int, prompt: Any, sp: SamplingParams, add_special: bool) -> ProcessedPrompt:
+        text, ids = self._tokens(i, prompt, add_special)
+        self._check_ids(i, ids)
+        self._check_params(i, sp, len(ids))
+        return ProcessedPrompt(text, ids, sp)
+
+    def _tokens(self, i: int, prompt: Any, add_special: bool) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)):
+                raise invalid(f"prompts[{i}].prompt_token_ids", ids, "must be a list of token ids")
+            return prompt.get("prompt"), list(ids)
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt
+        if not isinstance(text, str):
+            raise invalid(
+                f"prompts[{i}]", prompt, 'must be a string, {"prompt": str} or {"prompt_token_ids": [...]}'
+            )
+        if not text:
+            raise invalid(f"prompts[{i}]", text, "the prompt must not be empty")
+        if self.tokenizer is None:
+            raise InvalidParameterError(
+                f"prompts[{i}]={text[:40]!r} is invalid: this model has no tokenizer (checkpoint without tokenizer "
+                'files, or skip_tokenizer_init=True); pass {"prompt_token_ids": [...]} instead'
+            )
+        return text, list(self.tokenizer.encode(text, add_special_tokens=add_special))
+
+    def _check_ids(self, i: int, ids: list[int]) -> None:
+        if not ids:
+            raise invalid(f"prompts[{i}].prompt_token_ids", ids, "the prompt must not be empty")
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise invalid(
+                    f"prompts[{i}].prompt_token_ids", t, f"token ids must be ints in [0, {self.vocab_size})"
+                )
+        if len(ids) >= self.max_model_len:
+            raise invalid(
+                f"prompts[{i}] length",
+                len(ids),
+                f"must be < max_model_len={self.max_model_len} (room for one token)",
+            )
+
+    def _check_params(self, i: int, sp: SamplingParams, n: int) -> None:
+        room = self.max_model_len - n
+        if sp.max_tokens is not None and sp.max_tokens > room:
+            raise invalid(
+                "max_tokens",
+                sp.max_tokens,
+                f"prompt {i} has {n} tokens, so prompt + max_tokens must be <= max_model_len={self.max_model_len}: max_tokens <= {room}",
+            )
+        if sp.min_tokens > room:
+            raise invalid(
+                "min_tokens",
+                sp.min_tokens,
+                f"must be <= {room} (max_model_len - prompt length) for prompt {i}",
+            )
+        v = self.vocab_size
+        for t in sp.stop_token_ids:
+            if t >= v:
+                raise invalid("stop_token_ids", t, f"token ids must be in [0, {v})")
+        for t in sp.logit_bias or {}:
+            if t >= v:
+                raise invalid("logit_bias", t, f"keys must be token ids in [0, {v})")
+        if sp.stop and self.tokenizer is None:
+            raise invalid(
+                "stop", sp.stop, "stop strings need a tokenizer; this model has none (use stop_token_ids)"
+            )
+        if sp.structured_outputs is not None:
+            if not self.structured_backends:
+                raise invalid(
+                    "structured_outputs",
+                    sp.structured_outputs.kind,
+                    "structured outputs need the deepinfer-structured plugin",
+                )
+            raise invalid(
+                "structured_outputs",
+                sp.structured_outputs.kind,
+                f"grammar backends {self.structured_backends} are installed, but this engine does not apply grammar masks yet",
+            )

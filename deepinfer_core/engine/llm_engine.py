@@ -1,0 +1,213 @@
+"""The engine: requests in, one step at a time, ``RequestOutput``s out.
+
+``step()`` is the whole loop: schedule -> execute -> sample -> update -> outputs. See
+:mod:`deepinfer_core.engine.scheduler` for the overlap-scheduling seam.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+from deepinfer_core.config import ConfigError, EngineConfig
+from deepinfer_core.engine.input_processor import InputProcessor, ProcessedPrompt
+from deepinfer_core.engine.loader import model_bytes
+from deepinfer_core.engine.model_runner import ModelRunner
+from deepinfer_core.engine.output_processor import OutputProcessor
+from deepinfer_core.engine.outputs import RequestMetrics, RequestOutput
+from deepinfer_core.engine.sampler import Sampler
+from deepinfer_core.engine.scheduler import Scheduler, SchedulerOutput
+from deepinfer_core.engine.sequence import Request, Sequence
+from deepinfer_core.kv.budget import choose_block_size, plan_kv
+from deepinfer_core.kv.kv_manager import KVCacheManager
+from deepinfer_core.models.base import CausalLM
+from deepinfer_core.ops.backends import Backends
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: CausalLM,
+        backends: Backends,
+        tokenizer: Any = None,
+        structured_backends: list[str] = (),
+        proposers: list[str] = (),
+    ):
+        self.config, self.model, self.backends, self.tokenizer = config, model, backends, tokenizer
+        self.max_model_len = _max_model_len(config, model)
+        _check_speculative(config, proposers)
+        specs = model.cache_specs()
+        block_size = choose_block_size(specs, config.block_size)
+        budget = config.kv_cache_memory_bytes
+        if budget is None:
+            budget = backends.memory.available_kv_bytes(config.gpu_memory_utilization, model_bytes(model))
+        self.kv_layout = plan_kv(
+            specs, block_size, budget, self.max_model_len, config.max_num_seqs, config.max_num_batched_tokens
+        )
+        self.kv = KVCacheManager(specs, block_size, self.kv_layout.num_blocks, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(model, backends, self.kv_layout)
+        self.sampler = Sampler(backends.sampling, model.eos_token_ids, model.vocab_size)
+        self.inputs = InputProcessor(
+            tokenizer, model.vocab_size, self.max_model_len, list(structured_backends)
+        )
+        self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self._arrivals = itertools.count()
+        self._pending_aborts: set[str] = set()
+        self._lock = threading.Lock()
+        self.num_prompt_tokens = self.num_generation_tokens = self.num_requests = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, runtime: Any = None) -> LLMEngine:
+        from deepinfer_core.engine.loader import load
+        from deepinfer_core.runtime import build_runtime
+
+        rt = runtime if runtime is not None else build_runtime(config)
+        model, tokenizer = load(config, rt)
+        return cls(
+            config,
+            model,
+            rt.backends,
+            tokenizer,
+            list(rt.registry.structured_backends),
+            list(rt.registry.proposers),
+        )
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, item: ProcessedPrompt, request_id: str | None = None) -> str:
+        """Queue a validated prompt (see :meth:`InputProcessor.process`); returns its request id."""
+        index = next(self._arrivals)
+        rid = request_id if request_id is not None else str(index)
+        if rid in self.requests:
+            raise ValueError(f"request_id={rid!r} is invalid: a request with this id is still running")
+        req = Request(
+            rid, index, item.prompt, item.token_ids, item.params, RequestMetrics(time.perf_counter())
+        )
+        if item.params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None]
+        self._new_seq(req, 0, front=False)
+        self.requests[rid] = req
+        self.num_requests += 1
+        self.num_prompt_tokens += len(item.token_ids)
+        return rid
+
+    def _new_seq(self, req: Request, index: int, front: bool) -> None:
+        max_tokens = req.params.max_tokens or self.max_model_len - len(req.prompt_token_ids)
+        seq = Sequence(req, index, self.config.seed, max_tokens)
+        req.seqs.append(seq)
+        self.scheduler.add(seq, front=front)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request; takes effect before the next step (safe to call from another thread). Its
+        output, with ``finish_reason="abort"``, is returned by that step."""
+        with self._lock:
+            self._pending_aborts.add(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or bool(self._pending_aborts)
+
+    # ------------------------------------------------------------------ the step loop
+
+    def step(self) -> list[RequestOutput]:
+        aborted = self.apply_aborts()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return aborted + self._stuck()
+        logits = self.runner.execute(sched)
+        samples = self.sampler.sample(logits, sched)
+        finished = self.outputs.append(sched, samples)
+        self.scheduler.update(sched, finished)
+        self._post_step(sched)
+        return aborted + self._collect(finished)
+
+    def _post_step(self, sched: SchedulerOutput) -> None:
+        """Count generated tokens; start samples 1..n-1 once sample 0's prompt is computed, so they find
+        it in the prefix cache."""
+        for s in sched.scheduled:
+            req = s.seq.request
+            self.num_generation_tokens += s.samples
+            if s.samples and s.seq.sample_index == 0 and req.n > 1 and not req.siblings_spawned:
+                req.siblings_spawned = True
+                for i in range(req.n - 1, 0, -1):
+                    self._new_seq(req, i, front=True)
+                req.seqs.sort(key=lambda q: q.sample_index)
+
+    def _collect(self, finished: list[Sequence]) -> list[RequestOutput]:
+        outs = []
+        for seq in finished:
+            req = seq.request
+            if req.finished and self.requests.pop(req.request_id, None) is not None:
+                outs.append(self.outputs.request_output(req))
+        return outs
+
+    def apply_aborts(self) -> list[RequestOutput]:
+        """Carry out pending aborts now; returns the aborted requests' outputs."""
+        with self._lock:
+            ids, self._pending_aborts = self._pending_aborts, set()
+        outs = []
+        for rid in ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            live = [s for s in req.seqs if s.finish_reason is None]
+            self.scheduler.abort(live)
+            for s in live:
+                s.finish_reason = "abort"
+                self.outputs.forget(s)
+            req.n = len(req.seqs)  # samples not yet spawned will not come
+            outs.append(self.outputs.request_output(req))
+        return outs
+
+    def _stuck(self) -> list[RequestOutput]:
+        if self.requests:
+            raise RuntimeError(
+                f"scheduler made no progress with {len(self.scheduler.waiting)} waiting and "
+                f"{len(self.scheduler.running)} running sequences (KV pools: "
+                + ", ".join(f"{g}: {p.num_available}/{p.num_blocks} free" for g, p in self.kv.pools.items())
+                + ")"
+            )
+        return []
+
+    def get_stats(self) -> dict[str, int]:
+        return {
+            "num_requests": self.num_requests,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_generation_tokens": self.num_generation_tokens,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": self.kv.stats.queries,
+            "prefix_cache_hits": self.kv.stats.hits,
+            "spec_num_draft_tokens": 0,
+            "spec_num_accepted_tokens": 0,
+        }
+
+
+def _max_model_len(config: EngineConfig, model: CausalLM) -> int:
+    limit = model.max_position_embeddings
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ConfigError(
+            f"max_model_len={config.max_model_len} is invalid: the model supports at most {limit} positions"
+        )
+    return config.max_model_len
+
+
+def _check_speculative(config: EngineConfig, proposers: list[str]) -> None:
+    spec = config.speculative_config
+    if not spec:
+        return
+    method = spec.get("method")
+    if method not in proposers:
+        raise ConfigError(
+            f"speculative_config.method={method!r} is invalid: installed proposers: {sorted(proposers) or 'none'} "
+            "(speculative decoding needs the deepinfer-spec-decode plugin)"
+        )
+    raise ConfigError(
+        f"speculative_config.method={method!r}: the proposer is installed, but this engine version does not run "
+        "speculative decoding yet"
+    )

@@ -1,0 +1,73 @@
+"""Find the checkpoint, pick the architecture from the registry, load model weights and tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from deepinfer_core.config import ConfigError, EngineConfig
+from deepinfer_core.models.base import CausalLM
+
+if TYPE_CHECKING:
+    from deepinfer_core.runtime import Runtime
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def checkpoint_path(config: EngineConfig) -> Path:
+    if config.model is None:
+        from deepinfer_core.demo import default_checkpoint
+
+        return Path(default_checkpoint())
+    path = Path(config.model)
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model={config.model!r} is invalid: expected a checkpoint directory with a config.json"
+        )
+    return path
+
+
+def resolve_dtype(name: str, device_type: str) -> torch.dtype:
+    """``"auto"``: float32 on the CPU reference platform, bfloat16 on accelerators."""
+    if name == "auto":
+        return torch.float32 if device_type == "cpu" else torch.bfloat16
+    return _DTYPES[name]
+
+
+def model_class(path: Path, models: Any) -> type[CausalLM]:
+    cfg = json.loads((path / "config.json").read_text())
+    names = list(cfg.get("architectures") or []) + [cfg.get("model_type")]
+    for name in names:
+        if name and name in models:
+            return models[name]
+    raise ConfigError(
+        f"model={str(path)!r}: architecture {names[0]!r} is not registered; registered: {sorted(models)}"
+    )
+
+
+def load_tokenizer(path: Path, skip: bool) -> Any:
+    """The checkpoint's tokenizer, or None when it ships none (token-id prompts only)."""
+    if skip or not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load(config: EngineConfig, runtime: Runtime) -> tuple[CausalLM, Any]:
+    path = checkpoint_path(config)
+    cls = model_class(path, runtime.registry.models)
+    dtype = resolve_dtype(config.dtype, runtime.platform.device_type)
+    model = cls.from_checkpoint(path, runtime.backends, dtype)
+    return model, load_tokenizer(path, config.skip_tokenizer_init)
+
+
+def model_bytes(model: CausalLM) -> int:
+    """Bytes of the model's parameters (for sizing the KV budget from free device memory)."""
+    if isinstance(model, torch.nn.Module):
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+    return int(getattr(model, "num_bytes", 0))

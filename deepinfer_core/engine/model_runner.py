@@ -1,0 +1,82 @@
+"""Turn a :class:`SchedulerOutput` into a :class:`ForwardBatch`, run the model, return the wanted logits.
+
+The runner owns the KV pool tensors (one per cache spec, ``[num_blocks, entries_per_block, *entry_shape]``
+allocated through ``backends.memory``). :meth:`prepare` is host-only work (it reads token ids and block
+tables), so an overlapping engine can run it for step N+1 while :meth:`run` of step N is on the device.
+
+Logit rows, per scheduled sequence in order: its prompt-logprob positions, then its last row if it
+samples. :class:`~deepinfer_core.engine.sampler.Sampler` walks them in the same order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.engine.forward_batch import ForwardBatch
+from deepinfer_core.engine.scheduler import SchedulerOutput
+from deepinfer_core.kv.budget import KVLayout
+from deepinfer_core.models.base import CausalLM
+from deepinfer_core.ops.backends import Backends
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, backends: Backends, layout: KVLayout):
+        self.model = model
+        self.backends = backends
+        self.device = backends.memory.device
+        self.block_size = layout.block_size
+        self.kv: dict[str, torch.Tensor] = {
+            s.name: backends.memory.allocate(
+                (layout.num_blocks[s.group], s.entries_per_block(layout.block_size), *s.entry_shape), s.dtype
+            )
+            for s in model.cache_specs()
+        }
+        self.groups = sorted(layout.num_blocks)
+
+    def prepare(self, sched: SchedulerOutput) -> ForwardBatch:
+        ids: list[int] = []
+        positions: list[int] = []
+        qsl = [0]
+        ctx: list[int] = []
+        logit_rows: list[int] = []
+        for s in sched.scheduled:
+            base = qsl[-1]
+            ids.extend(s.seq.token_ids[s.start : s.end])
+            positions.extend(range(s.start, s.end))
+            qsl.append(base + s.num_tokens)
+            ctx.append(s.end)
+            logit_rows.extend(
+                range(base + s.prompt_logprob_start - s.start, base + s.prompt_logprob_end - s.start)
+            )
+            if s.samples:
+                logit_rows.append(base + s.num_tokens - 1)
+        dev = self.device
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int64, device=dev),
+            context_lens=torch.tensor(ctx, dtype=torch.int64, device=dev),
+            block_tables={g: self._block_table(sched, g) for g in self.groups},
+            block_size=self.block_size,
+            logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
+        )
+
+    def _block_table(self, sched: SchedulerOutput, group: str) -> torch.Tensor:
+        tables = [s.seq.block_tables.get(group, []) for s in sched.scheduled]
+        width = max((len(t) for t in tables), default=0)
+        out = torch.full((len(tables), max(width, 1)), -1, dtype=torch.int64)
+        for i, t in enumerate(tables):
+            if t:
+                out[i, : len(t)] = torch.as_tensor(t, dtype=torch.int64)
+        return out.to(self.device)
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Forward pass; returns float32 logits ``[len(batch.logits_indices), vocab]``."""
+        hidden = self.model.forward(batch, self.kv)
+        if batch.logits_indices.numel() == 0:
+            return torch.empty(0, self.model.vocab_size, dtype=torch.float32, device=self.device)
+        return self.model.compute_logits(hidden[batch.logits_indices]).float()
+
+    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
+        return self.run(self.prepare(sched))

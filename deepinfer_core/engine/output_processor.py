@@ -1,0 +1,137 @@
+"""Sampled tokens -> sequence state (tokens, logprobs, text), stop checks, and ``RequestOutput``s.
+
+Stop rules, checked after each new token in this order: EOS (unless ``ignore_eos``) and
+``stop_token_ids`` end with ``finish_reason="stop"`` and do not add text (the token stays in
+``token_ids``); a stop string found in the detokenized text (across token boundaries, once
+``min_tokens`` are out) ends it and is cut from the text unless ``include_stop_str_in_output``;
+``max_tokens`` or ``max_model_len`` end it with ``"length"``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from deepinfer_core.engine.detokenizer import IncrementalDetokenizer, find_stop
+from deepinfer_core.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from deepinfer_core.engine.sampler import RawLogprobs, SeqSample
+from deepinfer_core.engine.scheduler import SchedulerOutput
+from deepinfer_core.engine.sequence import Request, SeqStatus, Sequence
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any, eos_token_ids: list[int], max_model_len: int):
+        self.tokenizer = tokenizer
+        self.eos = set(eos_token_ids)
+        self.max_model_len = max_model_len
+        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self._piece: dict[int, str] = {}
+
+    def append(self, sched: SchedulerOutput, samples: list[SeqSample]) -> list[Sequence]:
+        """Record each sample; returns the sequences that finished this step."""
+        now = time.perf_counter()
+        finished = []
+        for s, smp in zip(sched.scheduled, samples):
+            seq = s.seq
+            if smp.prompt:
+                self._prompt_logprobs(seq.request, smp.prompt)
+            if smp.token is None:
+                continue
+            m = seq.request.metrics
+            if m.first_token_time is None:
+                m.first_token_time = now - m.arrival_time
+            self._append(seq, smp)
+            if seq.finish_reason is not None:
+                seq.status = SeqStatus.FINISHED
+                self._detok.pop(seq.seq_id, None)
+                finished.append(seq)
+        return finished
+
+    def _prompt_logprobs(self, req: Request, entries: list[tuple[int, RawLogprobs]]) -> None:
+        for pos, raw in entries:
+            assert pos == len(req.prompt_logprobs), "prompt logprobs out of order"
+            req.prompt_logprobs.append(self._logprobs(raw))
+
+    def _append(self, seq: Sequence, smp: SeqSample) -> None:
+        tok, prm = smp.token, seq.params
+        seq.token_ids.append(tok)
+        if seq.logprobs is not None:
+            seq.logprobs.append(self._logprobs(smp.top))
+            seq.cumulative_logprob += smp.logprob
+        if tok in self.eos and not prm.ignore_eos:
+            seq.finish_reason = "stop"
+        elif tok in prm.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", tok
+            if prm.include_stop_str_in_output:
+                self._add_text(seq, tok)
+        else:
+            self._add_text(seq, tok)
+        if seq.finish_reason is None and (
+            seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            seq.finish_reason = "length"
+
+    def _add_text(self, seq: Sequence, tok: int) -> None:
+        if self.tokenizer is None:
+            return
+        det = self._detok.get(seq.seq_id)
+        if det is None:
+            det = self._detok[seq.seq_id] = IncrementalDetokenizer(
+                self.tokenizer, seq.token_ids[: seq.num_prompt_tokens], seq.params.skip_special_tokens
+            )
+        new = det.add(tok)
+        seq.text += new
+        if seq.num_output_tokens < seq.params.min_tokens:
+            return
+        hit = find_stop(seq.text, len(new), seq.params.stop)
+        if hit is not None:
+            i, stop = hit
+            seq.text = seq.text[: i + len(stop)] if seq.params.include_stop_str_in_output else seq.text[:i]
+            seq.finish_reason, seq.stop_reason = "stop", stop
+
+    def _logprobs(self, raw: RawLogprobs) -> PositionLogprobs:
+        return {t: Logprob(lp, rank, self._decode_piece(t)) for t, lp, rank in raw}
+
+    def _decode_piece(self, tok: int) -> str | None:
+        if self.tokenizer is None:
+            return None
+        piece = self._piece.get(tok)
+        if piece is None:
+            piece = self._piece[tok] = self.tokenizer.decode([tok], skip_special_tokens=False)
+        return piece
+
+    def forget(self, seq: Sequence) -> None:
+        self._detok.pop(seq.seq_id, None)
+
+    @staticmethod
+    def request_output(req: Request) -> RequestOutput:
+        m = req.metrics
+        if m.finished_time is None and req.finished:
+            m.finished_time = time.perf_counter()
+            n_out = max((s.num_output_tokens for s in req.seqs), default=0)
+            if m.first_token_time is not None and n_out > 1:
+                m.time_per_output_token = (m.finished_time - m.arrival_time - m.first_token_time) / (
+                    n_out - 1
+                )
+        outs = [
+            CompletionOutput(
+                index=s.sample_index,
+                text=s.text,
+                token_ids=list(s.output_token_ids),
+                cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
+                logprobs=s.logprobs,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+            )
+            for s in sorted(req.seqs, key=lambda s: s.sample_index)
+        ]
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=list(req.prompt_token_ids),
+            prompt_logprobs=req.prompt_logprobs,
+            outputs=outs,
+            finished=req.finished,
+            num_cached_tokens=req.num_cached_tokens,
+            metrics=m,
+        )

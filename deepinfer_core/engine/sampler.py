@@ -1,0 +1,151 @@
+"""Logits -> next tokens and logprobs, on ``backends.sampling``.
+
+Per sampling row, in order: logit bias, ``min_tokens`` (EOS and stop tokens masked), penalties, then
+greedy rows take the argmax and the others draw from ``ops.probs`` with the sequence's own generator
+(seeded from its seed and output position; see :meth:`Sequence.generator`). Reported logprobs are
+the log-softmax of the *raw* logits, before any of that processing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
+from deepinfer_core.engine.sequence import Sequence
+from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
+
+#: (token id, logprob, rank) triples of one position; the output processor turns them into Logprob
+RawLogprobs = list[tuple[int, float, int]]
+
+
+@dataclass
+class SeqSample:
+    token: int | None = None
+    logprob: float | None = None  # of the sampled token, when the request wants logprobs
+    top: RawLogprobs | None = None  # sampled token first, then the top-k
+    prompt: list[tuple[int, RawLogprobs]] = field(default_factory=list)  # (position + 1, logprobs)
+
+
+def _ranked(lp: torch.Tensor, ids: list[int]) -> RawLogprobs:
+    vals = lp[ids]
+    ranks = (lp[None, :] > vals[:, None]).sum(-1) + 1
+    return list(zip(ids, vals.tolist(), ranks.tolist()))
+
+
+def _with_top(lp: torch.Tensor, token: int, k: int) -> RawLogprobs:
+    top = torch.topk(lp, k).indices.tolist() if k > 0 else []
+    return _ranked(lp, [token] + [t for t in top if t != token])
+
+
+class Sampler:
+    def __init__(self, ops: SamplingOps, eos_token_ids: list[int], vocab_size: int):
+        self.ops = ops
+        self.eos = list(eos_token_ids)
+        self.vocab_size = vocab_size
+
+    def sample(self, logits: torch.Tensor, sched: SchedulerOutput) -> list[SeqSample]:
+        out = [SeqSample() for _ in sched.scheduled]
+        rows, samplers = 0, []
+        for i, s in enumerate(sched.scheduled):
+            n = s.prompt_logprob_end - s.prompt_logprob_start
+            if n:
+                out[i].prompt = self._prompt_logprobs(logits[rows : rows + n], s)
+                rows += n
+            if s.samples:
+                samplers.append((i, rows))
+                rows += 1
+        if samplers:
+            self._sample_rows(
+                logits[[r for _, r in samplers]],
+                [sched.scheduled[i].seq for i, _ in samplers],
+                [out[i] for i, _ in samplers],
+            )
+        return out
+
+    def _prompt_logprobs(self, logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, RawLogprobs]]:
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        k, toks = s.seq.params.prompt_logprobs, s.seq.token_ids
+        return [
+            (p + 1, _with_top(lp[j], toks[p + 1], k))
+            for j, p in enumerate(range(s.prompt_logprob_start, s.prompt_logprob_end))
+        ]
+
+    def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence], out: list[SeqSample]) -> None:
+        x = self._process(logits, seqs)
+        greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
+        rand = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        tokens = [0] * len(seqs)
+        if greedy:
+            for i, t in zip(greedy, self.ops.argmax(x[greedy]).tolist()):
+                tokens[i] = t
+        if rand:
+            tokens_r = self._random(x[rand], [seqs[i] for i in rand])
+            for i, t in zip(rand, tokens_r):
+                tokens[i] = t
+        want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if want:
+            lp = torch.log_softmax(logits[want].float(), dim=-1)
+            for j, i in enumerate(want):
+                out[i].top = _with_top(lp[j], tokens[i], seqs[i].params.logprobs)
+                out[i].logprob = out[i].top[0][1]
+        for i, t in enumerate(tokens):
+            out[i].token = t
+
+    def _random(self, x: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        dev = x.device
+        p = [s.params for s in seqs]
+        st = SamplingTensors(
+            temperature=torch.tensor([q.temperature for q in p], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([q.top_k for q in p], dtype=torch.int64, device=dev),
+            top_p=torch.tensor([q.top_p for q in p], dtype=torch.float32, device=dev),
+            min_p=torch.tensor([q.min_p for q in p], dtype=torch.float32, device=dev),
+        )
+        probs = self.ops.probs(x, st)
+        return self.ops.sample(probs, [s.generator(dev) for s in seqs]).tolist()
+
+    def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Logit bias, min_tokens masking and penalties; returns new logits (float32)."""
+        x = logits.float()
+        touched = False
+        for i, s in enumerate(seqs):
+            prm = s.params
+            if prm.logit_bias or s.num_output_tokens < prm.min_tokens:
+                if not touched:
+                    x, touched = x.clone(), True
+                if prm.logit_bias:
+                    ids = torch.tensor(list(prm.logit_bias), device=x.device)
+                    x[i, ids] += torch.tensor(list(prm.logit_bias.values()), device=x.device)
+                if s.num_output_tokens < prm.min_tokens:
+                    banned = set(prm.stop_token_ids) | (set() if prm.ignore_eos else set(self.eos))
+                    if banned:
+                        x[i, list(banned)] = float("-inf")
+        pen = [i for i, s in enumerate(seqs) if s.params.has_penalties]
+        if pen:
+            x = x.clone() if not touched else x
+            x[pen] = self._penalties(x[pen], [seqs[i] for i in pen])
+        return x
+
+    def _penalties(self, x: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        b, v, dev = x.shape[0], x.shape[1], x.device
+        prompt_mask = torch.zeros(b, v, dtype=torch.bool, device=dev)
+        counts = torch.zeros(b, v, dtype=torch.int64, device=dev)
+        for i, s in enumerate(seqs):
+            prompt_mask[i, torch.tensor(s.token_ids[: s.num_prompt_tokens], device=dev)] = True
+            out_ids = s.output_token_ids
+            if out_ids:
+                counts[i].scatter_add_(
+                    0,
+                    torch.tensor(out_ids, device=dev),
+                    torch.ones(len(out_ids), dtype=torch.int64, device=dev),
+                )
+        f32 = dict(dtype=torch.float32, device=dev)
+        return self.ops.apply_penalties(
+            x,
+            prompt_mask,
+            counts,
+            torch.tensor([s.params.presence_penalty for s in seqs], **f32),
+            torch.tensor([s.params.frequency_penalty for s in seqs], **f32),
+            torch.tensor([s.params.repetition_penalty for s in seqs], **f32),
+        )

@@ -1,0 +1,113 @@
+"""Requests and sequences: the state the scheduler, KV manager and output processor share.
+
+A :class:`Request` is what the user submitted (one prompt, one :class:`SamplingParams`); it owns
+``n`` :class:`Sequence` objects, one per sample. Sample 0 (the *leader*) is created with the request;
+samples ``1..n-1`` are created when the leader's prompt is computed, so they can reuse its KV blocks
+through the prefix cache instead of recomputing the prompt.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer_core.engine.outputs import PositionLogprobs, RequestMetrics
+from deepinfer_core.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    index: int  # arrival number, seeds the generator of unseeded requests
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    seqs: list[Sequence] = field(default_factory=list)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_cached_tokens: int = 0
+    siblings_spawned: bool = False
+    n: int = 0  # samples; set from params.n
+
+    def __post_init__(self) -> None:
+        self.n = self.n or self.params.n
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.n and all(s.status is SeqStatus.FINISHED for s in self.seqs)
+
+
+_seq_ids = itertools.count()
+
+
+class Sequence:
+    """One sample of a request: its tokens, how many of them are in the KV cache, and its blocks."""
+
+    def __init__(self, request: Request, sample_index: int, engine_seed: int, max_tokens: int):
+        self.seq_id = next(_seq_ids)
+        self.request = request
+        self.params = request.params
+        self.sample_index = sample_index
+        self.token_ids: list[int] = list(request.prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.max_tokens = max_tokens
+        self.num_computed = 0  # tokens whose state is in the KV pools
+        self.status = SeqStatus.WAITING
+        #: group name -> physical block ids, ``-1`` where a window block was released
+        self.block_tables: dict[str, list[int]] = {}
+        #: chain hashes of the leading full blocks of ``token_ids`` (prefix-cache keys, computed lazily)
+        self.block_hashes: list[int] = []
+        self.num_committed_blocks = 0  # leading full blocks already offered to the prefix cache
+        self.logprobs: list[PositionLogprobs] | None = [] if request.params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        seed = (
+            request.params.seed
+            if request.params.seed is not None
+            else engine_seed * 1_000_003 + request.index
+        )
+        self.sampling_seed = (seed * 7919 + sample_index) & 0x7FFF_FFFF_FFFF_FFFF
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed < self.num_prompt_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs is not None and self.sample_index == 0
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The generator for the next output position, seeded from (seed, sample, position), so a
+        sample does not depend on batch composition, chunking or preemption."""
+        g = torch.Generator(device=device)
+        g.manual_seed((self.sampling_seed * 1_000_033 + self.num_output_tokens) & 0x7FFF_FFFF_FFFF_FFFF)
+        return g
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, req={self.request.request_id}, sample={self.sample_index}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed}, {self.status.value})"
+        )

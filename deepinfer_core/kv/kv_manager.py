@@ -1,0 +1,176 @@
+"""Block tables per request and per cache group, window release, and prefix caching.
+
+Each group (``"window"``, ``"compressed"``) has its own :class:`BlockPool`; a sequence has one block
+table per group, indexed by logical block ``j`` (tokens ``j*block_size ... (j+1)*block_size - 1``).
+
+- *compressed* group: blocks are kept for the whole context.
+- *window* group: a block is only read while it overlaps the last ``window`` tokens before the next
+  token to compute. Older blocks are released (table entry ``-1``); if their content is hashed they
+  stay in the pool as cached blocks, so a later request sharing the prefix can resume from them.
+
+Prefix caching. Full blocks are keyed by a chain hash of all tokens up to the block's end. A request
+resumes at ``k`` blocks when every group holds what resuming needs: compressed blocks ``0..k-1`` and the
+window blocks overlapping ``[k*block_size - window, k*block_size)``. At most ``num_tokens - 1`` tokens
+are reused, so the step always computes at least one token and has logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepinfer_core.engine.sequence import Sequence
+from deepinfer_core.kv.block_pool import BlockPool
+from deepinfer_core.kv.spec import CacheSpec, max_window
+
+_ROOT_HASH = 0x5EED_DEE9
+
+
+@dataclass
+class CacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # tokens reused
+
+
+class KVCacheManager:
+    def __init__(
+        self, specs: list[CacheSpec], block_size: int, num_blocks: dict[str, int], enable_caching: bool = True
+    ):
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        groups = sorted({s.group for s in specs})
+        self.pools = {g: BlockPool(num_blocks[g], enable_caching) for g in groups}
+        #: tokens before the next token that must stay readable; None: keep everything
+        self.windows: dict[str, int | None] = {
+            g: max_window([s for s in specs if s.group == g]) if g == "window" else None for g in groups
+        }
+        self.stats = CacheStats()
+
+    # ------------------------------------------------------------------ hashing
+
+    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """Chain hashes of the first ``num_blocks`` full blocks of ``seq.token_ids`` (memoised on ``seq``)."""
+        hashes, bs, toks = seq.block_hashes, self.block_size, seq.token_ids
+        parent = hashes[-1] if hashes else _ROOT_HASH
+        for j in range(len(hashes), num_blocks):
+            parent = hash((parent, tuple(toks[j * bs : (j + 1) * bs])))
+            hashes.append(parent)
+        return hashes
+
+    def _first_needed(self, group: str, num_computed: int) -> int:
+        """First logical block of ``group`` a step starting at ``num_computed`` reads."""
+        w = self.windows[group]
+        return 0 if w is None else max(0, num_computed - w) // self.block_size
+
+    # ------------------------------------------------------------------ prefix caching
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Give a sequence with nothing computed every cached block it can resume from; returns the
+        number of tokens reused (a multiple of ``block_size``), also set as ``seq.num_computed``."""
+        assert seq.num_computed == 0 and not seq.block_tables
+        self.stats.queries += seq.num_tokens
+        if not self.enable_caching or seq.wants_prompt_logprobs:
+            return 0
+        hashes = self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size)
+        k = self._longest_resumable(hashes)
+        for g, pool in self.pools.items():
+            start = self._first_needed(g, k * self.block_size)
+            table = [-1] * start
+            for j in range(start, k):
+                b = pool.lookup(hashes[j])
+                pool.acquire(b)
+                table.append(b)
+            seq.block_tables[g] = table
+        seq.num_computed = k * self.block_size
+        seq.num_committed_blocks = k
+        self.stats.hits += seq.num_computed
+        return seq.num_computed
+
+    def _longest_resumable(self, hashes: list[int]) -> int:
+        k = len(hashes)
+        for g, pool in self.pools.items():
+            if self.windows[g] is None:  # every block needed: the longest cached chain
+                k = next((j for j in range(k) if pool.lookup(hashes[j]) is None), k)
+        while k > 0:
+            ok = all(
+                pool.lookup(hashes[j]) is not None
+                for g, pool in self.pools.items()
+                if self.windows[g] is not None
+                for j in range(self._first_needed(g, k * self.block_size), k)
+            )
+            if ok:
+                return k
+            k -= 1
+        return 0
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Make room for computing ``num_new_tokens`` more tokens of ``seq``; first releases window blocks
+        it will never read again. All-or-nothing: returns False (allocating nothing) if a pool is short."""
+        self.release_stale(seq)
+        end_blocks = -(-(seq.num_computed + num_new_tokens) // self.block_size)
+        needs = {}
+        for g, pool in self.pools.items():
+            need = end_blocks - len(seq.block_tables.get(g, ()))
+            if need > pool.num_available:
+                return False
+            needs[g] = need
+        for g, need in needs.items():
+            pool, table = self.pools[g], seq.block_tables.setdefault(g, [])
+            table.extend(pool.allocate() for _ in range(need))
+        return True
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> dict[str, int]:
+        """Blocks per group :meth:`allocate` would take now (ignoring window blocks it would release)."""
+        end_blocks = -(-(seq.num_computed + num_new_tokens) // self.block_size)
+        return {g: max(0, end_blocks - len(seq.block_tables.get(g, ()))) for g in self.pools}
+
+    def release_stale(self, seq: Sequence) -> None:
+        for g, pool in self.pools.items():
+            if self.windows[g] is None:
+                continue
+            table, stop = seq.block_tables.get(g), self._first_needed(g, seq.num_computed)
+            if not table:
+                continue
+            for j in range(min(stop, len(table)) - 1, -1, -1):
+                if table[j] < 0:
+                    break
+                pool.release(table[j])
+                table[j] = -1
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the full blocks ``seq`` has computed so far in the prefix cache."""
+        if not self.enable_caching:
+            return
+        num_full = seq.num_computed // self.block_size
+        first = seq.num_committed_blocks
+        if num_full <= first:
+            return
+        hashes = self.block_hashes(seq, num_full)
+        for g, pool in self.pools.items():
+            table = seq.block_tables.get(g, ())
+            for j in range(first, min(num_full, len(table))):
+                if table[j] >= 0:
+                    pool.register(table[j], hashes[j])
+        seq.num_committed_blocks = num_full
+
+    def free(self, seq: Sequence) -> None:
+        """Drop every block of ``seq``; hashed ones stay cached (tail first in LRU order)."""
+        for g, table in seq.block_tables.items():
+            pool = self.pools[g]
+            for b in reversed(table):
+                if b >= 0:
+                    pool.release(b)
+        seq.block_tables = {}
+        seq.num_committed_blocks = 0
+
+    def check(self, seqs: list[Sequence]) -> None:
+        """Assert pool invariants and that references equal the live table entries (tests)."""
+        for g, pool in self.pools.items():
+            pool.check()
+            refs = [0] * pool.num_blocks
+            for s in seqs:
+                for b in s.block_tables.get(g, ()):
+                    if b >= 0:
+                        refs[b] += 1
+            assert refs == pool.ref, f"group {g}: block references do not match the block tables"

@@ -1,0 +1,114 @@
+"""Reference sampling ops: plain PyTorch, every row computed independently of the others."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
+
+
+def _draw(p: torch.Tensor, g: torch.Generator | None) -> int:
+    """One token from the distribution ``p [V]``: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. is an exact
+    sample, and consumes exactly ``V`` exponentials from ``g``."""
+    e = torch.empty_like(p, dtype=torch.float32).exponential_(generator=g)
+    return int(torch.argmax(p.float() / e))
+
+
+class ReferenceSamplingOps(SamplingOps):
+    def apply_penalties(self, logits, prompt_mask, output_counts, presence, frequency, repetition):
+        out = logits.clone()
+        seen = prompt_mask | (output_counts > 0)
+        rep = repetition[:, None].expand_as(out)
+        penalised = torch.where(out > 0, out / rep, out * rep)
+        out = torch.where(seen, penalised, out)
+        counts = output_counts.to(out.dtype)
+        out = out - frequency[:, None] * counts - presence[:, None] * (counts > 0).to(out.dtype)
+        return out
+
+    def probs(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+        logits = logits.float()
+        greedy = params.temperature <= 0
+        t = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
+        x = logits / t[:, None]
+        k = params.top_k
+        if bool((k > 0).any()):
+            x = self._top_k(x, k)
+        p = torch.softmax(x, dim=-1)
+        if bool((params.top_p < 1).any()):
+            p = self._top_p(p, params.top_p)
+        if bool((params.min_p > 0).any()):
+            keep = p >= params.min_p[:, None] * p.amax(dim=-1, keepdim=True)
+            p = torch.where(keep, p, torch.zeros_like(p))
+            p = p / p.sum(dim=-1, keepdim=True)
+        if bool(greedy.any()):
+            onehot = torch.zeros_like(p).scatter_(1, self.argmax(logits)[:, None], 1.0)
+            p = torch.where(greedy[:, None], onehot, p)
+        return p
+
+    @staticmethod
+    def _top_k(x: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        v = x.shape[-1]
+        kk = torch.where(k > 0, k.clamp(max=v), torch.full_like(k, v))
+        sorted_x = torch.sort(x, dim=-1, descending=True).values
+        thresh = sorted_x.gather(1, (kk - 1)[:, None])
+        return torch.where(x >= thresh, x, torch.full_like(x, float("-inf")))
+
+    @staticmethod
+    def _top_p(p: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+        # stable sort on -p orders equal probabilities by token id
+        order = torch.sort(-p, dim=-1, stable=True).indices
+        sp = p.gather(1, order)
+        before = torch.cumsum(sp, dim=-1) - sp  # mass of the strictly more likely tokens
+        keep_sorted = before < top_p[:, None]
+        keep_sorted[:, 0] = True
+        keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+        p = torch.where(keep, p, torch.zeros_like(p))
+        return p / p.sum(dim=-1, keepdim=True)
+
+    def sample(self, probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+        out = [_draw(probs[b], generators[b]) for b in range(probs.shape[0])]
+        return torch.tensor(out, dtype=torch.int64, device=probs.device)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.argmax(logits, dim=-1)
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        v = logits.shape[-1]
+        ids = torch.arange(v, device=logits.device)
+        words = bitmask.to(torch.int64)[:, ids // 32]
+        allowed = ((words >> (ids % 32)) & 1).bool()
+        return logits.masked_fill(~allowed, float("-inf"))
+
+    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
+        b, k = draft_ids.shape
+        tokens = torch.full((b, k + 1), -1, dtype=torch.int64, device=draft_ids.device)
+        accepted = torch.zeros(b, dtype=torch.int64, device=draft_ids.device)
+        for r in range(b):
+            row, n = self._verify_row(r, draft_ids, draft_probs, target_probs, generators[r])
+            tokens[r, : len(row)] = torch.tensor(row, dtype=torch.int64)
+            accepted[r] = n
+        return tokens, accepted
+
+    @staticmethod
+    def _verify_row(r, draft_ids, draft_probs, target_probs, g) -> tuple[list[int], int]:
+        k = draft_ids.shape[1]
+        out: list[int] = []
+        for j in range(k):
+            d = int(draft_ids[r, j])
+            p = target_probs[r, j].float()
+            q = draft_probs[r, j].float() if draft_probs is not None else None
+            qd = float(q[d]) if q is not None else 1.0
+            u = float(torch.rand((), generator=g, device=p.device))
+            if u * qd < float(p[d]):  # accept with probability min(1, p/q)
+                out.append(d)
+                continue
+            if q is None:
+                resid = p.clone()
+                resid[d] = 0.0
+            else:
+                resid = (p - q).clamp_min(0.0)
+            total = float(resid.sum())
+            out.append(_draw(resid / total if total > 0 else p, g))
+            return out, j
+        out.append(_draw(target_probs[r, k].float(), g))
+        return out, k
