@@ -13,7 +13,9 @@ def probe_cuda() -> Availability:
     """A CUDA device of compute capability 9.0 or newer, with the device's name and capability."""
     if not torch.cuda.is_available():
         why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-        return Availability(False, f"{why} (torch {torch.__version__}); cuda_sm100 needs compute capability >= 9.0")
+        return Availability(
+            False, f"{why} (torch {torch.__version__}); cuda_sm100 needs compute capability >= 9.0"
+        )
     major, minor = torch.cuda.get_device_capability(0)
     name = torch.cuda.get_device_name(0)
     if (major, minor) < MIN_CAPABILITY:

@@ -1,4 +1,7 @@
-"""Hook implementations of the ``cuda_sm100`` plugin (entry point ``cuda_sm100``)."""
+"""Hook implementations of the ``cuda_sm100`` plugin (entry point ``cuda_sm100``).
+
+Op modules (and triton) are imported inside the hooks, only when this platform was selected.
+"""
 
 from __future__ import annotations
 
@@ -12,3 +15,57 @@ PLATFORM = CudaSM100Platform.name
 @hookimpl
 def deepinfer_register_platforms(register):
     register(CudaSM100Platform())
+
+
+@hookimpl
+def deepinfer_dense_ops(platform, config):
+    if platform != PLATFORM:
+        return None
+    from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+
+    return CudaDenseOps()
+
+
+@hookimpl
+def deepinfer_attention_ops(platform, config):
+    if platform != PLATFORM:
+        return None
+    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+
+    return CudaAttentionOps()
+
+
+@hookimpl
+def deepinfer_moe_ops(platform, config):
+    if platform != PLATFORM:
+        return None
+    from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
+
+    return CudaMoEOps()
+
+
+@hookimpl
+def deepinfer_sampling_ops(platform, config):
+    if platform != PLATFORM:
+        return None
+    from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps
+
+    return CudaSamplingOps()
+
+
+@hookimpl
+def deepinfer_memory_ops(platform, config):
+    if platform != PLATFORM:
+        return None
+    from deepinfer_cuda_sm100.ops.memory import CudaMemoryOps
+
+    return CudaMemoryOps()
+
+
+@hookimpl
+def deepinfer_comm_ops(platform, config):
+    if platform != PLATFORM:
+        return None
+    from deepinfer_cuda_sm100.ops.comm import NcclCommOps
+
+    return NcclCommOps()

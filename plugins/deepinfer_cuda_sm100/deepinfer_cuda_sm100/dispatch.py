@@ -1,0 +1,196 @@
+"""Kernel choice by architecture and shape: the one place that picks block sizes, warps and stages.
+
+Every launcher in :mod:`deepinfer_cuda_sm100.kernels` asks a ``*_config`` function here and nothing
+else. Each function looks at the problem shape and at :func:`arch`:
+
+- ``"sm90"``: Hopper (H100/H200). These tables were tuned on an H200 (see benchmarks/gpu/NOTES.md).
+- ``"sm100"``: Blackwell. No SM100 GPU was available to this project, so SM100 currently runs the
+  same Triton kernels with the SM90 tables; nothing here has been run on SM100. SM100-specific
+  variants (TMEM/UMMA kernels, native FP4 MMA) slot in as new branches keyed on ``"sm100"``.
+- ``"interpreter"``: ``TRITON_INTERPRET=1`` on the CPU (CI). Small tiles; only correctness matters.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=8)
+def _arch_of(device_index: int) -> str:
+    major, _ = torch.cuda.get_device_capability(device_index)
+    return "sm100" if major >= 10 else "sm90"
+
+
+def arch() -> str:
+    """``"sm90"``, ``"sm100"`` or ``"interpreter"`` for the current device."""
+    if _interpreting() or not torch.cuda.is_available():
+        return "interpreter"
+    return _arch_of(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=8)
+def num_sms() -> int:
+    if arch() == "interpreter":
+        return 4
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def _p2(n: int, lo: int = 1, hi: int = 1 << 30) -> int:
+    return min(hi, max(lo, triton.next_power_of_2(max(1, int(n)))))
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    block_d: int
+    num_warps: int
+
+
+def rows_config(d: int) -> RowsConfig:
+    """RMSNorm: one program per row, the row streamed in ``block_d`` chunks (two passes)."""
+    bd = _p2(d, 16, 4096)
+    return RowsConfig(bd, 4 if bd <= 1024 else 8)
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    block_h: int
+    block_nope: int
+    block_r2: int
+    num_warps: int
+
+
+def rope_config(h: int, nope: int, r2: int) -> RopeConfig:
+    return RopeConfig(_p2(h, 1, 16), _p2(nope, 16, 512), _p2(r2, 2), 4)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def attention_config(t: int, h: int, d: int, n_slots: int) -> AttentionConfig:
+    """Sparse attention: ``block_h`` heads per program share each gathered KV tile."""
+    if arch() == "interpreter":
+        return AttentionConfig(16, 16, 4, 1)
+    if d >= 256:
+        # [16, D] f32 accumulator + [32, D] KV tile: fits in registers/smem at 4 warps for D=512.
+        return AttentionConfig(16, 32, 4, 2)
+    return AttentionConfig(_p2(h, 16, 64), 64, 4, 2)
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    block_c: int
+    splits: int
+    num_warps: int
+    num_stages: int
+
+
+def indexer_config(t: int, hi: int, di: int, c: int) -> IndexerConfig:
+    """Indexer scores: ``splits`` programs per token stride over blocks of ``block_c`` candidates."""
+    bc = 16 if arch() == "interpreter" else 64
+    splits = max(1, min(triton.cdiv(c, bc), triton.cdiv(4 * num_sms(), max(t, 1))))
+    return IndexerConfig(bc, splits, 4, 1 if arch() == "interpreter" else 3)
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    block_l: int
+    num_warps: int
+
+
+def compress_config(length: int, d: int) -> CompressConfig:
+    return CompressConfig(_p2(length, 1, max(1, 4096 // _p2(d))), 4)
+
+
+@dataclass(frozen=True)
+class HcMixesConfig:
+    block_t: int
+    block_k: int
+    splits: int
+    num_warps: int
+    num_stages: int
+
+
+def hc_mixes_config(t: int, k: int, m: int) -> HcMixesConfig:
+    """mHC mixes: split K so that about two programs per multiprocessor run at decode sizes."""
+    bt, bk = 16, 128 if arch() != "interpreter" else 64
+    programs = triton.cdiv(t, bt)
+    splits = max(1, min(triton.cdiv(k, bk), triton.cdiv(2 * num_sms(), programs)))
+    return HcMixesConfig(bt, bk, splits, 4, 1 if arch() == "interpreter" else 3)
+
+
+@dataclass(frozen=True)
+class HcRowsConfig:
+    block_d: int
+    num_warps: int
+
+
+def hc_rows_config(n: int, d: int) -> HcRowsConfig:
+    return HcRowsConfig(_p2(d, 16, 1024 // _p2(n)), 4)
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    block_t: int
+    num_warps: int
+
+
+def route_config(t: int, e: int) -> RouteConfig:
+    return RouteConfig(_p2(4096 // _p2(e), 1, 16), 4)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def gemm_config(rows_per_expert: float, n: int, k: int, fmt: str, gated: bool) -> GemmConfig:
+    """Grouped expert GEMM (and the quantized dense linear, one expert).
+
+    ``block_k`` never exceeds 128, so an FP8 K step lies in one 128-wide scale block, and is a
+    multiple of 64, so an FP4 step holds whole 32-value scale groups.
+    """
+    if arch() == "interpreter":
+        return GemmConfig(16, 32, 64, 4, 1)
+    bm = (
+        16
+        if rows_per_expert <= 16
+        else 32
+        if rows_per_expert <= 32
+        else 64
+        if rows_per_expert <= 256
+        else 128
+    )
+    bn = 64 if gated or bm >= 128 else 128
+    bk = 128 if fmt == "fp8_block" else 64
+    warps = 4 if bm <= 64 else 8
+    return GemmConfig(bm, bn, bk, warps, 3 if fmt == "fp4_e2m1" else 4)
+
+
+@dataclass(frozen=True)
+class VocabConfig:
+    block_v: int
+    num_warps: int
+
+
+def vocab_config(v: int) -> VocabConfig:
+    """Row-wise passes over the vocabulary (penalties, bitmask): ``block_v`` columns per program."""
+    bv = 256 if arch() == "interpreter" else 2048
+    return VocabConfig(min(bv, _p2(v, 32)), 4)

@@ -1,0 +1,264 @@
+"""Grouped GEMM over experts with in-kernel weight dequantisation (BF16, FP8 block, FP4 e2m1).
+
+``C[r] = A[a_idx[r]] @ W_{e(r)}.T`` for rows ``r`` sorted by expert. The schedule is a list of
+``BLOCK_M``-row tiles, each inside one expert's contiguous row range (built on the device with no
+host sync, so it can be graph-captured). Expert weights are *not* stacked: the kernel reads each
+expert's base address from a table of ``data_ptr()`` values, so the model's per-expert tensors are
+used in place. All experts of one table share shape, strides and format.
+
+Formats (see :class:`deepinfer_core.ops.weights.QuantizedWeight`):
+
+- ``FMT=0``: plain ``[N, K]`` (bf16/f16/f32), loaded and fed to the tensor cores as is.
+- ``FMT=1``: ``float8_e4m3fn [N, K]`` with one float32 scale per 128x128 block. A K step of at most
+  128 lies in one scale block, so ``acc += dot(A, W_e4m3->bf16) * scale[n // 128]`` is exact up to
+  the bf16 MMA (e4m3 values are exact in bf16).
+- ``FMT=2``: e2m1 codes packed two per byte (low nibble first), one float32 (ue8m0) scale per 32
+  inputs. Codes decode with integer ops to 4x their value (exact), are joined back into K order,
+  scaled per 32 and rounded to bf16 (exact: at most 2 significant bits times a power of two).
+
+``GATED`` computes the gate (``w1``) and up (``w3``) products of a tile together and writes
+``silu(min(g, limit)) * clamp(u, -limit, limit)``; otherwise ``C`` rows may be scaled by a per-row
+weight and scattered to ``c_idx[r]`` (the down projection of the MoE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_core.ops.weights import QuantizedWeight, Weight
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels._common import dot_dtype
+
+FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
+
+
+@triton.jit
+def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
+            FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """A ``[BLOCK_N, BLOCK_K]`` weight tile in ``DOT_T`` (FP8: still unscaled) and its FP8 row scales."""
+    ks = tl.arange(0, BLOCK_K)
+    if FMT == 2:
+        kh = tl.arange(0, BLOCK_K // 2)
+        km = (k0 // 2 + kh) < K // 2
+        b = tl.load(
+            w_base + n[:, None] * stride_wn + k0 // 2 + kh[None, :], mask=nm[:, None] & km[None, :], other=0
+        )
+        b = b.to(tl.int32)
+        lo = b & 15
+        hi = b >> 4
+        v = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        e = (v >> 1) & 3
+        m = v & 1
+        mag4 = tl.where(e == 0, 2 * m, (2 + m) << e)
+        val = tl.where((v & 8) != 0, -mag4, mag4).to(tl.float32)
+        g = tl.arange(0, BLOCK_K // 32)
+        gm = (k0 // 32 + g) < tl.cdiv(K, 32)
+        sc = tl.load(
+            s_base + n[:, None] * stride_sn + k0 // 32 + g[None, :], mask=nm[:, None] & gm[None, :], other=0.0
+        )
+        val = tl.reshape(
+            tl.reshape(val, (BLOCK_N, BLOCK_K // 32, 32)) * (sc * 0.25)[:, :, None], (BLOCK_N, BLOCK_K)
+        )
+        return val.to(DOT_T), tl.zeros([BLOCK_N], dtype=tl.float32)
+    else:
+        km = k0 + ks < K
+        w = tl.load(
+            w_base + n[:, None] * stride_wn + k0 + ks[None, :], mask=nm[:, None] & km[None, :], other=0.0
+        )
+        if FMT == 1:
+            s = tl.load(s_base + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=nm, other=0.0)
+            return w.to(tl.float32).to(DOT_T), s
+        return w.to(DOT_T), tl.zeros([BLOCK_N], dtype=tl.float32)
+
+
+@triton.jit
+def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
+              FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    w, s = _load_w(
+        w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N
+    )
+    if FMT == 1:
+        return acc + tl.dot(a, tl.trans(w)) * s[None, :]
+    return tl.dot(a, tl.trans(w), acc)
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr,
+    w_tab, s_tab, up_tab, up_s_tab,
+    tile_expert_ptr, tile_start_ptr, tile_end_ptr,
+    N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
+    FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr, DOT_T: tl.constexpr,
+    GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    ex = tl.load(tile_expert_ptr + tile)
+    if ex < 0:
+        return
+    r0 = tl.load(tile_start_ptr + tile)
+    r1 = tl.load(tile_end_ptr + tile)
+    rows = r0 + tl.arange(0, BLOCK_M)
+    rm = rows < r1
+    if HAS_A_IDX:
+        a_rows = tl.load(a_idx_ptr + rows, mask=rm, other=0)
+    else:
+        a_rows = rows
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
+    w_base = tl.load(w_tab + ex).to(tl.pointer_type(W_T))
+    s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if GATED:
+        up_base = tl.load(up_tab + ex).to(tl.pointer_type(W_T))
+        up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k0 + ks[None, :],
+                    mask=rm[:, None] & (k0 + ks < K)[None, :], other=0.0).to(DOT_T)  # fmt: skip
+        acc = _mma_step(
+            acc,
+            a,
+            w_base,
+            s_base,
+            n,
+            nm,
+            k0,
+            K,
+            stride_wn,
+            stride_sn,
+            stride_sk,
+            FMT,
+            DOT_T,
+            BLOCK_K,
+            BLOCK_N,
+        )
+        if GATED:
+            acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
+                             BLOCK_K, BLOCK_N)  # fmt: skip
+    if GATED:
+        if limit > 0:
+            acc = tl.minimum(acc, limit)
+            acc2 = tl.minimum(tl.maximum(acc2, -limit), limit)
+        acc = acc * tl.sigmoid(acc) * acc2
+    if HAS_ROW_W:
+        acc = acc * tl.load(row_w_ptr + rows, mask=rm, other=0.0)[:, None]
+    if HAS_C_IDX:
+        c_rows = tl.load(c_idx_ptr + rows, mask=rm, other=0)
+    else:
+        c_rows = rows
+    tl.store(c_ptr + c_rows[:, None].to(tl.int64) * stride_cm + n[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=rm[:, None] & nm[None, :])  # fmt: skip
+
+
+@dataclass
+class WeightTable:
+    """Per-expert base addresses of one projection (``w1``, ``w3`` or ``w2``) and their common layout.
+
+    Holds references to the tensors so the addresses stay valid while the table lives."""
+
+    fmt: int
+    n: int
+    k: int
+    ptrs: torch.Tensor
+    scale_ptrs: torch.Tensor
+    w_dtype: torch.dtype
+    s_dtype: torch.dtype
+    stride_wn: int
+    stride_sn: int
+    stride_sk: int
+    keep: list
+
+    @staticmethod
+    def build(weights: list[Weight], device: torch.device) -> WeightTable:
+        first = weights[0]
+        if isinstance(first, QuantizedWeight):
+            datas = [w.data for w in weights]
+            scales = [w.scale for w in weights]
+            fmt, (n, k) = FORMATS[first.format], first.shape
+            if any(not isinstance(w, QuantizedWeight) or w.format != first.format for w in weights):
+                raise ValueError("all experts of one projection must share one weight format")
+        else:
+            datas, scales = list(weights), list(weights)
+            fmt, (n, k) = 0, first.shape
+        for t in datas + scales:
+            if t.stride(-1) != 1:
+                raise ValueError("expert weights must be row-major (last stride 1)")
+        if any(t.shape != datas[0].shape or t.stride() != datas[0].stride() for t in datas):
+            raise ValueError("all experts of one projection must share shape and strides")
+        ptrs = torch.tensor([t.data_ptr() for t in datas], dtype=torch.int64, device=device)
+        sptrs = torch.tensor([t.data_ptr() for t in scales], dtype=torch.int64, device=device)
+        s0 = scales[0]
+        return WeightTable(fmt, n, k, ptrs, sptrs, datas[0].dtype, s0.dtype, datas[0].stride(0), s0.stride(0),
+                           s0.stride(-1) if s0.dim() > 1 else 1, datas + scales)  # fmt: skip
+
+
+_TL = {
+    torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32,
+    torch.float8_e4m3fn: tl.float8e4nv, torch.uint8: tl.uint8,
+}  # fmt: skip
+
+
+def tile_schedule(local_ids: torch.Tensor, num_experts: int, block_m: int):
+    """Sort rows by expert and cut each expert's rows into ``block_m`` tiles, all on the device.
+
+    ``local_ids [R]`` (``-1``: not computed here). Returns ``(order, tile_expert, tile_start, tile_end)``:
+    row ``i`` of the sorted problem is source row ``order[i]``; tile ``j`` covers sorted rows
+    ``[tile_start[j], tile_end[j])`` of expert ``tile_expert[j]`` (``-1``: an unused tile). The tile count
+    is the static bound ``cdiv(R, block_m) + num_experts``, so nothing here waits for the device.
+    """
+    dev = local_ids.device
+    key = torch.where(local_ids < 0, num_experts, local_ids)
+    order = torch.argsort(key, stable=True)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    counts = counts[:num_experts]
+    ends = torch.cumsum(counts, 0)
+    starts = ends - counts
+    tiles = (counts + block_m - 1) // block_m
+    tile_ends = torch.cumsum(tiles, 0)
+    n_tiles = triton.cdiv(local_ids.numel(), block_m) + num_experts
+    tid = torch.arange(n_tiles, device=dev)
+    ex = torch.searchsorted(tile_ends, tid, right=True)
+    used = ex < num_experts
+    exc = ex.clamp(max=num_experts - 1)
+    t_start = starts[exc] + (tid - (tile_ends[exc] - tiles[exc])) * block_m
+    t_end = ends[exc]
+    return order, torch.where(used, ex, -1), t_start, t_end
+
+
+def grouped_gemm(
+    a: torch.Tensor,
+    table: WeightTable,
+    sched: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    out: torch.Tensor,
+    cfg: dispatch.GemmConfig,
+    *,
+    a_idx: torch.Tensor | None = None,
+    c_idx: torch.Tensor | None = None,
+    row_w: torch.Tensor | None = None,
+    gate_table: WeightTable | None = None,
+    limit: float = 0.0,
+) -> torch.Tensor:
+    """Launch one grouped GEMM. With ``gate_table`` (``w1``), ``table`` is ``w3`` and the result is the
+    clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given."""
+    tile_expert, tile_start, tile_end = sched
+    first = gate_table if gate_table is not None else table
+    grid = (tile_expert.numel(), triton.cdiv(table.n, cfg.block_n))
+    _grouped_gemm_kernel[grid](
+        a, a_idx if a_idx is not None else tile_start, out, c_idx if c_idx is not None else tile_start,
+        row_w if row_w is not None else out,
+        first.ptrs, first.scale_ptrs, table.ptrs, table.scale_ptrs,
+        tile_expert, tile_start, tile_end,
+        table.n, table.k, a.stride(0), out.stride(0), table.stride_wn, table.stride_sn, table.stride_sk, limit,
+        FMT=table.fmt, W_T=_TL[table.w_dtype], S_T=_TL[table.s_dtype], DOT_T=dot_dtype(a.dtype),
+        GATED=gate_table is not None, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
+        HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out

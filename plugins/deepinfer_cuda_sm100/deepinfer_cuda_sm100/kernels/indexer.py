@@ -1,0 +1,80 @@
+"""Lightning-indexer scoring: ``score[t, c] = sum_h w[t, h] * relu(q[t, h] . key[cand[t, c]])``.
+
+Grid ``(T, splits)``: each program keeps one token's ``[Hi, Di]`` query tile on chip and walks every
+``splits``-th block of ``BLOCK_C`` candidates, gathering keys by slot id. Invalid candidates score
+``-inf``. Selection is ``torch.topk`` over the scores (see :func:`indexer_topk`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, pow2
+
+
+@triton.jit
+def _indexer_score_kernel(
+    q_ptr, w_ptr, key_ptr, cand_ptr, out_ptr,
+    Hi, Di, C, stride_qt, stride_qh, stride_wt, stride_key, stride_ct, stride_ot,
+    DOT_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    hm = h < Hi
+    dm = d < Di
+    q = tl.load(
+        q_ptr + t * stride_qt + h[:, None] * stride_qh + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0
+    )
+    q = q.to(DOT_T)
+    w = tl.load(w_ptr + t * stride_wt + h, mask=hm, other=0.0)
+    cols = tl.arange(0, BLOCK_C)
+    for c0 in range(split * BLOCK_C, C, n_split * BLOCK_C):
+        cm = c0 + cols < C
+        slot = tl.load(cand_ptr + t * stride_ct + c0 + cols, mask=cm, other=-1)
+        valid = slot >= 0
+        k = tl.load(
+            key_ptr + slot[:, None] * stride_key + d[None, :], mask=valid[:, None] & dm[None, :], other=0.0
+        )
+        s = tl.dot(k.to(DOT_T), tl.trans(q))
+        score = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
+        score = tl.where(valid, score, float("-inf"))
+        tl.store(out_ptr + t * stride_ot + c0 + cols, score, mask=cm)
+
+
+def indexer_scores(
+    q: torch.Tensor, weights: torch.Tensor, key_pool: torch.Tensor, cand_slots: torch.Tensor
+) -> torch.Tensor:
+    """``[T, C]`` float32 scores, ``-inf`` for invalid candidates."""
+    T, Hi, Di = q.shape
+    C = cand_slots.shape[1]
+    out = torch.empty((T, C), dtype=torch.float32, device=q.device)
+    if T == 0 or C == 0:
+        return out
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    key_pool = key_pool if key_pool.stride(-1) == 1 else key_pool.contiguous()
+    cand_slots = cand_slots.contiguous()
+    weights = weights.float().contiguous()
+    cfg = dispatch.indexer_config(T, Hi, Di, C)
+    _indexer_score_kernel[(T, cfg.splits)](
+        q, weights, key_pool, cand_slots, out,
+        Hi, Di, C, q.stride(0), q.stride(1), weights.stride(0), key_pool.stride(0), cand_slots.stride(0), out.stride(0),
+        DOT_T=dot_dtype(q.dtype), BLOCK_H=pow2(Hi, 16), BLOCK_D=pow2(Di, 16), BLOCK_C=cfg.block_c,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out
+
+
+def indexer_topk(
+    q: torch.Tensor, weights: torch.Tensor, key_pool: torch.Tensor, cand_slots: torch.Tensor, topk: int
+) -> torch.Tensor:
+    """Column indices into ``cand_slots`` of the ``min(topk, C)`` best scores, ``-1`` past the valid ones."""
+    scores = indexer_scores(q, weights, key_pool, cand_slots)
+    k = min(topk, cand_slots.shape[1])
+    val, idx = torch.topk(scores, k, dim=1, sorted=False)
+    return torch.where(torch.isneginf(val), torch.full_like(idx, -1), idx)

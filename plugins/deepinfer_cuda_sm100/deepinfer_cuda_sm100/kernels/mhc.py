@@ -1,0 +1,187 @@
+"""mHC (manifold-constrained hyper-connections): stream mixing before and after each sublayer.
+
+``hc_pre`` is two launches:
+
+1. ``_hc_mixes_kernel``: split-K partials of ``x.flatten() @ fn.T`` and of ``sum(x^2)`` for
+   ``BLOCK_T`` tokens, one pass over ``x``, float32 (3xTF32 on the tensor cores). The unweighted
+   RMSNorm is a per-row scalar, so it is applied to the product afterwards; split-K keeps all
+   multiprocessors busy at decode batch sizes, where ``T`` alone gives a handful of programs.
+2. ``_hc_split_kernel``: per token and ``BLOCK_D`` channels, sums the partials, then the sigmoid
+   gates, the Sinkhorn-Knopp
+   projection of the ``N x N`` mixing matrix (in registers; each channel block recomputes it, which
+   costs less than a third launch) and the collapse ``sum_n pre[n] * x[n]``.
+
+``hc_post`` is one launch over ``(token, channel block)``; ``hc_head`` reuses both ``hc_pre`` kernels
+with only the ``pre`` gate.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels._common import pow2
+
+
+@triton.jit
+def _hc_mixes_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, M, k_per_split, stride_xt, stride_fn,
+                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+    """Split-K partials: ``part[s, t, :] = x[t, Ks] @ fn[:, Ks].T`` and ``sq[s, t] = sum(x[t, Ks]^2)``."""
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    split = tl.program_id(1)
+    rm = rows < T
+    ks = tl.arange(0, BLOCK_K)
+    ms = tl.arange(0, BLOCK_M)
+    mm = ms < M
+    acc = tl.zeros([BLOCK_T, BLOCK_M], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    k_end = tl.minimum(K, (split + 1) * k_per_split)
+    for k0 in range(split * k_per_split, k_end, BLOCK_K):
+        km = k0 + ks < k_end
+        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xt + k0 + ks[None, :], mask=rm[:, None] & km[None, :],
+                    other=0.0).to(tl.float32)  # fmt: skip
+        f = tl.load(
+            fn_ptr + ms[:, None] * stride_fn + k0 + ks[None, :], mask=mm[:, None] & km[None, :], other=0.0
+        )
+        sq += tl.sum(x * x, axis=1)
+        acc += tl.dot(x, tl.trans(f), input_precision="tf32x3")
+    tl.store(part_ptr + (split * T + rows[:, None]) * M + ms[None, :], acc, mask=rm[:, None] & mm[None, :])
+    tl.store(sq_ptr + split * T + rows, sq, mask=rm)
+
+
+@triton.jit
+def _load_mix(part_ptr, sq_ptr, offs, mask, t, T, M, n_split, rstd_k, eps):
+    """Sum the split-K partials of mixes ``offs`` of token ``t`` and apply the RMSNorm scalar."""
+    acc = tl.zeros(offs.shape, dtype=tl.float32)
+    sq = 0.0
+    for s in range(n_split):
+        acc += tl.load(part_ptr + (s * T + t) * M + offs, mask=mask, other=0.0)
+        sq += tl.load(sq_ptr + s * T + t)
+    return acc / tl.sqrt(sq * rstd_k + eps)
+
+
+@triton.jit
+def _hc_split_kernel(
+    x_ptr, part_ptr, sq_ptr, scale_ptr, base_ptr, out_ptr, post_ptr, comb_ptr,
+    T, N, D, M, n_split, stride_xt, stride_xn, stride_ot, iters, inv_k, hc_eps, norm_eps,
+    HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    db = tl.program_id(1)
+    n = tl.arange(0, BLOCK_N)
+    nm = n < N
+    pre_l = _load_mix(part_ptr, sq_ptr, n, nm, t, T, M, n_split, inv_k, norm_eps)
+    pre = tl.sigmoid(pre_l * tl.load(scale_ptr) + tl.load(base_ptr + n, mask=nm, other=0.0)) + hc_eps
+    if not HEAD:
+        if db == 0:
+            post_l = _load_mix(part_ptr, sq_ptr, N + n, nm, t, T, M, n_split, inv_k, norm_eps)
+            post_l = post_l * tl.load(scale_ptr + 1) + tl.load(base_ptr + N + n, mask=nm, other=0.0)
+            tl.store(post_ptr + t * N + n, 2.0 * tl.sigmoid(post_l), mask=nm)
+            cm = nm[:, None] & nm[None, :]
+            jk = n[:, None] * N + n[None, :]
+            c = _load_mix(part_ptr, sq_ptr, 2 * N + jk, cm, t, T, M, n_split, inv_k, norm_eps) * tl.load(
+                scale_ptr + 2
+            )
+            c = tl.where(cm, c + tl.load(base_ptr + 2 * N + jk, mask=cm, other=0.0), float("-inf"))
+            c = tl.exp(c - tl.max(c, axis=1)[:, None])
+            c = tl.where(cm, c / tl.sum(c, axis=1)[:, None] + hc_eps, 0.0)
+            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+            for _ in range(iters - 1):
+                c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+                c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+            tl.store(comb_ptr + t * N * N + jk, c, mask=cm)
+    d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < D
+    x = tl.load(
+        x_ptr + t * stride_xt + n[:, None] * stride_xn + d[None, :], mask=nm[:, None] & dm[None, :], other=0.0
+    )
+    y = tl.sum(x.to(tl.float32) * pre[:, None], axis=0)
+    tl.store(out_ptr + t * stride_ot + d, y.to(out_ptr.dtype.element_ty), mask=dm)
+
+
+def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, head: bool):
+    T, N, D = x.shape
+    K, M = N * D, fn.shape[0]
+    dev = x.device
+    fn = fn.float().contiguous()
+    mcfg = dispatch.hc_mixes_config(T, K, M)
+    k_per_split = triton.cdiv(triton.cdiv(K, mcfg.splits), mcfg.block_k) * mcfg.block_k
+    n_split = triton.cdiv(K, k_per_split)
+    part = torch.empty((n_split, T, M), dtype=torch.float32, device=dev)
+    sq = torch.empty((n_split, T), dtype=torch.float32, device=dev)
+    _hc_mixes_kernel[(triton.cdiv(T, mcfg.block_t), n_split)](
+        x, fn, part, sq, T, K, M, k_per_split, x.stride(0), fn.stride(0),
+        BLOCK_T=mcfg.block_t, BLOCK_K=mcfg.block_k, BLOCK_M=pow2(M, 16), num_warps=mcfg.num_warps,
+        num_stages=mcfg.num_stages,
+    )  # fmt: skip
+    out = torch.empty((T, D), dtype=x.dtype, device=dev)
+    post = torch.empty((T, N), dtype=torch.float32, device=dev)
+    comb = torch.empty((T, N, N), dtype=torch.float32, device=dev)
+    cfg = dispatch.hc_rows_config(N, D)
+    _hc_split_kernel[(T, triton.cdiv(D, cfg.block_d))](
+        x, part, sq, scale.float().contiguous(), base.float().contiguous(), out, post, comb,
+        T, N, D, M, n_split, x.stride(0), x.stride(1), out.stride(0), iters, 1.0 / K, hc_eps, norm_eps,
+        HEAD=head, BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return out, post, comb
+
+
+def hc_pre(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):
+    """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_pre`."""
+    x = x.contiguous()
+    T, N, D = x.shape
+    if T == 0:
+        f32 = {"dtype": torch.float32, "device": x.device}
+        return x.new_empty((0, D)), torch.empty((0, N), **f32), torch.empty((0, N, N), **f32)
+    return _collapse(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, head=False)
+
+
+def hc_head(x, fn, base, scale, hc_eps: float, norm_eps: float) -> torch.Tensor:
+    """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_head`."""
+    x = x.contiguous()
+    if x.shape[0] == 0:
+        return x.new_empty((0, x.shape[2]))
+    return _collapse(x, fn, base, scale, 0, hc_eps, norm_eps, head=True)[0]
+
+
+@triton.jit
+def _hc_post_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, N, D, stride_yt, stride_rt, stride_rn, stride_ot,
+                    stride_on, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < D
+    n = tl.arange(0, BLOCK_N)
+    nm = n < N
+    y = tl.load(y_ptr + t * stride_yt + d, mask=dm, other=0.0).to(tl.float32)
+    r = tl.load(
+        res_ptr + t * stride_rt + n[:, None] * stride_rn + d[None, :],
+        mask=nm[:, None] & dm[None, :],
+        other=0.0,
+    )
+    post = tl.load(post_ptr + t * N + n, mask=nm, other=0.0)
+    comb = tl.load(
+        comb_ptr + t * N * N + n[:, None] * N + n[None, :], mask=nm[:, None] & nm[None, :], other=0.0
+    )
+    mixed = tl.sum(comb[:, :, None] * r.to(tl.float32)[:, None, :], axis=0)
+    out = post[:, None] * y[None, :] + mixed
+    tl.store(out_ptr + t * stride_ot + n[:, None] * stride_on + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=nm[:, None] & dm[None, :])  # fmt: skip
+
+
+def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_post`."""
+    T, N, D = residual.shape
+    out = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    if T == 0:
+        return out
+    y = y if y.stride(-1) == 1 else y.contiguous()
+    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
+    cfg = dispatch.hc_rows_config(N, D)
+    _hc_post_kernel[(T, triton.cdiv(D, cfg.block_d))](
+        y, residual, post.float().contiguous(), comb.float().contiguous(), out, N, D,
+        y.stride(0), residual.stride(0), residual.stride(1), out.stride(0), out.stride(1),
+        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,37 @@
+"""Caches of expert weight tables (device arrays of base addresses) and trivial tile schedules."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class TableCache:
+    """``build()`` result per tuple of weight objects, kept while those objects live.
+
+    Keyed by the objects' ids, each checked through a weak reference (or, for tensors, which do
+    support weak references too, the same) so a recycled id never returns a stale table. Tables
+    hold the tensors' addresses, so callers must not swap a weight's storage in place."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, ...], tuple[list[weakref.ref], Any]] = {}
+
+    def get(self, objs: tuple[object, ...], build: Callable[[], Any]) -> Any:
+        key = tuple(id(o) for o in objs)
+        hit = self._entries.get(key)
+        if hit is not None and all(r() is o for r, o in zip(hit[0], objs)):
+            return hit[1]
+        value = build()
+        refs = [weakref.ref(o, lambda _r, k=key: self._entries.pop(k, None)) for o in objs]
+        self._entries[key] = (refs, value)
+        return value
+
+
+def single_expert_schedule(rows: int, block_m: int, device: torch.device):
+    """Tile schedule of a one-expert problem of ``rows`` rows (a dense GEMM)."""
+    n = -(-rows // block_m)
+    start = torch.arange(n, device=device, dtype=torch.int64) * block_m
+    return torch.zeros(n, dtype=torch.int64, device=device), start, torch.full_like(start, rows)

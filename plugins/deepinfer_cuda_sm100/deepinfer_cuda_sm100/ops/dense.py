@@ -1,0 +1,73 @@
+"""CUDA dense ops.
+
+Triton: RMSNorm, RoPE, mHC (``hc_pre``/``hc_post``/``hc_head``), quantized ``linear`` (FP8/FP4
+dequantised in the GEMM) and ``swiglu_mlp`` (gate and up fused with the activation, then down).
+Torch on the GPU: ``linear`` with a plain BF16/FP32 weight is ``x @ w.T`` through cuBLAS, which a
+Triton GEMM does not beat for dense shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.ops.dense import DenseOps
+from deepinfer_core.ops.weights import QuantizedWeight, Weight
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+from deepinfer_cuda_sm100.kernels import mhc, norm_rope
+from deepinfer_cuda_sm100.ops._tables import TableCache, single_expert_schedule
+
+
+class CudaDenseOps(DenseOps):
+    def __init__(self) -> None:
+        self._tables = TableCache()
+
+    def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
+        if not isinstance(weight, QuantizedWeight):
+            return x @ weight.T.to(x.dtype)
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        table = self._tables.get((weight,), lambda: gg.WeightTable.build([weight], x.device))
+        out = torch.empty((x2.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
+        if x2.shape[0] == 0:
+            return out.view(*lead, -1)
+        cfg = dispatch.gemm_config(x2.shape[0], table.n, table.k, weight.format, gated=False)
+        gg.grouped_gemm(x2, table, single_expert_schedule(x2.shape[0], cfg.block_m, x.device), out, cfg)
+        return out.view(*lead, -1)
+
+    def rms_norm(self, x, weight, eps):
+        return norm_rope.rms_norm(x, weight, eps)
+
+    def rope(self, x, positions, inv_freq, inverse=False):
+        return norm_rope.rope(x, positions, inv_freq, inverse)
+
+    def hc_pre(self, x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
+        return mhc.hc_pre(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps)
+
+    def hc_post(self, y, residual, post, comb):
+        return mhc.hc_post(y, residual, post, comb)
+
+    def hc_head(self, x, fn, base, scale, hc_eps, norm_eps):
+        return mhc.hc_head(x, fn, base, scale, hc_eps, norm_eps)
+
+    def swiglu_mlp(self, x, w1, w3, w2, limit):
+        up = self._tables.get(
+            (w1, w3, w2), lambda: [gg.WeightTable.build([w], x.device) for w in (w1, w3, w2)]
+        )
+        t1, t3, t2 = up
+        T = x.shape[0]
+        h = torch.empty((T, t1.n), dtype=x.dtype, device=x.device)
+        out = torch.empty((T, t2.n), dtype=x.dtype, device=x.device)
+        if T == 0:
+            return out
+        fmt = w1.format if isinstance(w1, QuantizedWeight) else "plain"
+        cfg_up = dispatch.gemm_config(T, t1.n, t1.k, fmt, gated=True)
+        sched = single_expert_schedule(T, cfg_up.block_m, x.device)
+        gg.grouped_gemm(x, t3, sched, h, cfg_up, gate_table=t1, limit=limit)
+        fmt2 = w2.format if isinstance(w2, QuantizedWeight) else "plain"
+        cfg_dn = dispatch.gemm_config(T, t2.n, t2.k, fmt2, gated=False)
+        cfg_dn = type(cfg_dn)(
+            cfg_up.block_m, cfg_dn.block_n, cfg_dn.block_k, cfg_dn.num_warps, cfg_dn.num_stages
+        )
+        gg.grouped_gemm(h, t2, sched, out, cfg_dn)
+        return out

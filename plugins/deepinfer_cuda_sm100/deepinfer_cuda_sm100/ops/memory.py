@@ -1,0 +1,52 @@
+"""CUDA memory ops: KV budget from the device's free memory, device pools, pinned buffers, CUDA graphs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from deepinfer_core.ops.memory import MemoryOps
+
+
+def kv_budget(free: int, total: int, gpu_memory_utilization: float, model_bytes: int) -> int:
+    """Bytes left for KV pools if the engine may use ``gpu_memory_utilization`` of the whole device.
+
+    In use now is ``total - free`` (other processes, the CUDA context, and the weights if they are
+    loaded already); if the weights are not loaded yet, ``model_bytes`` of them are still to come.
+    """
+    in_use = max(total - free, model_bytes)
+    return max(0, int(total * gpu_memory_utilization) - in_use)
+
+
+class CudaMemoryOps(MemoryOps):
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
+
+    def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:
+        torch.cuda.synchronize(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        return kv_budget(free, total, gpu_memory_utilization, model_bytes)
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def pinned_host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def capture_graph(self, fn: Callable[[], object]) -> Callable[[], object] | None:
+        """Warm ``fn`` up on a side stream (so lazy inits and Triton compiles stay out of the graph),
+        capture it once, and return ``graph.replay``."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay

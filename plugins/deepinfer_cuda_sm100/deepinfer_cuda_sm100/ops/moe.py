@@ -1,0 +1,73 @@
+"""CUDA MoE ops: fused routing and grouped expert GEMMs (Triton), sorting and the final sum in torch.
+
+``experts`` runs, with no host synchronisation:
+
+1. global ids -> local expert index (``-1`` for experts another EP rank owns) via a lookup table;
+2. ``tile_schedule``: stable sort of the ``T*k`` (token, slot) pairs by local expert and the tile list;
+3. gate+up grouped GEMM over the gathered token rows, with the clamped SwiGLU in its epilogue -> ``h``;
+4. down grouped GEMM over ``h``, each row scaled by its routing weight and scattered back to its
+   (token, slot) position;
+5. the ``k`` slots of each token summed in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.ops.moe import MoEOps
+from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+from deepinfer_cuda_sm100.kernels import routing
+from deepinfer_cuda_sm100.ops._tables import TableCache
+
+
+class _Prepared:
+    def __init__(self, experts: ExpertWeights, device: torch.device) -> None:
+        self.w1 = gg.WeightTable.build(experts.w1, device)
+        self.w3 = gg.WeightTable.build(experts.w3, device)
+        self.w2 = gg.WeightTable.build(experts.w2, device)
+        lut = torch.full((max(experts.expert_ids) + 1,), -1, dtype=torch.int64)
+        lut[torch.tensor(experts.expert_ids)] = torch.arange(len(experts.expert_ids))
+        self.lut = lut.to(device)
+        first = experts.w1[0]
+        self.fmt = first.format if isinstance(first, QuantizedWeight) else "plain"
+        first2 = experts.w2[0]
+        self.fmt2 = first2.format if isinstance(first2, QuantizedWeight) else "plain"
+
+
+class CudaMoEOps(MoEOps):
+    def __init__(self) -> None:
+        self._prepared = TableCache()
+
+    def route_topk(self, logits, correction_bias, top_k, score_func, routed_scaling_factor):
+        return routing.route_topk(logits, correction_bias, top_k, score_func, routed_scaling_factor)
+
+    def route_hash(self, logits, ids, score_func, routed_scaling_factor):
+        return routing.route_hash(logits, ids, score_func, routed_scaling_factor)
+
+    def experts(self, x, ids, weights, experts, swiglu_limit):
+        T, D = x.shape
+        k = ids.shape[1]
+        out = torch.zeros((T, D), dtype=x.dtype, device=x.device)
+        if T == 0 or experts.num_local_experts == 0:
+            return out
+        p = self._prepared.get((experts,), lambda: _Prepared(experts, x.device))
+        E = experts.num_local_experts
+        flat = ids.reshape(-1)
+        known = (flat >= 0) & (flat < p.lut.numel())
+        local = torch.where(known, p.lut[flat.clamp(0, p.lut.numel() - 1)], -1)
+        cfg_up = dispatch.gemm_config(T * k / E, p.w1.n, p.w1.k, p.fmt, gated=True)
+        cfg_dn = dispatch.gemm_config(T * k / E, p.w2.n, p.w2.k, p.fmt2, gated=False)
+        cfg_dn = type(cfg_dn)(
+            cfg_up.block_m, cfg_dn.block_n, cfg_dn.block_k, cfg_dn.num_warps, cfg_dn.num_stages
+        )
+        order, *sched = gg.tile_schedule(local, E, cfg_up.block_m)
+        h = torch.empty((T * k, p.w1.n), dtype=x.dtype, device=x.device)
+        gg.grouped_gemm(
+            x.contiguous(), p.w3, sched, h, cfg_up, a_idx=order // k, gate_table=p.w1, limit=swiglu_limit
+        )
+        y = torch.zeros((T * k, D), dtype=torch.float32, device=x.device)
+        row_w = weights.reshape(-1).float()[order]
+        gg.grouped_gemm(h, p.w2, sched, y, cfg_dn, c_idx=order, row_w=row_w)
+        return y.view(T, k, D).sum(1).to(x.dtype)

@@ -1,0 +1,99 @@
+"""Attention kernels (sparse attention with sinks, indexer scoring + top-k, compressor) vs the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
+
+from deepinfer_core.plugins.registry import reference_op
+
+pytestmark = needs_triton
+REF = reference_op("attention")
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+
+    return CudaAttentionOps()
+
+
+def _slots(gen, T, K, S, pad_frac=0.3):
+    s = torch.randint(0, S, (T, K), generator=gen)
+    return torch.where(torch.rand(T, K, generator=gen) < pad_frac, -1, s)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_cmp", [True, False])
+def test_sparse_attention_matches_reference(ops, gen, dtype, with_cmp):
+    T, H, D = 5, 20, 48  # 20 heads: a partial head block; D=48: a partial channel tile
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv = rand(gen, 70, D, dtype=dtype)
+    kv_slots = _slots(gen, T, 37, 70)
+    kv_slots[2] = -1  # a row whose window is all padding still sees the compressed slots
+    cmp = rand(gen, 30, D, dtype=dtype) if with_cmp else None
+    cmp_slots = _slots(gen, T, 19, 30) if with_cmp else None
+    sinks = rand(gen, H)
+    got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.2)
+    ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.2)
+    assert got.dtype == dtype
+    assert rel_err(got, ref) < BOUND[dtype]
+
+
+def test_sparse_attention_row_without_slots_is_zero(ops, gen):
+    q = rand(gen, 3, 4, 16)
+    kv = rand(gen, 10, 16)
+    slots = _slots(gen, 3, 8, 10, pad_frac=0.0)
+    slots[1] = -1
+    got = ops.sparse_attention(*dev(q, kv, slots, None, None, rand(gen, 4)), 0.25)
+    assert torch.equal(got[1].cpu(), torch.zeros(4, 16))
+    assert got[0].abs().sum() > 0
+
+
+def test_sink_takes_probability_mass(ops, gen):
+    """A huge sink leaves almost no mass for the values; a very negative one changes nothing."""
+    q, kv = rand(gen, 2, 4, 16), rand(gen, 10, 16)
+    slots = _slots(gen, 2, 6, 10, pad_frac=0.0)
+    big = ops.sparse_attention(*dev(q, kv, slots, None, None, torch.full((4,), 60.0)), 0.25)
+    assert big.abs().max() < 1e-6
+    none = ops.sparse_attention(*dev(q, kv, slots, None, None, torch.full((4,), -1e4)), 0.25)
+    plain = torch.softmax(torch.einsum("thd,tkd->thk", q, kv[slots]) * 0.25, -1)
+    assert rel_err(none, torch.einsum("thk,tkd->thd", plain, kv[slots])) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_indexer_topk_selects_the_best_scores(ops, gen, dtype):
+    T, Hi, Di, C, S = 4, 8, 32, 90, 120
+    q = rand(gen, T, Hi, Di, dtype=dtype)
+    w = rand(gen, T, Hi).abs()
+    keys = rand(gen, S, Di, dtype=dtype)
+    cand = _slots(gen, T, C, S, pad_frac=0.2)
+    cand[3, 5:] = -1  # fewer valid candidates than topk: the rest must be -1
+    got = ops.indexer_topk(*dev(q, w, keys, cand), 16).cpu()
+    ref = REF.indexer_topk(q, w, keys, cand, 16)
+    assert got.shape == ref.shape == (T, 16)
+    # compare the selected *scores* (ties may pick different columns)
+    full = torch.relu(torch.einsum("thd,tcd->thc", q.double(), keys.double()[cand.clamp(min=0)]))
+    score = (full * w.double()[..., None]).sum(1).masked_fill(cand < 0, float("-inf"))
+    for t in range(T):
+        g, r = got[t][got[t] >= 0], ref[t][ref[t] >= 0]
+        assert g.numel() == r.numel() and len(set(g.tolist())) == g.numel()
+        assert (cand[t, g] >= 0).all()
+        torch.testing.assert_close(score[t, g].sort().values, score[t, r].sort().values, rtol=2e-2, atol=1e-3)
+    assert (got[3] == -1).sum() == 16 - (cand[3] >= 0).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compress_matches_reference(ops, gen, dtype):
+    E, L, D = 6, 8, 40
+    kv = rand(gen, E, L, D, dtype=dtype)
+    score = rand(gen, E, L, D)
+    score[1, 5:] = float("-inf")  # a window with empty slots
+    w = rand(gen, D)
+    pos = torch.randint(0, 1 << 16, (E,), generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    got = ops.compress(*dev(kv, score.to(dtype), w), 1e-6, *dev(pos, inv_freq))
+    ref = REF.compress(kv, score.to(dtype), w, 1e-6, pos, inv_freq)
+    assert got.dtype == dtype
+    assert rel_err(got, ref) < BOUND[dtype]

@@ -1,0 +1,115 @@
+"""Dense kernels (RMSNorm, RoPE, mHC, quantized linear, SwiGLU) against the reference dense ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
+
+from deepinfer_core.plugins.registry import reference_op
+from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
+
+pytestmark = needs_triton
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+
+    return CudaDenseOps()
+
+
+REF = reference_op("dense")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_rms_norm_matches_reference(ops, gen, dtype, weighted):
+    x = rand(gen, 5, 3, 40, dtype=dtype, scale=3.0)
+    w = rand(gen, 40) if weighted else None
+    got = ops.rms_norm(*dev(x, w), 1e-6)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert rel_err(got, REF.rms_norm(x, w, 1e-6)) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_rotates_trailing_pairs_only(ops, gen, inverse, dtype):
+    x = rand(gen, 6, 3, 24, dtype=dtype)
+    pos = torch.randint(0, 5000, (6,), generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    got = ops.rope(*dev(x, pos, inv_freq), inverse=inverse)
+    ref = REF.rope(x, pos, inv_freq, inverse)
+    assert torch.equal(got[..., :16].cpu(), x[..., :16])
+    assert rel_err(got, ref) < BOUND[dtype]
+
+
+def _hc_inputs(gen, T=5, N=4, D=48, dtype=torch.bfloat16):
+    x = rand(gen, T, N, D, dtype=dtype)
+    fn = rand(gen, (2 + N) * N, N * D, scale=0.05)
+    base = rand(gen, (2 + N) * N, scale=0.5)
+    scale = rand(gen, 3).abs() + 0.5
+    return x, fn, base, scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hc_pre_matches_reference(ops, gen, dtype):
+    x, fn, base, scale = _hc_inputs(gen, dtype=dtype)
+    got = ops.hc_pre(*dev(x, fn, base, scale), 20, 1e-6, 1e-6)
+    ref = REF.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype
+        assert rel_err(g, r) < BOUND[dtype]
+    assert torch.allclose(got[2].sum(-2).cpu(), torch.ones(5, 4), atol=1e-3)  # columns of comb sum to 1
+
+
+def test_hc_head_matches_reference(ops, gen):
+    x, fn, base, scale = _hc_inputs(gen)
+    fn, base, scale = fn[:4], base[:4], scale[:1]
+    got = ops.hc_head(*dev(x, fn, base, scale), 1e-6, 1e-6)
+    assert rel_err(got, REF.hc_head(x, fn, base, scale, 1e-6, 1e-6)) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hc_post_matches_reference(ops, gen, dtype):
+    y = rand(gen, 5, 48, dtype=dtype)
+    res = rand(gen, 5, 4, 48, dtype=dtype)
+    post = rand(gen, 5, 4).sigmoid() * 2
+    comb = rand(gen, 5, 4, 4).softmax(-1)
+    got = ops.hc_post(*dev(y, res, post, comb))
+    assert rel_err(got, REF.hc_post(y, res, post, comb)) < BOUND[dtype]
+
+
+def _weight(gen, fmt, out_f, in_f):
+    w = rand(gen, out_f, in_f, scale=0.1)
+    if fmt == "fp8_block":
+        return quantize_fp8_block(w, "ue8m0")
+    if fmt == "fp4_e2m1":
+        return quantize_fp4_e2m1(w)
+    return w.to(torch.bfloat16)
+
+
+def _to_dev(w):
+    from deepinfer_core.testing.kit import to_device
+
+    return to_device(w, torch.device(dev(torch.zeros(1)).device))
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
+def test_quantized_linear_dequantizes_in_kernel(ops, gen, fmt):
+    # 160 outputs: a partial 128-row FP8 scale block; 192 inputs: a partial K tile.
+    x = rand(gen, 7, 192, dtype=torch.bfloat16)
+    w = _weight(gen, fmt, 160, 192)
+    got = ops.linear(dev(x), _to_dev(w))
+    assert got.shape == (7, 160) and got.dtype == torch.bfloat16
+    assert rel_err(got, REF.linear(x, w)) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
+@pytest.mark.parametrize("limit", [0.0, 0.5])
+def test_swiglu_mlp_matches_reference(ops, gen, fmt, limit):
+    x = rand(gen, 9, 128, dtype=torch.bfloat16)
+    w1, w3 = _weight(gen, fmt, 96, 128), _weight(gen, fmt, 96, 128)
+    w2 = _weight(gen, fmt, 128, 96 if fmt != "fp4_e2m1" else 96)
+    got = ops.swiglu_mlp(dev(x), *(_to_dev(w) for w in (w1, w3, w2)), limit)
+    assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, limit)) < BOUND[torch.bfloat16]
