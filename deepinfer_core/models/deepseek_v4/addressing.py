@@ -1,0 +1,92 @@
+"""Slot addressing for one step: which pool rows each token writes and reads.
+
+Every piece of V4 state is addressed by absolute position (see :mod:`deepinfer_core.kv.spec`): token ``p``
+of request ``b`` lives in the ``window`` group at block ``block_tables["window"][b, p // block_size]``,
+offset ``p % block_size``; compressed entry ``e`` of ratio ``r`` (covering tokens ``e*r .. e*r+r-1``) lives in
+the ``compressed`` group at block ``block_tables["compressed"][b, e*r // block_size]``, offset
+``e % (block_size // r)``. A slot is ``block * entries_per_block + offset`` in the flattened pool.
+
+Causality: query ``p`` sees window tokens ``max(0, p-W+1) .. p`` and compressed entries ``e < (p+1) // r``;
+the window of entry ``e`` closes at token ``p = e*r + r - 1``, i.e. when ``(p + 1) % r == 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer_core.engine.forward_batch import ForwardBatch
+
+
+@dataclass
+class Compression:
+    """The compression windows of one ``(ratio, overlap)`` kind that close in this step, and what queries see."""
+
+    entry_slots: torch.Tensor  # [E] slot of each closing entry in the compressed pools
+    entry_positions: torch.Tensor  # [E] RoPE position of an entry: its window's first token, e * r
+    src_slots: (
+        torch.Tensor
+    )  # [E, L] window-pool slots of the source tokens (L = 2r with overlap, else r); -1 empty
+    cand_slots: torch.Tensor  # [T, C] compressed-pool slots query t may attend (e < (p+1)//r); -1 padding
+
+
+class StepAddressing:
+    """Slot tables of one :class:`ForwardBatch`, computed once and shared by every layer."""
+
+    def __init__(self, batch: ForwardBatch, sliding_window: int):
+        self.batch = batch
+        self.block_size = batch.block_size
+        self.req = batch.request_index()
+        self.positions = batch.positions.long()
+        self.token_slots = self.slots("window", self.req, self.positions, 1)
+        offsets = torch.arange(sliding_window, dtype=torch.int64) - (sliding_window - 1)
+        win_pos = self.positions[:, None] + offsets[None, :]
+        self.window_slots = self.slots("window", self.req[:, None].expand_as(win_pos), win_pos, 1)
+        self._compressions: dict[tuple[int, bool], Compression] = {}
+
+    def slots(self, group: str, req: torch.Tensor, pos: torch.Tensor, tokens_per_entry: int) -> torch.Tensor:
+        """Slot of the entry holding position ``pos`` (``-1`` where ``pos < 0``); raises if a needed block is absent."""
+        table = self.batch.block_tables[group]
+        bs, epb = self.block_size, self.block_size // tokens_per_entry
+        valid = pos >= 0
+        col = torch.where(valid, pos, 0) // bs
+        if bool((col >= table.shape[1]).any()):
+            raise RuntimeError(
+                f"block_tables[{group!r}] has {table.shape[1]} columns; position {int(pos.max())} needs more"
+            )
+        block = table[req, col]
+        missing = valid & (block < 0)
+        if bool(missing.any()):
+            i = int(torch.nonzero(missing.flatten())[0])
+            raise RuntimeError(
+                f"no {group!r} block for position {int(pos.flatten()[i])} of request {int(req.flatten()[i])}: "
+                "state still needed by this step was released"
+            )
+        entry = torch.where(valid, pos, 0) // tokens_per_entry
+        return torch.where(valid, block * epb + entry % epb, -1)
+
+    def compression(self, ratio: int, overlap: bool) -> Compression:
+        key = (ratio, overlap)
+        if key not in self._compressions:
+            self._compressions[key] = self._build(ratio, overlap)
+        return self._compressions[key]
+
+    def _build(self, ratio: int, overlap: bool) -> Compression:
+        pos, req = self.positions, self.req
+        closing = torch.nonzero((pos + 1) % ratio == 0).flatten()
+        c_req = req[closing]
+        entry = (pos[closing] + 1) // ratio - 1
+        first = entry * ratio
+        entry_slots = self.slots("compressed", c_req, first, ratio)
+        span = 2 * ratio if overlap else ratio
+        src_pos = (first - (ratio if overlap else 0))[:, None] + torch.arange(span, dtype=torch.int64)[
+            None, :
+        ]
+        src_slots = self.slots("window", c_req[:, None].expand_as(src_pos), src_pos, 1)
+        n_visible = (pos + 1) // ratio
+        width = int(n_visible.max()) if pos.numel() else 0
+        cols = torch.arange(width, dtype=torch.int64)[None, :].expand(pos.shape[0], width)
+        cand_pos = torch.where(cols < n_visible[:, None], cols * ratio, -1)
+        cand_slots = self.slots("compressed", req[:, None].expand_as(cand_pos), cand_pos, ratio)
+        return Compression(entry_slots, first, src_slots, cand_slots)

@@ -1,0 +1,111 @@
+"""DeepseekV4ForCausalLM: embeddings -> ``hc_mult`` mHC streams -> decoder blocks -> hc_head -> norm -> head.
+
+The model holds no device code: every kernel goes through ``backends.dense / .attention / .moe``; the
+model only indexes, reshapes and adds. State lives in the engine's paged pools (see :meth:`cache_specs`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from deepinfer_core.engine.forward_batch import ForwardBatch
+from deepinfer_core.kv.spec import CacheSpec
+from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
+from deepinfer_core.models.deepseek_v4.block import Block, MTPBlock
+from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointReader
+from deepinfer_core.models.deepseek_v4.config import DeepseekV4Config
+from deepinfer_core.models.deepseek_v4.loader import count_mtp_modules, load_weights, read_config
+from deepinfer_core.models.deepseek_v4.params import Module, Slot
+from deepinfer_core.ops.backends import Backends
+
+
+class DeepseekV4ForCausalLM(CausalLM, Module):
+    def __init__(
+        self, cfg: DeepseekV4Config, backends: Backends, dtype: torch.dtype, num_mtp_layers: int = 0
+    ):
+        self.cfg, self.backends, self.dtype = cfg, backends, dtype
+        self.vocab_size = cfg.vocab_size
+        self.max_position_embeddings = cfg.max_position_embeddings
+        self.eos_token_ids = list(cfg.eos_token_ids)
+        self.num_mtp_layers = num_mtp_layers
+        v, d, n = cfg.vocab_size, cfg.hidden_size, cfg.hc_mult
+        self.embed = Slot("embed.weight", (v, d), "model")
+        self.layers = [
+            Block(
+                cfg, cfg.layer_types[i], cfg.compress_ratios[i], cfg.mlp_layer_types[i], f"layers.{i}", dtype
+            )
+            for i in range(cfg.num_hidden_layers)
+        ]
+        self.norm = Slot("norm.weight", (d,), "float32")
+        self.hc_head_fn = Slot("hc_head_fn", (n, n * d), "float32")
+        self.hc_head_base = Slot("hc_head_base", (n,), "float32")
+        self.hc_head_scale = Slot("hc_head_scale", (1,), "float32")
+        if not cfg.tie_word_embeddings:
+            self.head = Slot("head.weight", (v, d), "model")
+        self.mtp = [MTPBlock(cfg, i, dtype) for i in range(num_mtp_layers)]
+
+    @classmethod
+    def from_checkpoint(cls, path: Path, backends: Backends, dtype: torch.dtype) -> DeepseekV4ForCausalLM:
+        cfg, _ = read_config(Path(path))
+        reader = CheckpointReader(Path(path))
+        try:
+            model = cls(cfg, backends, dtype, count_mtp_modules(reader.keys(), cfg.num_nextn_predict_layers))
+            model.layout = load_weights(model, reader, dtype, backends.memory.device)
+        finally:
+            reader.close()
+        return model
+
+    def cache_specs(self) -> list[CacheSpec]:
+        return [s for block in self.layers + self.mtp for s in block.attn.cache_specs()]
+
+    def forward(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> torch.Tensor:
+        """-> the mHC streams ``[T, hc_mult, hidden]`` after the last block (before ``hc_head``)."""
+        lo, hi = batch.layer_range or (0, len(self.layers))
+        if lo != 0:
+            raise ValueError(
+                f"layer_range={batch.layer_range}: V4 runs from layer 0 (its input is the embedding)"
+            )
+        addr = StepAddressing(batch, self.cfg.sliding_window)
+        h = self._embed(batch.input_ids)[:, None, :].expand(-1, self.cfg.hc_mult, -1).contiguous()
+        for block in self.layers[lo:hi]:
+            h = block.forward(h, batch.input_ids, addr, kv, self.backends)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [L, hc_mult, hidden]`` rows of :meth:`forward` -> ``[L, vocab]`` float32."""
+        return self._logits(hidden, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, self.norm)
+
+    def mtp_forward(
+        self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """One draft step of MTP module ``index``.
+
+        Row ``t`` of ``batch`` is position ``p = batch.positions[t]`` and ``batch.input_ids[t]`` is the token
+        at ``p + 1`` (the next token); ``prev_hidden [T, hc_mult, hidden]`` are the streams at ``p`` from
+        :meth:`forward` (or from MTP module ``index - 1``). The module writes its sliding-window state
+        ``mtp.{index}.attn.*`` at ``p`` (so it must have seen every earlier position, like the main model)
+        and returns its output streams ``[T, hc_mult, hidden]``; :meth:`mtp_compute_logits` turns rows of
+        them into draft logits for position ``p + 2``.
+        """
+        block = self.mtp[index]
+        addr = StepAddressing(batch, self.cfg.sliding_window)
+        h = block.embed_streams(self._embed(batch.input_ids), prev_hidden, self.backends)
+        return block.forward(h, batch.input_ids, addr, kv, self.backends)
+
+    def mtp_compute_logits(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Rows of :meth:`mtp_forward`'s output -> draft logits ``[L, vocab]`` float32 (shared head)."""
+        b = self.mtp[index]
+        return self._logits(hidden, b.hc_head_fn, b.hc_head_base, b.hc_head_scale, b.norm)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed.value[input_ids]
+
+    def _logits(self, hidden: torch.Tensor, fn: Slot, base: Slot, scale: Slot, norm: Slot) -> torch.Tensor:
+        cfg, dense = self.cfg, self.backends.dense
+        x = dense.hc_head(hidden, fn.value, base.value, scale.value, cfg.hc_eps, cfg.rms_norm_eps)
+        x = dense.rms_norm(x, norm.value, cfg.rms_norm_eps)
+        head = self.embed.value if cfg.tie_word_embeddings else self.head.value
+        return dense.linear(x, head).float()

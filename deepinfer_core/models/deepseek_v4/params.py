@@ -1,0 +1,94 @@
+"""Weight slots: each layer declares the tensors it expects and owns how a checkpoint tensor becomes its weight.
+
+A :class:`Slot` is one named checkpoint tensor (DeepSeek's names, relative to the layer). Its
+``weight_loader(tensor, scale)`` turns the stored tensor (and, for quantized linears, its scale companion)
+into the runtime value. Layers subclass :class:`Module`; :meth:`Module.named_slots` walks the tree in
+definition order, so the checkpoint loader stays generic: it only matches names, checks shapes and calls
+``weight_loader``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import torch
+
+from deepinfer_core.ops.weights import QuantizedWeight
+from deepinfer_core.quant.formats import fp4_data_to_uint8, scale_to_float32
+
+SlotKind = Literal["linear", "float32", "model", "index"]
+
+
+class Slot:
+    """One checkpoint tensor of logical ``shape``.
+
+    Kinds: ``linear`` (an ``[out, in]`` matrix; BF16/FP32, or FP8 / FP4 with a scale companion, kept
+    quantized), ``float32`` (norm weights, mHC parameters, sinks, biases: kept in float32 as V4 does),
+    ``model`` (the model dtype) and ``index`` (integer tables such as ``tid2eid``, as int64).
+    """
+
+    def __init__(
+        self, key: str, shape: tuple[int, ...], kind: SlotKind, loader: Callable[..., Any] | None = None
+    ):
+        self.key = key
+        self.shape = tuple(shape)
+        self.kind = kind
+        self.value: Any = None
+        self._custom = loader
+
+    def weight_loader(
+        self, tensor: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        value = self.convert(tensor, scale, dtype, device)
+        self.value = self._custom(value) if self._custom is not None else value
+
+    def convert(
+        self, tensor: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+    ) -> Any:
+        if self.kind == "float32":
+            return tensor.to(device=device, dtype=torch.float32)
+        if self.kind == "index":
+            return tensor.to(device=device, dtype=torch.int64)
+        if self.kind == "linear" and scale is not None:
+            return quantized(tensor, scale, self.shape, device)
+        return tensor.to(device=device, dtype=dtype)
+
+
+def quantized(
+    data: torch.Tensor, scale: torch.Tensor, shape: tuple[int, ...], device: torch.device
+) -> QuantizedWeight:
+    """A checkpoint's (data, scale) pair as a :class:`QuantizedWeight`: FP8 e4m3 data means 128x128 block
+    scales, one-byte packed data (``float4_e2m1fn_x2`` / ``uint8`` / ``int8``) means FP4 e2m1."""
+    s = scale_to_float32(scale).to(device)
+    if data.dtype == torch.float8_e4m3fn:
+        return QuantizedWeight(data=data.to(device), scale=s, format="fp8_block", shape=(shape[0], shape[1]))
+    return QuantizedWeight(
+        data=fp4_data_to_uint8(data).to(device), scale=s, format="fp4_e2m1", shape=(shape[0], shape[1])
+    )
+
+
+class Module:
+    """A layer: holds :class:`Slot` s, child modules and lists of child modules as attributes."""
+
+    def named_slots(self, prefix: str = "") -> Iterator[tuple[str, Slot]]:
+        for attr, v in vars(self).items():
+            if isinstance(v, Slot):
+                yield prefix + v.key, v
+            elif isinstance(v, Module):
+                yield from v.named_slots(f"{prefix}{attr}.")
+            elif isinstance(v, list) and v and all(isinstance(m, Module) for m in v):
+                for i, m in enumerate(v):
+                    yield from m.named_slots(f"{prefix}{attr}.{i}.")
+
+    def modules(self) -> Iterator[Module]:
+        yield self
+        for v in vars(self).values():
+            if isinstance(v, Module):
+                yield from v.modules()
+            elif isinstance(v, list) and v and all(isinstance(m, Module) for m in v):
+                for m in v:
+                    yield from m.modules()
+
+    def post_load(self) -> None:  # noqa: B027 - optional hook
+        """Called once every slot of the tree is loaded (e.g. to assemble expert lists)."""
