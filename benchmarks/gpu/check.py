@@ -1,0 +1,460 @@
+"""Check every cuda_sm100 kernel against the reference ops at DeepSeek-V4-Flash sizes, then time it.
+
+Run on a CUDA GPU from the repository root:
+
+    PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python benchmarks/gpu/check.py [--out DIR] [--sweep]
+
+Correctness: fresh random inputs (never zeros), outputs poisoned with NaN first (every element must be
+written), relative error ``||out - ref|| / ||ref||`` against the reference op (float64 where the
+reference op cannot run on the device), bounds per dtype as METHOD.md says. Timing: median of
+``triton.testing.do_bench``; each kernel's floor is max(bytes / copy bandwidth, flops / matmul rate),
+both ceilings measured at the start of the same run.
+"""
+
+# ruff: noqa: B023 - every lambda here is called before its loop variables change
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+SMOKE = "--smoke" in sys.argv  # tiny sizes on the CPU under TRITON_INTERPRET=1: checks this script itself
+if SMOKE:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from deepinfer_core.ops.sampling import SamplingTensors  # noqa: E402
+from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight  # noqa: E402
+from deepinfer_core.plugins.registry import reference_op  # noqa: E402
+from deepinfer_core.quant.formats import dequant  # noqa: E402
+from deepinfer_core.testing.kit import to_device  # noqa: E402
+from deepinfer_cuda_sm100 import dispatch  # noqa: E402
+from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps  # noqa: E402
+from deepinfer_cuda_sm100.ops.dense import CudaDenseOps  # noqa: E402
+from deepinfer_cuda_sm100.ops.moe import CudaMoEOps  # noqa: E402
+from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps  # noqa: E402
+
+DEV = torch.device("cpu" if SMOKE else "cuda")
+BF16, F32 = torch.bfloat16, torch.float32
+BOUND = {"bf16": 1e-2, "f32": 1e-3}
+# V4-Flash
+HIDDEN, HEADS, HEAD_DIM, ROPE_DIM, Q_LORA, O_LORA, O_GROUPS = 4096, 64, 512, 64, 1024, 1024, 8
+EXPERTS, INTER, TOPK = 256, 2048, 6
+IDX_HEADS, IDX_DIM, IDX_TOPK, WINDOW, HC, VOCAB = 64, 128, 512, 128, 4, 129280
+if SMOKE:
+    HIDDEN, HEADS, HEAD_DIM, ROPE_DIM, EXPERTS, INTER, TOPK = 128, 4, 64, 16, 8, 64, 2
+    IDX_HEADS, IDX_DIM, IDX_TOPK, WINDOW, VOCAB = 4, 32, 8, 8, 1000
+
+ROWS: list[dict] = []
+CEIL: dict[str, float] = {}
+G = torch.Generator(DEV)
+
+
+def sizes(*real):
+    """The sizes to run: the real ones, or tiny stand-ins (same count, first one kept as the check size)."""
+    return real if not SMOKE else tuple(min(v, 16 if i == 0 else 24) for i, v in enumerate(real))
+
+
+def rnd(*shape, dtype=BF16, scale=1.0):
+    return (torch.randn(*shape, generator=G, device=DEV) * scale).to(dtype)
+
+
+def rel_err(a, r) -> float:
+    a, r = a.detach().double().cpu(), r.detach().double().cpu()
+    if a.shape != r.shape or torch.isnan(a).any():
+        return float("inf")
+    return float((a - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def bench(fn) -> float:
+    """Median milliseconds."""
+    if SMOKE:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def record(name, shape, err=None, bound=None, ms=None, nbytes=0.0, flops=0.0, note=""):
+    floor = max(nbytes / CEIL["bw"], flops / CEIL["flops"]) * 1e3 if ms is not None else None
+    row = {"kernel": name, "shape": shape, "rel_err": err, "bound": bound,
+           "ok": None if err is None else bool(err < bound), "us": None if ms is None else ms * 1e3,
+           "floor_us": None if floor is None else floor * 1e3, "GB/s": nbytes / ms / 1e6 if ms else None,
+           "TFLOP/s": flops / ms / 1e9 if ms else None, "note": note}  # fmt: skip
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def ceilings():
+    x = torch.empty(1 << (31 if not SMOKE else 20), dtype=torch.uint8, device=DEV).random_(
+        0, 255, generator=G
+    )
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    CEIL["bw"] = 2 * x.numel() / ms * 1e3  # bytes/s, read + write
+    n = 8192 if not SMOKE else 256
+    a, b = rnd(n, n), rnd(n, n)
+    ms = bench(lambda: a @ b)
+    CEIL["flops"] = 2 * n**3 / ms * 1e3
+    print(
+        f"ceilings: copy {CEIL['bw'] / 1e12:.2f} TB/s, bf16 matmul {CEIL['flops'] / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
+
+
+def poisoned(fn):
+    """Run ``fn`` after filling the caching allocator's free blocks with NaN (unwritten outputs show)."""
+    junk = torch.full((1 << (28 if not SMOKE else 10),), float("nan"), device=DEV)
+    del junk
+    return fn()
+
+
+# ----------------------------------------------------------------------------- dense
+
+
+def check_dense():
+    ops, ref = CudaDenseOps(), reference_op("dense")
+    for T in sizes(16, 8192):
+        x, w = rnd(T, HIDDEN, scale=3.0), rnd(HIDDEN, dtype=F32)
+        out = poisoned(lambda: ops.rms_norm(x, w, 1e-6))
+        err = rel_err(out, ref.rms_norm(x, w, 1e-6)) if T == 16 else None
+        record(
+            "rms_norm",
+            f"{T}x{HIDDEN}",
+            err,
+            BOUND["bf16"],
+            bench(lambda: ops.rms_norm(x, w, 1e-6)),
+            4 * x.numel(),
+        )
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE_DIM, 2, device=DEV).float() / ROPE_DIM))
+    for T in sizes(16, 2048):
+        q, pos = rnd(T, HEADS, HEAD_DIM), torch.randint(0, 1 << 20, (T,), device=DEV, generator=G)
+        out = poisoned(lambda: ops.rope(q, pos, inv_freq, True))
+        err = rel_err(out, ref.rope(q, pos, inv_freq, True)) if T == 16 else None
+        record("rope(inverse)", f"{T}x{HEADS}x{HEAD_DIM}", err, BOUND["bf16"], bench(lambda: ops.rope(q, pos, inv_freq)),
+               4 * q.numel())  # fmt: skip
+    fn, base = (
+        rnd((2 + HC) * HC, HC * HIDDEN, dtype=F32, scale=0.02),
+        rnd((2 + HC) * HC, dtype=F32, scale=0.5),
+    )
+    scale = rnd(3, dtype=F32).abs() + 0.5
+    for T in sizes(16, 64, 8192):
+        x = rnd(T, HC, HIDDEN)
+        outs = poisoned(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
+        err = (
+            max(rel_err(a, b) for a, b in zip(outs, ref.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)))
+            if T == 16
+            else None
+        )
+        ms = bench(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
+        record("hc_pre", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], ms, 2 * x.numel() + 2 * T * HIDDEN + 4 * fn.numel(),
+               2 * x.numel() * fn.shape[0])  # fmt: skip
+        y, post, comb = rnd(T, HIDDEN), outs[1], outs[2]
+        out = poisoned(lambda: ops.hc_post(y, x, post, comb))
+        err = rel_err(out, ref.hc_post(y, x, post, comb)) if T == 16 else None
+        record("hc_post", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], bench(lambda: ops.hc_post(y, x, post, comb)),
+               2 * T * HIDDEN * (1 + 2 * HC))  # fmt: skip
+    for fmt in ("fp8_block", "fp4_e2m1"):
+        w = rand_qweight(fmt, HIDDEN, HIDDEN)
+        wc = to_device(w, torch.device("cpu"))
+        for T in sizes(16, 4096):
+            x = rnd(T, HIDDEN)
+            out = poisoned(lambda: ops.linear(x, w))
+            err = rel_err(out, ref.linear(x.cpu(), wc)) if T == 16 else None
+            wbytes = w.data.numel() + 4 * w.scale.numel()
+            record(f"linear[{fmt}]", f"{T}x{HIDDEN}->{HIDDEN}", err, BOUND["bf16"], bench(lambda: ops.linear(x, w)),
+                   wbytes + 2 * x.numel() * 2, 2 * T * HIDDEN * HIDDEN)  # fmt: skip
+        wd = dequant(wc, BF16).to(DEV)
+        x = rnd(4096, HIDDEN)
+        record("  cuBLAS bf16 same shape", f"4096x{HIDDEN}->{HIDDEN}", None, None, bench(lambda: x @ wd.T),
+               2 * wd.numel() + 4 * x.numel(), 2 * 4096 * HIDDEN * HIDDEN)  # fmt: skip
+    w1, w3, w2 = (
+        rand_qweight("fp8_block", o, i) for o, i in ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER))
+    )
+    for T in sizes(16, 4096):
+        x = rnd(T, HIDDEN)
+        out = poisoned(lambda: ops.swiglu_mlp(x, w1, w3, w2, 10.0))
+        cpu = [to_device(w, torch.device("cpu")) for w in (w1, w3, w2)]
+        err = rel_err(out, ref.swiglu_mlp(x.cpu(), *cpu, 10.0)) if T == 16 else None
+        record("swiglu_mlp[fp8]", f"{T}x{HIDDEN}, I={INTER}", err, BOUND["bf16"],
+               bench(lambda: ops.swiglu_mlp(x, w1, w3, w2, 10.0)), 3 * HIDDEN * INTER + 4 * T * HIDDEN,
+               6 * T * HIDDEN * INTER)  # fmt: skip
+
+
+def rand_qweight(fmt, out_f, in_f) -> QuantizedWeight:
+    """Valid random weights in ``fmt``, made on the device (random codes, power-of-two scales)."""
+    if fmt == "fp8_block":
+        data = (
+            (torch.randn(out_f, in_f, device=DEV, generator=G) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+        )
+        scale = torch.exp2(torch.randint(-14, -8, (triton.cdiv(out_f, 128), triton.cdiv(in_f, 128)), device=DEV,
+                                         generator=G).float())  # fmt: skip
+    else:
+        data = torch.randint(0, 256, (out_f, in_f // 2), device=DEV, generator=G, dtype=torch.int32).to(
+            torch.uint8
+        )
+        scale = torch.exp2(torch.randint(-9, -5, (out_f, in_f // 32), device=DEV, generator=G).float())
+    return QuantizedWeight(data, scale, fmt, (out_f, in_f))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def check_attention():
+    ops, ref = CudaAttentionOps(), reference_op("attention")
+    S = 1 << 20 if not SMOKE else 512
+    kv_pool, cmp_pool, sinks = rnd(S, HEAD_DIM), rnd(S // 4, HEAD_DIM), rnd(HEADS, dtype=F32)
+    scale = HEAD_DIM**-0.5
+    for T, tag in zip(sizes(16, 64, 256, 2048), ("check", "decode", "decode", "prefill")):
+        q = rnd(T, HEADS, HEAD_DIM)
+        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
+        kv_slots[0, 100:] = -1
+        cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
+        cmp_slots[1, 300:] = -1
+        args = (q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
+        out = poisoned(lambda: ops.sparse_attention(*args))
+        err = rel_err(out, ref.sparse_attention(*args)) if tag == "check" else None
+        n = WINDOW + IDX_TOPK
+        record(f"sparse_attention[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
+               bench(lambda: ops.sparse_attention(*args)), T * n * HEAD_DIM * 2 + 2 * q.numel() * 2,
+               4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
+    keys = rnd(S // 4, IDX_DIM)
+    for T, C in zip(sizes(8, 64, 64), (8192, 8192, 65536) if not SMOKE else (64, 64, 96)):
+        q, w = rnd(T, IDX_HEADS, IDX_DIM), rnd(T, IDX_HEADS, dtype=F32).abs() * IDX_HEADS**-0.5
+        cand = torch.randint(0, S // 4, (T, C), device=DEV, generator=G)
+        cand[0, C // 2 :] = -1
+        from deepinfer_cuda_sm100.kernels import indexer
+
+        sc = poisoned(lambda: indexer.indexer_scores(q, w, keys, cand))
+        err = None
+        if T == 8:
+            kf = keys.double()[cand.clamp(min=0)]
+            exact = (torch.relu(torch.einsum("thd,tcd->thc", q.double(), kf)) * w.double()[..., None]).sum(1)
+            valid = cand >= 0
+            err = rel_err(sc[valid], exact[valid])
+            got, rsel = (
+                ops.indexer_topk(q, w, keys, cand, IDX_TOPK),
+                ref.indexer_topk(q, w, keys, cand, IDX_TOPK),
+            )
+            overlap = min(len(set(got[t].tolist()) & set(rsel[t].tolist())) / IDX_TOPK for t in range(T))
+            print(f"indexer top-{IDX_TOPK}: min overlap with reference selection {overlap:.4f}", flush=True)
+        by, fl = T * C * IDX_DIM * 2 + T * C * 12, 2 * T * C * IDX_HEADS * IDX_DIM
+        record("indexer_scores", f"T={T} C={C} Hi={IDX_HEADS} Di={IDX_DIM}", err, BOUND["bf16"],
+               bench(lambda: indexer.indexer_scores(q, w, keys, cand)), by, fl)  # fmt: skip
+        record("indexer_topk (scores+torch.topk)", f"T={T} C={C} k={IDX_TOPK}", None, None,
+               bench(lambda: ops.indexer_topk(q, w, keys, cand, IDX_TOPK)), by, fl)  # fmt: skip
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE_DIM, 2, device=DEV).float() / ROPE_DIM))
+    nw = rnd(HEAD_DIM, dtype=F32)
+    for E, L in zip(sizes(16, 2048, 64), (8, 8, 128) if not SMOKE else (8, 8, 16)):
+        kv, score = rnd(E, L, HEAD_DIM), rnd(E, L, HEAD_DIM, dtype=F32)
+        score[0, L // 2 :] = float("-inf")
+        pos = torch.randint(0, 1 << 20, (E,), device=DEV, generator=G)
+        out = poisoned(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq))
+        err = rel_err(out, ref.compress(kv, score, nw, 1e-6, pos, inv_freq)) if E == 16 else None
+        record("compress", f"E={E} L={L} D={HEAD_DIM}", err, BOUND["bf16"],
+               bench(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq)), E * L * HEAD_DIM * 6 + E * HEAD_DIM * 2)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- MoE
+
+
+def make_experts(fmt) -> ExpertWeights:
+    def one(o, i):
+        return rand_qweight(fmt, o, i) if fmt != "plain" else rnd(o, i, scale=0.02)
+
+    return ExpertWeights([one(INTER, HIDDEN) for _ in range(EXPERTS)], [one(INTER, HIDDEN) for _ in range(EXPERTS)],
+                         [one(HIDDEN, INTER) for _ in range(EXPERTS)], list(range(EXPERTS)))  # fmt: skip
+
+
+def cpu_subset(ew: ExpertWeights, used: set[int]) -> ExpertWeights:
+    pick = [
+        [to_device(w, torch.device("cpu")) if i in used else None for i, w in enumerate(ws)]
+        for ws in (ew.w1, ew.w3, ew.w2)
+    ]
+    return ExpertWeights(*pick, ew.expert_ids)
+
+
+def check_moe():
+    ops, ref = CudaMoEOps(), reference_op("moe")
+    bias = rnd(EXPERTS, dtype=F32, scale=0.1)
+    for T in sizes(16, 8192):
+        logits = rnd(T, EXPERTS, dtype=F32, scale=2.0)
+        w, ids = ops.route_topk(logits, bias, TOPK, "sqrtsoftplus", 1.5)
+        err = None
+        if T == 16:
+            rw, rids = ref.route_topk(logits, bias, TOPK, "sqrtsoftplus", 1.5)
+            same = torch.equal(ids.sort(1).values.cpu(), rids.sort(1).values.cpu())
+            err = (
+                rel_err(w.gather(1, ids.argsort(1)), rw.gather(1, rids.argsort(1))) if same else float("inf")
+            )
+        record("route_topk[sqrtsoftplus]", f"T={T} E={EXPERTS} k={TOPK}", err, BOUND["f32"],
+               bench(lambda: ops.route_topk(logits, bias, TOPK, "sqrtsoftplus", 1.5)), 4 * T * EXPERTS + 16 * T * TOPK)  # fmt: skip
+    for fmt in ("plain", "fp8_block", "fp4_e2m1"):
+        ew = make_experts(fmt)
+        wb = {"plain": 2.0, "fp8_block": 1.0, "fp4_e2m1": 0.5 + 4 / 32}[fmt] * 3 * HIDDEN * INTER
+        for T in sizes(4, 64, 4096):
+            x = rnd(T, HIDDEN)
+            logits = rnd(T, EXPERTS, dtype=F32, scale=2.0)
+            w, ids = ops.route_topk(logits, bias, TOPK, "sqrtsoftplus", 1.5)
+            out = poisoned(lambda: ops.experts(x, ids, w, ew, 10.0))
+            err = None
+            if T == 4:
+                used = set(ids.flatten().tolist())
+                sub = cpu_subset(ew, used) if fmt != "plain" else ew
+                dev_ = torch.device("cpu") if fmt != "plain" else DEV
+                err = rel_err(out, ref.experts(x.to(dev_), ids.to(dev_), w.to(dev_), sub, 10.0))
+            active = int(torch.unique(ids).numel())
+            record(f"experts[{fmt}]", f"T={T} E={EXPERTS} k={TOPK} D={HIDDEN} I={INTER} active={active}", err,
+                   BOUND["bf16"], bench(lambda: ops.experts(x, ids, w, ew, 10.0)), active * wb + 2 * T * HIDDEN * 2,
+                   6 * T * TOPK * HIDDEN * INTER)  # fmt: skip
+        ew = None
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def check_sampling():
+    ops, ref = CudaSamplingOps(), reference_op("sampling")
+    B, V = (64 if not SMOKE else 4), VOCAB
+    logits = rnd(B, V, dtype=F32, scale=3.0)
+    mask = torch.rand(B, V, device=DEV, generator=G) < 0.01
+    counts = (torch.rand(B, V, device=DEV, generator=G) < 0.005).int() * 2
+    pen = [rnd(B, dtype=F32).abs() * 0.3, rnd(B, dtype=F32).abs() * 0.3, 1 + rnd(B, dtype=F32).abs() * 0.2]
+    out = poisoned(lambda: ops.apply_penalties(logits, mask, counts, *pen))
+    record("apply_penalties", f"B={B} V={V}", rel_err(out, ref.apply_penalties(logits, mask, counts, *pen)), BOUND["f32"],
+           bench(lambda: ops.apply_penalties(logits, mask, counts, *pen)), B * V * (4 + 1 + 4 + 4))  # fmt: skip
+    record("  torch reference penalties", f"B={B} V={V}", None, None,
+           bench(lambda: ref.apply_penalties(logits, mask, counts, *pen)), B * V * (4 + 1 + 4 + 4))  # fmt: skip
+    bits = torch.randint(
+        -(2**31), 2**31 - 1, (B, triton.cdiv(V, 32)), device=DEV, generator=G, dtype=torch.int64
+    ).int()
+    out = poisoned(lambda: ops.apply_bitmask(logits, bits))
+    ok = torch.equal(out, ref.apply_bitmask(logits, bits))
+    record("apply_bitmask", f"B={B} V={V}", 0.0 if ok else float("inf"), BOUND["f32"],
+           bench(lambda: ops.apply_bitmask(logits, bits)), B * V * 8 + bits.numel() * 4)  # fmt: skip
+    record("  torch reference bitmask", f"B={B} V={V}", None, None, bench(lambda: ref.apply_bitmask(logits, bits)),
+           B * V * 8 + bits.numel() * 4)  # fmt: skip
+    params = SamplingTensors(rnd(B, dtype=F32).abs() + 0.3, torch.randint(0, 100, (B,), device=DEV, generator=G),
+                             torch.rand(B, device=DEV, generator=G) * 0.5 + 0.5, torch.rand(B, device=DEV, generator=G) * 0.1)  # fmt: skip
+    p = ops.probs(logits, params)
+    record("probs (torch on GPU)", f"B={B} V={V}", rel_err(p, ref.probs(logits, params)), BOUND["f32"],
+           bench(lambda: ops.probs(logits, params)), B * V * 8)  # fmt: skip
+    record(
+        "sample (torch on GPU)",
+        f"B={B} V={V}",
+        None,
+        None,
+        bench(lambda: ops.sample(p, [None] * B)),
+        B * V * 8,
+    )
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+def sweep():
+    """Time alternative launch configurations of the two heaviest kernels (results go to NOTES.md)."""
+    import deepinfer_cuda_sm100.kernels.sparse_attention as sa
+
+    S = 1 << 20 if not SMOKE else 512
+    kv_pool, cmp_pool, sinks = rnd(S, HEAD_DIM), rnd(S // 4, HEAD_DIM), rnd(HEADS, dtype=F32)
+    orig = dispatch.attention_config
+    for T in sizes(64, 2048):
+        q = rnd(T, HEADS, HEAD_DIM)
+        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
+        cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
+        for cfg in [(16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 8, 2), (32, 32, 8, 2), (64, 16, 8, 2), (16, 16, 4, 3),
+                    (32, 64, 8, 2), (64, 32, 8, 1)]:  # fmt: skip
+            dispatch.attention_config = lambda *a, c=cfg: dispatch.AttentionConfig(*c)
+            try:
+                ms = bench(
+                    lambda: sa.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, 0.04)
+                )
+                print(f"sweep attention T={T} cfg(bh,bn,warps,stages)={cfg}: {ms * 1e3:.1f} us", flush=True)
+            except Exception as exc:  # noqa: BLE001 - a config that does not compile is a result too
+                print(
+                    f"sweep attention T={T} cfg={cfg}: failed {type(exc).__name__}: {str(exc)[:120]}",
+                    flush=True,
+                )
+    dispatch.attention_config = orig
+    ops = CudaMoEOps()
+    orig_g = dispatch.gemm_config
+    for fmt in ("fp8_block", "fp4_e2m1"):
+        ew = make_experts(fmt)
+        bias = rnd(EXPERTS, dtype=F32, scale=0.1)
+        for T in sizes(64, 4096):
+            x = rnd(T, HIDDEN)
+            w, ids = ops.route_topk(rnd(T, EXPERTS, dtype=F32), bias, TOPK, "sqrtsoftplus", 1.5)
+            cands = [(16, 64, 128, 4, 4), (16, 128, 128, 4, 3), (32, 64, 128, 4, 4), (64, 64, 64, 4, 4),
+                     (64, 128, 64, 8, 3), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3), (64, 128, 128, 8, 3)]  # fmt: skip
+            for c in cands:
+                if fmt == "fp8_block" and 128 % c[2]:
+                    continue
+                dispatch.gemm_config = lambda *a, c=c: dispatch.GemmConfig(*c)
+                ops._prepared = type(ops._prepared)()
+                try:
+                    ms = bench(lambda: ops.experts(x, ids, w, ew, 10.0))
+                    print(
+                        f"sweep experts[{fmt}] T={T} cfg(bm,bn,bk,warps,stages)={c}: {ms * 1e3:.1f} us",
+                        flush=True,
+                    )
+                except Exception as exc:  # noqa: BLE001
+                    print(
+                        f"sweep experts[{fmt}] T={T} cfg={c}: failed {type(exc).__name__}: {str(exc)[:120]}",
+                        flush=True,
+                    )
+        dispatch.gemm_config = orig_g
+        ew = None
+        torch.cuda.empty_cache()
+
+
+def table() -> str:
+    lines = ["| kernel | shape | rel err | bound | ok | time us | floor us | floor/time | GB/s | TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in ROWS:
+        f = lambda v, s: "" if v is None else s.format(v)  # noqa: E731
+        eff = f(None if not r["us"] else r["floor_us"] / r["us"], "{:.0%}")
+        lines.append(f"| {r['kernel']} | {r['shape']} | {f(r['rel_err'], '{:.2e}')} | {f(r['bound'], '{:.0e}')} | "
+                     f"{'' if r['ok'] is None else ('yes' if r['ok'] else 'NO')} | {f(r['us'], '{:.1f}')} | "
+                     f"{f(r['floor_us'], '{:.1f}')} | {eff} | {f(r['GB/s'], '{:.0f}')} | {f(r['TFLOP/s'], '{:.1f}')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (Triton interpreter)")
+    ap.add_argument("--only", default="dense,attention,moe,sampling")
+    args = ap.parse_args()
+    G.manual_seed(int(time.time()))
+    smi = "cpu smoke run" if SMOKE else subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    print(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; {smi}; "
+          f"torch {torch.__version__}; triton {triton.__version__}; arch {dispatch.arch()}; "
+          f"command: {' '.join(sys.argv)}", flush=True)  # fmt: skip
+    ceilings()
+    for part in args.only.split(","):
+        t0 = time.time()
+        globals()[f"check_{part}"]()
+        print(f"[{part} done in {time.time() - t0:.0f} s]", flush=True)
+    if args.sweep:
+        sweep()
+    out = table()
+    with open(os.path.join(args.out, "check.json"), "w") as f:
+        json.dump({"ceilings": CEIL, "rows": ROWS}, f, indent=1)
+    print(out)
+    bad = [r["kernel"] for r in ROWS if r["ok"] is False]
+    print("ALL CHECKS PASSED" if not bad else f"FAILED: {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
