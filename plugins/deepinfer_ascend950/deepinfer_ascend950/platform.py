@@ -6,6 +6,8 @@ import importlib
 
 from deepinfer_core.platforms.base import Availability, Platform
 
+PLATFORM = "ascend950"
+
 
 def probe_npu() -> Availability:
     """torch_npu importable and at least one NPU visible; otherwise say which of the two is missing."""
@@ -15,15 +17,18 @@ def probe_npu() -> Availability:
         return Availability(False, f"torch_npu is not importable ({e}); install the Ascend PyTorch adapter")
     import torch
 
+    version = getattr(torch_npu, "__version__", "?")
     npu = getattr(torch, "npu", None)
-    count = npu.device_count() if npu is not None else 0
+    if npu is None:
+        return Availability(False, f"torch_npu {version} is installed but did not register torch.npu")
+    count = npu.device_count()
     if count < 1:
-        return Availability(False, f"torch_npu {getattr(torch_npu, '__version__', '?')} found no NPU device")
-    return Availability(True, f"{count} NPU(s): {npu.get_device_name(0)}")
+        return Availability(False, f"torch_npu {version} found no NPU device")
+    return Availability(True, f"{count} NPU(s): {npu.get_device_name(0)}, torch_npu {version}")
 
 
 class Ascend950Platform(Platform):
-    name = "ascend950"
+    name = PLATFORM
     priority = 90
     device_type = "npu"
 
