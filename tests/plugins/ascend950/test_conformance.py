@@ -1,0 +1,28 @@
+"""The core's conformance kit for ascend950 under the torch_npu stand-in (ops' device mapped to cpu by
+the stand-in): every case of ``deepinfer_core.testing.all_cases()``, with the default switches and with
+every fused path on. This checks the plugin against the reference ops through the stand-in, not the
+Ascend kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepinfer_core.testing import all_cases, backends_for, check_case
+
+CASES = all_cases()
+
+
+@pytest.mark.parametrize("switches", ["default", "all"])
+def test_conformance_kit_passes_for_ascend950(standin, monkeypatch, switches):
+    if switches == "all":
+        monkeypatch.setenv("DEEPINFER_ASCEND_FUSED", "all")
+    backends = backends_for("ascend950")
+    assert backends.memory.device.type == "cpu"
+    failures = []
+    for case in CASES:
+        try:
+            check_case(backends, case)
+        except AssertionError as e:
+            failures.append(f"{case.id}: {e}")
+    assert not failures, "\n".join(failures)
+    assert CASES, "the kit has no cases"
