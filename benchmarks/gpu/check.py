@@ -155,6 +155,10 @@ def check_dense():
         ms = bench(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
         record("hc_pre", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], ms, 2 * x.numel() + 2 * T * HIDDEN + 4 * fn.numel(),
                2 * x.numel() * fn.shape[0])  # fmt: skip
+        from deepinfer_cuda_sm100.kernels import mhc
+
+        record("  hc_pre launch 1 (mixes)", f"{T}x{HC}x{HIDDEN}", None, None, bench(lambda: mhc.mixes_partials(x, fn)),
+               2 * x.numel() + 4 * fn.numel(), 2 * x.numel() * fn.shape[0])  # fmt: skip
         y, post, comb = rnd(T, HIDDEN), outs[1], outs[2]
         out = poisoned(lambda: ops.hc_post(y, x, post, comb))
         err = rel_err(out, ref.hc_post(y, x, post, comb)) if T == 16 else None
@@ -397,7 +401,7 @@ def sweep():
             for c in cands:
                 if fmt == "fp8_block" and 128 % c[2]:
                     continue
-                dispatch.gemm_config = lambda *a, c=c: dispatch.GemmConfig(*c)
+                dispatch.gemm_config = lambda *a, c=c, **k: dispatch.GemmConfig(*c)
                 ops._prepared = type(ops._prepared)()
                 try:
                     ms = bench(lambda: ops.experts(x, ids, w, ew, 10.0))

@@ -10,11 +10,11 @@ Formats (see :class:`deepinfer_core.ops.weights.QuantizedWeight`):
 
 - ``FMT=0``: plain ``[N, K]`` (bf16/f16/f32), loaded and fed to the tensor cores as is.
 - ``FMT=1``: ``float8_e4m3fn [N, K]`` with one float32 scale per 128x128 block. A K step of at most
-  128 lies in one scale block, so ``acc += dot(A, W_e4m3->bf16) * scale[n // 128]`` is exact up to
-  the bf16 MMA (e4m3 values are exact in bf16).
+  128 lies in one scale block, so each tile is ``(W_e4m3 * scale[n // 128]) -> bf16`` (exact for
+  ue8m0 scales: e4m3 values times a power of two fit bf16).
 - ``FMT=2``: e2m1 codes packed two per byte (low nibble first), one float32 (ue8m0) scale per 32
-  inputs. Codes decode with integer ops to 4x their value (exact), are joined back into K order,
-  scaled per 32 and rounded to bf16 (exact: at most 2 significant bits times a power of two).
+  inputs. Codes decode with integer ops to 4x their value (exact), are scaled per 32 and rounded
+  to bf16 (exact: at most 2 significant bits times a power of two).
 
 ``GATED`` computes the gate (``w1``) and up (``w3``) products of a tile together and writes
 ``silu(min(g, limit)) * clamp(u, -limit, limit)``; otherwise ``C`` rows may be scaled by a per-row
@@ -38,51 +38,36 @@ FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
 
 @triton.jit
 def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
-            FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """A ``[BLOCK_N, BLOCK_K]`` weight tile in ``DOT_T`` (FP8: still unscaled) and its FP8 row scales."""
-    ks = tl.arange(0, BLOCK_K)
+            FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """The dequantised ``[BLOCK_N, BLOCK_K]`` weight tile in ``DOT_T``.
+
+    Scales are folded into the tile before the MMA, as the reference does when it dequantises to
+    the activation dtype; with ue8m0 (power-of-two) scales the product is exact in bf16."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    m = nm[:, None] & (ks < K)[None, :]
     if FMT == 2:
-        kh = tl.arange(0, BLOCK_K // 2)
-        km = (k0 // 2 + kh) < K // 2
-        b = tl.load(
-            w_base + n[:, None] * stride_wn + k0 // 2 + kh[None, :], mask=nm[:, None] & km[None, :], other=0
-        )
-        b = b.to(tl.int32)
-        lo = b & 15
-        hi = b >> 4
-        v = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        # Each byte holds K elements 2j (low nibble) and 2j+1 (high): address per element, no
+        # join/reshape, so the tile keeps a plain blocked layout (the byte re-read hits L1).
+        b = tl.load(w_base + n[:, None] * stride_wn + ks[None, :] // 2, mask=m, other=0).to(tl.int32)
+        v = (b >> ((ks[None, :] & 1) * 4)) & 15
         e = (v >> 1) & 3
-        m = v & 1
-        mag4 = tl.where(e == 0, 2 * m, (2 + m) << e)
-        val = tl.where((v & 8) != 0, -mag4, mag4).to(tl.float32)
-        g = tl.arange(0, BLOCK_K // 32)
-        gm = (k0 // 32 + g) < tl.cdiv(K, 32)
-        sc = tl.load(
-            s_base + n[:, None] * stride_sn + k0 // 32 + g[None, :], mask=nm[:, None] & gm[None, :], other=0.0
-        )
-        val = tl.reshape(
-            tl.reshape(val, (BLOCK_N, BLOCK_K // 32, 32)) * (sc * 0.25)[:, :, None], (BLOCK_N, BLOCK_K)
-        )
-        return val.to(DOT_T), tl.zeros([BLOCK_N], dtype=tl.float32)
+        mant = v & 1
+        mag4 = tl.where(e == 0, 2 * mant, (2 + mant) << e)  # 4x the e2m1 magnitude, exact
+        sc = tl.load(s_base + n[:, None] * stride_sn + ks[None, :] // 32, mask=m, other=0.0)
+        val = tl.where((v & 8) != 0, -mag4, mag4).to(tl.float32) * (sc * 0.25)
+        return val.to(DOT_T)
     else:
-        km = k0 + ks < K
-        w = tl.load(
-            w_base + n[:, None] * stride_wn + k0 + ks[None, :], mask=nm[:, None] & km[None, :], other=0.0
-        )
+        w = tl.load(w_base + n[:, None] * stride_wn + ks[None, :], mask=m, other=0.0)
         if FMT == 1:
             s = tl.load(s_base + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=nm, other=0.0)
-            return w.to(tl.float32).to(DOT_T), s
-        return w.to(DOT_T), tl.zeros([BLOCK_N], dtype=tl.float32)
+            return (w.to(tl.float32) * s[:, None]).to(DOT_T)
+        return w.to(DOT_T)
 
 
 @triton.jit
 def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
-              FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    w, s = _load_w(
-        w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N
-    )
-    if FMT == 1:
-        return acc + tl.dot(a, tl.trans(w)) * s[None, :]
+              FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K)
     return tl.dot(a, tl.trans(w), acc)
 
 
@@ -122,25 +107,11 @@ def _grouped_gemm_kernel(
         a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k0 + ks[None, :],
                     mask=rm[:, None] & (k0 + ks < K)[None, :], other=0.0).to(DOT_T)  # fmt: skip
         acc = _mma_step(
-            acc,
-            a,
-            w_base,
-            s_base,
-            n,
-            nm,
-            k0,
-            K,
-            stride_wn,
-            stride_sn,
-            stride_sk,
-            FMT,
-            DOT_T,
-            BLOCK_K,
-            BLOCK_N,
+            acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K
         )
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
-                             BLOCK_K, BLOCK_N)  # fmt: skip
+                             BLOCK_K)  # fmt: skip
     if GATED:
         if limit > 0:
             acc = tl.minimum(acc, limit)

@@ -101,29 +101,36 @@ def _hc_split_kernel(
     tl.store(out_ptr + t * stride_ot + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 
 
-def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, head: bool):
+def mixes_partials(x: torch.Tensor, fn: torch.Tensor):
+    """Launch 1: split-K partials ``part [S, T, M]`` and ``sq [S, T]``."""
     T, N, D = x.shape
     K, M = N * D, fn.shape[0]
-    dev = x.device
     fn = fn.float().contiguous()
-    mcfg = dispatch.hc_mixes_config(T, K, M)
-    k_per_split = triton.cdiv(triton.cdiv(K, mcfg.splits), mcfg.block_k) * mcfg.block_k
+    cfg = dispatch.hc_mixes_config(T, K, M)
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg.splits), cfg.block_k) * cfg.block_k
     n_split = triton.cdiv(K, k_per_split)
-    part = torch.empty((n_split, T, M), dtype=torch.float32, device=dev)
-    sq = torch.empty((n_split, T), dtype=torch.float32, device=dev)
-    _hc_mixes_kernel[(triton.cdiv(T, mcfg.block_t), n_split)](
+    part = torch.empty((n_split, T, M), dtype=torch.float32, device=x.device)
+    sq = torch.empty((n_split, T), dtype=torch.float32, device=x.device)
+    _hc_mixes_kernel[(triton.cdiv(T, cfg.block_t), n_split)](
         x, fn, part, sq, T, K, M, k_per_split, x.stride(0), fn.stride(0),
-        BLOCK_T=mcfg.block_t, BLOCK_K=mcfg.block_k, BLOCK_M=pow2(M, 16), num_warps=mcfg.num_warps,
-        num_stages=mcfg.num_stages,
+        BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, BLOCK_M=pow2(M, 16), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
+    return part, sq
+
+
+def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, head: bool):
+    T, N, D = x.shape
+    part, sq = mixes_partials(x, fn)
+    dev = x.device
     out = torch.empty((T, D), dtype=x.dtype, device=dev)
     post = torch.empty((T, N), dtype=torch.float32, device=dev)
     comb = torch.empty((T, N, N), dtype=torch.float32, device=dev)
     cfg = dispatch.hc_rows_config(N, D)
     _hc_split_kernel[(T, triton.cdiv(D, cfg.block_d))](
         x, part, sq, scale.float().contiguous(), base.float().contiguous(), out, post, comb,
-        T, N, D, M, n_split, x.stride(0), x.stride(1), out.stride(0), iters, 1.0 / K, hc_eps, norm_eps,
-        HEAD=head, BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+        T, N, D, fn.shape[0], part.shape[0], x.stride(0), x.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps,
+        norm_eps, HEAD=head, BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
     )  # fmt: skip
     return out, post, comb
 
