@@ -90,15 +90,22 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
         and returns its output streams ``[T, hc_mult, hidden]``; :meth:`mtp_compute_logits` turns rows of
         them into draft logits for position ``p + 2``.
         """
-        block = self.mtp[index]
+        block = self._mtp_block(index)
         addr = StepAddressing(batch, self.cfg.sliding_window)
         h = block.embed_streams(self._embed(batch.input_ids), prev_hidden, self.backends)
         return block.forward(h, batch.input_ids, addr, kv, self.backends)
 
     def mtp_compute_logits(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
         """Rows of :meth:`mtp_forward`'s output -> draft logits ``[L, vocab]`` float32 (shared head)."""
-        b = self.mtp[index]
+        b = self._mtp_block(index)
         return self._logits(hidden, b.hc_head_fn, b.hc_head_base, b.hc_head_scale, b.norm)
+
+    def _mtp_block(self, index: int) -> MTPBlock:
+        if not 0 <= index < self.num_mtp_layers:
+            raise IndexError(
+                f"MTP module {index} does not exist: the checkpoint has {self.num_mtp_layers} (mtp.* tensors)"
+            )
+        return self.mtp[index]
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed.value[input_ids]

@@ -51,7 +51,7 @@ class Schedule:
             index_n_heads=8,
             index_head_dim=16,
             index_topk=self.index_topk,
-            max_position_embeddings=4096,
+            max_position_embeddings=512,
             swiglu_limit=2.0,
             routed_scaling_factor=1.5,
             rope_parameters={
@@ -72,10 +72,10 @@ def _normal_(t: torch.Tensor, std: float, g: torch.Generator, mean: float = 0.0)
 
 
 @torch.no_grad()
-def peaky_init(model: DeepseekV4ForCausalLM, seed: int) -> None:
+def peaky_init(model: torch.nn.Module, seed: int, cfg: DeepseekV4Config | None = None) -> None:
     """Weights large enough that every layer matters and logits have std ~1-2 (default init is too flat)."""
     g = torch.Generator().manual_seed(seed)
-    cfg = model.config
+    cfg = cfg or model.config
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         if name.endswith("embed_tokens.weight"):
@@ -250,3 +250,26 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
     for f in sorted(path.glob("*.safetensors")):
         out.update(load_file(str(f)))
     return out
+
+
+def reference_backends():
+    from deepinfer_core.ops.backends import CONCERNS, Backends
+    from deepinfer_core.plugins.registry import reference_op
+
+    return Backends("reference", **{c: reference_op(c) for c in CONCERNS})
+
+
+def full_logits(model, ids: list[int], block_size: int | None = None, seed: int = 0) -> torch.Tensor:
+    """Logits of every position of ``ids`` from one forward over fresh paged pools."""
+    from deepinfer_core.testing.kv_harness import PagedKVHarness
+
+    h = PagedKVHarness(
+        model.cache_specs(), block_size=block_size, num_blocks=2 * len(ids) // 4 + 8, seed=seed
+    )
+    s = h.add_sequence()
+    batch = h.step({s: list(ids)}, logits="all")
+    return model.compute_logits(model.forward(batch, h.pools))
+
+
+def tokens(n: int, seed: int, vocab: int = 320) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
