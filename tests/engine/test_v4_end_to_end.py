@@ -1,0 +1,129 @@
+"""The engine on a tiny random-weight DeepSeek-V4 checkpoint (CSA + HCA + sliding-window layers, written by
+transformers' ``save_pretrained``, no tokenizer), CPU, float32."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from models.deepseek_v4.tiny import CSA, HCA, SWA, Schedule, build_hf
+
+from deepinfer_core import LLM, SamplingParams
+from deepinfer_core.kv.budget import group_block_bytes, min_blocks
+from deepinfer_core.sampling_params import InvalidParameterError
+
+VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def v4(tmp_path_factory):
+    hf = build_hf(Schedule("engine", (CSA, HCA, SWA, CSA)), seed=0)
+    path = tmp_path_factory.mktemp("v4")
+    hf.save_pretrained(path)
+    return hf, str(path)
+
+
+def _llm(path: str, **kw) -> LLM:
+    kw.setdefault("kv_cache_memory_bytes", 64 << 20)
+    kw.setdefault("max_model_len", 512)
+    return LLM(path, **kw)
+
+
+def _prompts() -> list[dict]:
+    rng = random.Random(7)
+    lens = [1, 2, 16, 17, 40, 399, 400, 64, 5] + [rng.randint(1, 160) for _ in range(11)]
+    return [{"prompt_token_ids": [rng.randrange(2, VOCAB) for _ in range(n)]} for n in lens]
+
+
+def _params() -> list[SamplingParams]:
+    return [
+        SamplingParams(max_tokens=4, temperature=0.0, logprobs=2, ignore_eos=True)
+        if i % 2 == 0
+        else SamplingParams(max_tokens=4, temperature=0.9, top_p=0.95, seed=i, logprobs=1, ignore_eos=True)
+        for i in range(20)
+    ]
+
+
+def _same(a, b, atol: float = 1e-5) -> None:
+    for x, y in zip(a, b, strict=True):
+        cx, cy = x.outputs[0], y.outputs[0]
+        assert cx.token_ids == cy.token_ids
+        for px, py in zip(cx.logprobs, cy.logprobs, strict=True):
+            assert px.keys() == py.keys()
+            assert max(abs(px[t].logprob - py[t].logprob) for t in px) <= atol
+
+
+@pytest.fixture(scope="module")
+def alone(v4):
+    llm = _llm(v4[1], enable_prefix_caching=False, max_num_batched_tokens=4096)
+    return [llm.generate([p], sp, use_tqdm=False)[0] for p, sp in zip(_prompts(), _params())]
+
+
+@pytest.mark.parametrize("max_num_batched_tokens", [16, 48, 4096])
+def test_v4_batch_of_20_matches_each_prompt_alone(v4, alone, max_num_batched_tokens):
+    llm = _llm(v4[1], max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False)
+    _same(alone, llm.generate(_prompts(), _params(), use_tqdm=False))
+
+
+def test_v4_preemption_at_the_smallest_budget_changes_nothing(v4, alone):
+    probe = _llm(v4[1], max_num_batched_tokens=48)
+    specs, bs = probe.engine.model.cache_specs(), probe.engine.kv_layout.block_size
+    need = min_blocks(specs, bs, 512, 48)
+    budget = sum(need[g] * b for g, b in group_block_bytes(specs, bs).items())
+    llm = _llm(v4[1], max_num_batched_tokens=48, kv_cache_memory_bytes=budget)
+    idx = [5, 6, 7, 4, 9, 10]
+    outs = llm.generate([_prompts()[i] for i in idx], [_params()[i] for i in idx], use_tqdm=False)
+    assert llm.get_stats()["num_preemptions"] > 0
+    _same([alone[i] for i in idx], outs)
+
+
+def test_v4_prefix_cache_reuses_compressed_state_exactly(v4, alone):
+    p = _prompts()
+    shared = p[6]["prompt_token_ids"][:300]
+    llm = _llm(v4[1], max_num_batched_tokens=128)
+    first = llm.generate([{"prompt_token_ids": shared + [5, 6, 7]}], _params()[0], use_tqdm=False)[0]
+    assert first.num_cached_tokens == 0
+    out = llm.generate([p[6]], _params()[6], use_tqdm=False)[0]
+    assert out.num_cached_tokens == 300 // 16 * 16  # every kind of state reused for 18 full blocks
+    assert llm.get_stats()["prefix_cache_hits"] == out.num_cached_tokens
+    _same([alone[6]], [out])
+
+
+def test_v4_greedy_and_prompt_logprobs_match_transformers(v4):
+    hf, path = v4
+    rng = random.Random(11)
+    prompts = [[rng.randrange(2, VOCAB) for _ in range(n)] for n in (300, 45)]
+    llm = _llm(path, max_num_batched_tokens=64)
+    sp = SamplingParams(max_tokens=24, temperature=0.0, logprobs=1, prompt_logprobs=1, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    diffs, flips = [], 0
+    for p, o in zip(prompts, outs):
+        gen = o.outputs[0]
+        assert len(o.prompt_logprobs) == len(p) and o.prompt_logprobs[0] is None
+        with torch.no_grad():
+            lp = torch.log_softmax(hf(torch.tensor([p + gen.token_ids])).logits[0].float(), -1)
+        diffs += [abs(o.prompt_logprobs[i][p[i]].logprob - float(lp[i - 1, p[i]])) for i in range(1, len(p))]
+        for j, tok in enumerate(gen.token_ids):
+            row = lp[len(p) + j - 1]
+            diffs.append(abs(gen.logprobs[j][tok].logprob - float(row[tok])))
+            if int(row.argmax()) != tok:
+                flips += 1
+                assert float(row.max() - row[tok]) < 1e-3, (
+                    "greedy token is not transformers' argmax nor a near tie"
+                )
+    assert sum(d <= 1e-3 for d in diffs) >= 0.97 * len(diffs)
+    assert flips <= 2
+
+
+def test_v4_checkpoint_without_tokenizer_serves_token_ids_only(v4):
+    llm = _llm(v4[1])
+    out = llm.generate(
+        [{"prompt_token_ids": [3, 4, 5]}], SamplingParams(max_tokens=3, logprobs=0), use_tqdm=False
+    )[0]
+    assert len(out.outputs[0].token_ids) == 3 and out.outputs[0].text == ""
+    assert out.outputs[0].logprobs[0][out.outputs[0].token_ids[0]].decoded_token is None
+    with pytest.raises(InvalidParameterError, match="no tokenizer"):
+        llm.generate(["hello"], use_tqdm=False)
+    with pytest.raises(InvalidParameterError, match="stop strings need a tokenizer"):
+        llm.generate([{"prompt_token_ids": [3]}], SamplingParams(stop=["x"]), use_tqdm=False)
