@@ -113,3 +113,36 @@ def test_linear_and_swiglu_with_each_weight_format_match_reference(ascend, ref, 
     w1, w3, w2 = weight(64, 160), weight(64, 160), weight(160, 64)
     got = ascend.dense.swiglu_mlp(x, w1, w3, w2, 0.3)
     torch.testing.assert_close(got, ref.dense.swiglu_mlp(x, w1, w3, w2, 0.3), **BF16)
+
+
+def test_hc_pre_falls_back_to_torch_if_mhc_pre_returns_an_undocumented_shape(
+    ascend, ref, all_fused, monkeypatch, gen, caplog
+):
+    """The page prints h_post as (T, D); if the real operator did that, the plugin must notice and use torch."""
+    real = all_fused.npu_mhc_pre
+
+    def as_printed(x, *a, **kw):
+        h_in, post, res, *rest = real(x, *a, **kw)
+        return (h_in, post.new_zeros(x.shape[0], x.shape[-1]), res, *rest)
+
+    monkeypatch.setattr(all_fused, "npu_mhc_pre", as_printed)
+    x = torch.randn(3, 4, 32, generator=gen).bfloat16()
+    fn, base, scale = hc_params(4, 32, gen)
+    for _ in range(2):
+        got = ascend.dense.hc_pre(x, fn, base, scale, 3, 1e-6, 1e-6)
+        for a, b in zip(got, ref.dense.hc_pre(x, fn, base, scale, 3, 1e-6, 1e-6)):
+            torch.testing.assert_close(a, b, **BF16)
+    assert "npu_mhc_pre returned h_post" in caplog.text
+    assert all_fused.calls["npu_mhc_sinkhorn"] == 0
+    assert all_fused.calls["npu_mhc_pre"] == 1, "after the first mismatch the plugin stops calling it"
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
+def test_device_dequantization_equals_the_core_format_decoder(gen, fmt):
+    from deepinfer_ascend950.ops.weights import dequantize
+    from deepinfer_core.quant.formats import dequant
+
+    w = torch.randn(200, 288, generator=gen)
+    qw = quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_e2m1(w)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(dequantize(qw, dtype), dequant(qw, dtype))
