@@ -19,8 +19,8 @@ from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
 from deepinfer_core.models.deepseek_v4 import DeepseekV4ForCausalLM
 from deepinfer_core.testing.kv_harness import PagedKVHarness
 
-from .tiny import build_hf, deepseek_name, peaky_init, save_deepseek, tokens
 from .conftest import SCHEDULES
+from .tiny import build_hf, deepseek_name, peaky_init, save_deepseek, tokens
 
 SCHEDULE = SCHEDULES["swa_csa_hca_hc2"]
 

@@ -230,9 +230,18 @@ def save_deepseek(
     model: DeepseekV4ForCausalLM, path: Path, shards: int = 2, extra: dict[str, torch.Tensor] | None = None
 ) -> Path:
     """Write ``model`` in DeepSeek's layout, ``shards`` safetensors files plus the index (``extra``: more tensors)."""
-    path.mkdir(parents=True, exist_ok=True)
     state = to_deepseek_state({k: v.detach() for k, v in model.state_dict().items()})
     state.update(extra or {})
+    write_shards(state, path, shards)
+    (path / "config.json").write_text(json.dumps(deepseek_config(model.config)))
+    return path
+
+
+def write_shards(state: dict[str, torch.Tensor], path: Path, shards: int = 2) -> dict[str, str]:
+    """Round-robin ``state`` over ``shards`` files, write ``model.safetensors.index.json``; -> weight map."""
+    path.mkdir(parents=True, exist_ok=True)
+    for f in path.glob("*.safetensors"):
+        f.unlink()
     names = sorted(state)
     weight_map = {}
     for i in range(shards):
@@ -241,8 +250,7 @@ def save_deepseek(
         save_file({k: state[k].contiguous() for k in part}, str(path / file))
         weight_map.update({k: file for k in part})
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (path / "config.json").write_text(json.dumps(deepseek_config(model.config)))
-    return path
+    return weight_map
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:
