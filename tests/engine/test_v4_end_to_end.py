@@ -1,5 +1,6 @@
-"""The engine on a tiny random-weight DeepSeek-V4 checkpoint (CSA + HCA + sliding-window layers, written by
-transformers' ``save_pretrained``, no tokenizer), CPU, float32."""
+"""The engine on a tiny random-weight DeepSeek-V4 checkpoint (a CSA and an HCA layer, each with its sliding
+window; written by transformers' ``save_pretrained``, no tokenizer), CPU, float32. Kept small: the reference
+ops run row by row (batch invariance), about 1-2 ms per token per layer on 2 cores."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 
 import pytest
 import torch
-from models.deepseek_v4.tiny import CSA, HCA, SWA, Schedule, build_hf
+from models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
 
 from deepinfer_core import LLM, SamplingParams
 from deepinfer_core.kv.budget import group_block_bytes, min_blocks
@@ -18,7 +19,7 @@ VOCAB = 320
 
 @pytest.fixture(scope="module")
 def v4(tmp_path_factory):
-    hf = build_hf(Schedule("engine", (CSA, HCA, SWA, CSA)), seed=0)
+    hf = build_hf(Schedule("engine", (CSA, HCA)), seed=0)
     path = tmp_path_factory.mktemp("v4")
     hf.save_pretrained(path)
     return hf, str(path)
@@ -32,7 +33,7 @@ def _llm(path: str, **kw) -> LLM:
 
 def _prompts() -> list[dict]:
     rng = random.Random(7)
-    lens = [1, 2, 16, 17, 40, 399, 400, 64, 5] + [rng.randint(1, 160) for _ in range(11)]
+    lens = [1, 2, 16, 17, 40, 400, 64, 5] + [rng.randint(1, 48) for _ in range(12)]
     return [{"prompt_token_ids": [rng.randrange(2, VOCAB) for _ in range(n)]} for n in lens]
 
 
@@ -72,7 +73,7 @@ def test_v4_preemption_at_the_smallest_budget_changes_nothing(v4, alone):
     need = min_blocks(specs, bs, 512, 48)
     budget = sum(need[g] * b for g, b in group_block_bytes(specs, bs).items())
     llm = _llm(v4[1], max_num_batched_tokens=48, kv_cache_memory_bytes=budget)
-    idx = [5, 6, 7, 4, 9, 10]
+    idx = [5, 6, 4, 3, 2, 9]
     outs = llm.generate([_prompts()[i] for i in idx], [_params()[i] for i in idx], use_tqdm=False)
     assert llm.get_stats()["num_preemptions"] > 0
     _same([alone[i] for i in idx], outs)
@@ -80,22 +81,22 @@ def test_v4_preemption_at_the_smallest_budget_changes_nothing(v4, alone):
 
 def test_v4_prefix_cache_reuses_compressed_state_exactly(v4, alone):
     p = _prompts()
-    shared = p[6]["prompt_token_ids"][:300]
+    shared = p[5]["prompt_token_ids"][:300]
     llm = _llm(v4[1], max_num_batched_tokens=128)
     first = llm.generate([{"prompt_token_ids": shared + [5, 6, 7]}], _params()[0], use_tqdm=False)[0]
     assert first.num_cached_tokens == 0
-    out = llm.generate([p[6]], _params()[6], use_tqdm=False)[0]
+    out = llm.generate([p[5]], _params()[5], use_tqdm=False)[0]
     assert out.num_cached_tokens == 300 // 16 * 16  # every kind of state reused for 18 full blocks
     assert llm.get_stats()["prefix_cache_hits"] == out.num_cached_tokens
-    _same([alone[6]], [out])
+    _same([alone[5]], [out])
 
 
 def test_v4_greedy_and_prompt_logprobs_match_transformers(v4):
     hf, path = v4
     rng = random.Random(11)
-    prompts = [[rng.randrange(2, VOCAB) for _ in range(n)] for n in (300, 45)]
+    prompts = [[rng.randrange(2, VOCAB) for _ in range(n)] for n in (200, 45)]
     llm = _llm(path, max_num_batched_tokens=64)
-    sp = SamplingParams(max_tokens=24, temperature=0.0, logprobs=1, prompt_logprobs=1, ignore_eos=True)
+    sp = SamplingParams(max_tokens=16, temperature=0.0, logprobs=1, prompt_logprobs=1, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     diffs, flips = [], 0
     for p, o in zip(prompts, outs):
