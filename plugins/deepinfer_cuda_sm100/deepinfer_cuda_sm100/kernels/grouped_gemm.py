@@ -38,7 +38,7 @@ FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
 
 @triton.jit
 def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
-            FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+            FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """The dequantised ``[BLOCK_N, BLOCK_K]`` weight tile in ``DOT_T``.
 
     Scales are folded into the tile before the MMA, as the reference does when it dequantises to
@@ -46,15 +46,27 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
     ks = k0 + tl.arange(0, BLOCK_K)
     m = nm[:, None] & (ks < K)[None, :]
     if FMT == 2:
-        # Each byte holds K elements 2j (low nibble) and 2j+1 (high): address per element, no
-        # join/reshape, so the tile keeps a plain blocked layout (the byte re-read hits L1).
-        b = tl.load(w_base + n[:, None] * stride_wn + ks[None, :] // 2, mask=m, other=0).to(tl.int32)
-        v = (b >> ((ks[None, :] & 1) * 4)) & 15
+        # Bytes [BLOCK_N, BLOCK_K/2] -> codes interleaved back into K order (low nibble first).
+        # (v2 tried one byte address per element instead: 5x slower on the H200, NOTES.md.)
+        kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        b = tl.load(
+            w_base + n[:, None] * stride_wn + kh[None, :], mask=nm[:, None] & (kh < K // 2)[None, :], other=0
+        )
+        b = b.to(tl.int32)
+        v = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
         e = (v >> 1) & 3
         mant = v & 1
         mag4 = tl.where(e == 0, 2 * mant, (2 + mant) << e)  # 4x the e2m1 magnitude, exact
-        sc = tl.load(s_base + n[:, None] * stride_sn + ks[None, :] // 32, mask=m, other=0.0)
-        val = tl.where((v & 8) != 0, -mag4, mag4).to(tl.float32) * (sc * 0.25)
+        val = tl.where((v & 8) != 0, -mag4, mag4).to(tl.float32)
+        g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        sc = tl.load(
+            s_base + n[:, None] * stride_sn + g[None, :],
+            mask=nm[:, None] & (g < tl.cdiv(K, 32))[None, :],
+            other=0.0,
+        )
+        val = tl.reshape(
+            tl.reshape(val, (BLOCK_N, BLOCK_K // 32, 32)) * (sc * 0.25)[:, :, None], (BLOCK_N, BLOCK_K)
+        )
         return val.to(DOT_T)
     else:
         w = tl.load(w_base + n[:, None] * stride_wn + ks[None, :], mask=m, other=0.0)
@@ -66,8 +78,8 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
 
 @triton.jit
 def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
-              FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K)
+              FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N)
     return tl.dot(a, tl.trans(w), acc)
 
 
@@ -106,12 +118,11 @@ def _grouped_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k0 + ks[None, :],
                     mask=rm[:, None] & (k0 + ks < K)[None, :], other=0.0).to(DOT_T)  # fmt: skip
-        acc = _mma_step(
-            acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K
-        )
+        acc = _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K,
+                        BLOCK_N)  # fmt: skip
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
-                             BLOCK_K)  # fmt: skip
+                             BLOCK_K, BLOCK_N)  # fmt: skip
     if GATED:
         if limit > 0:
             acc = tl.minimum(acc, limit)
