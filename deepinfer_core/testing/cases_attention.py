@@ -1,0 +1,85 @@
+"""Conformance cases for the attention ops: sliding window + sinks, CSA (top-k compressed slots), HCA,
+padding (``-1`` slots), a row with nothing to attend, the indexer's top-k and the compressor."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.testing.cases_dense import inv_freq, randn
+from deepinfer_core.testing.opcase import OpCase
+
+T, H, D = 6, 4, 32
+
+
+def _slots(g: torch.Generator, rows: int, width: int, pool: int, min_valid: int = 0) -> torch.Tensor:
+    """``[rows, width]`` distinct slots per row, a random number of them (>= ``min_valid``) valid, rest -1."""
+    out = torch.full((rows, width), -1, dtype=torch.int64)
+    for r in range(rows):
+        n = int(torch.randint(min_valid, width + 1, (1,), generator=g))
+        out[r, :n] = torch.randperm(pool, generator=g)[:n]
+    return out
+
+
+def _sparse(compressed: bool, empty_row: bool):
+    def make(g):
+        kv_slots = _slots(g, T, 8, 40, min_valid=1)
+        if empty_row:
+            kv_slots[2] = -1
+        cmp_pool = randn(g, 24, D) if compressed else None
+        cmp_slots = _slots(g, T, 5, 24) if compressed else None
+        if compressed and empty_row:
+            cmp_slots[2] = -1
+        return (randn(g, T, H, D), randn(g, 40, D), kv_slots, cmp_pool, cmp_slots, randn(g, H), D**-0.5), {}
+
+    return make
+
+
+def _indexer(g):
+    cand = _slots(g, T, 12, 30)
+    cand[0, :3] = torch.tensor([4, 9, 17])
+    cand[0, 3:] = -1  # fewer valid candidates than topk
+    return (randn(g, T, 8, 16), randn(g, T, 8).abs(), randn(g, 30, 16), cand, 5), {}
+
+
+def _same_topk(actual: torch.Tensor, expected: torch.Tensor, inputs) -> None:
+    """Top-k is a set: compare each row's chosen columns, order-free; padding (-1) must match in count."""
+    assert actual.shape == expected.shape, (
+        f"indexer_topk: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    )
+    for r in range(expected.shape[0]):
+        a, e = sorted(actual[r].tolist()), sorted(expected[r].tolist())
+        assert a == e, f"indexer_topk row {r}: columns {a} != {e}"
+
+
+def _compress(overlap: bool):
+    def make(g):
+        e, r = 3, 4
+        length = 2 * r if overlap else r
+        score = randn(g, e, length, D)
+        if overlap:
+            score[0, :r] = float("-inf")  # the first window's Ca half is empty
+        positions = torch.tensor([0, 4, 40]) if overlap else torch.tensor([0, 16, 128])
+        return (
+            randn(g, e, length, D),
+            score,
+            randn(g, D).abs() + 0.5,
+            1e-6,
+            positions,
+            inv_freq(8, 160000.0),
+        ), {}
+
+    return make
+
+
+CASES = [
+    OpCase(
+        "attention", "sparse_attention", "sliding_window_sinks", _sparse(False, False), atol=1e-5, rtol=1e-4
+    ),
+    OpCase(
+        "attention", "sparse_attention", "window_plus_compressed", _sparse(True, False), atol=1e-5, rtol=1e-4
+    ),
+    OpCase("attention", "sparse_attention", "row_without_slots", _sparse(True, True), atol=1e-5, rtol=1e-4),
+    OpCase("attention", "indexer_topk", "topk_with_short_rows", _indexer, compare=_same_topk),
+    OpCase("attention", "compress", "csa_overlap_first_window", _compress(True), atol=1e-5, rtol=1e-4),
+    OpCase("attention", "compress", "hca", _compress(False), atol=1e-5, rtol=1e-4),
+]

@@ -1,0 +1,105 @@
+"""Conformance cases for the dense ops (tiny CPU float32 inputs, deterministic from the generator)."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.testing.opcase import OpCase
+
+
+def randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(shape, generator=g) * scale
+
+
+def inv_freq(dim: int = 8, theta: float = 10000.0) -> torch.Tensor:
+    return 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim)
+
+
+def _linear(quant: str | None, out_f: int = 48, in_f: int = 64):
+    def make(g):
+        w = randn(g, out_f, in_f, scale=in_f**-0.5)
+        if quant == "fp8":
+            w = quantize_fp8_block(w)
+        elif quant == "fp8_ue8m0":
+            w = quantize_fp8_block(w, "ue8m0")
+        elif quant == "fp4":
+            w = quantize_fp4_e2m1(w)
+        return (randn(g, 5, in_f), w), {}
+
+    return make
+
+
+def _rms(weighted: bool):
+    return lambda g: (
+        (randn(g, 5, 3, 32, scale=3.0), randn(g, 32).abs() + 0.5 if weighted else None, 1e-6),
+        {},
+    )
+
+
+def _rope(inverse: bool):
+    def make(g):
+        pos = torch.randint(0, 5000, (6,), generator=g)
+        return (randn(g, 6, 4, 32), pos, inv_freq(8)), {"inverse": inverse}
+
+    return make
+
+
+def _hc_pre(g):
+    n, d = 4, 16
+    fn = randn(g, (2 + n) * n, n * d, scale=0.05)
+    return (
+        randn(g, 5, n, d),
+        fn,
+        randn(g, (2 + n) * n, scale=0.3),
+        randn(g, 3, scale=0.1) + 1,
+        20,
+        1e-6,
+        1e-6,
+    ), {}
+
+
+def _hc_post(g):
+    n, d = 4, 16
+    comb = torch.softmax(randn(g, 5, n, n), dim=-1)
+    return (randn(g, 5, d), randn(g, 5, n, d), torch.sigmoid(randn(g, 5, n)) * 2, comb), {}
+
+
+def _hc_head(g):
+    n, d = 4, 16
+    return (
+        randn(g, 5, n, d),
+        randn(g, n, n * d, scale=0.05),
+        randn(g, n, scale=0.3),
+        randn(g, 1, scale=0.1) + 1,
+        1e-6,
+        1e-6,
+    ), {}
+
+
+def _swiglu(quant: bool, limit: float):
+    def make(g):
+        ws = [randn(g, 32, 64, scale=0.3), randn(g, 32, 64, scale=0.3), randn(g, 64, 32, scale=0.2)]
+        if quant:
+            ws = [quantize_fp8_block(w) for w in ws]
+        return (randn(g, 5, 64), *ws, limit), {}
+
+    return make
+
+
+CASES = [
+    OpCase("dense", "linear", "plain", _linear(None), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "linear", "fp8_block_ragged", _linear("fp8", 200, 160), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "linear", "fp8_block_ue8m0", _linear("fp8_ue8m0"), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "linear", "fp4_e2m1", _linear("fp4"), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "rms_norm", "weighted", _rms(True)),
+    OpCase("dense", "rms_norm", "unweighted", _rms(False)),
+    OpCase("dense", "rope", "forward", _rope(False), atol=1e-5, rtol=1e-4),
+    OpCase("dense", "rope", "inverse", _rope(True), atol=1e-5, rtol=1e-4),
+    OpCase("dense", "hc_pre", "hc4_sinkhorn20", _hc_pre, atol=1e-5, rtol=1e-4),
+    OpCase("dense", "hc_post", "hc4", _hc_post),
+    OpCase("dense", "hc_head", "hc4", _hc_head),
+    OpCase("dense", "swiglu_mlp", "clamped", _swiglu(False, 1.5), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "swiglu_mlp", "unclamped", _swiglu(False, 0.0), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "swiglu_mlp", "fp8_clamped", _swiglu(True, 1.5), atol=1e-4, rtol=1e-4),
+]
