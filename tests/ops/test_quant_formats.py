@@ -1,0 +1,72 @@
+"""FP8 block and FP4 e2m1 weight formats: error bounds, scale formats, packing order, storage round trips."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from deepinfer_core.quant.formats import (
+    E2M1_VALUES,
+    dequant,
+    dequant_rows,
+    fp4_data_to_uint8,
+    quantize_fp4_e2m1,
+    quantize_fp8_block,
+)
+
+G = torch.Generator().manual_seed(2)
+
+
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_fp8_block_error_is_within_half_an_e4m3_step_of_each_block(scale_fmt):
+    w = torch.randn(300, 200, generator=G) * torch.logspace(-2, 1, 200)  # ragged blocks, varied ranges
+    q = quantize_fp8_block(w, scale_fmt)
+    assert q.data.dtype == torch.float8_e4m3fn and q.data.shape == (300, 200) and q.scale.shape == (3, 2)
+    if scale_fmt == "ue8m0":
+        assert torch.equal(q.scale, torch.exp2(torch.log2(q.scale).round()))
+    err = (dequant(q) - w).abs()
+    per_elem_scale = q.scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:300, :200]
+    # e4m3: 3 mantissa bits, so rounding moves a value by at most 2^-4 of its magnitude (plus subnormal steps)
+    assert (err <= w.abs() * 2**-4 + per_elem_scale * 2**-9 + 1e-12).all()
+
+
+def test_fp4_represents_grid_values_exactly_and_packs_low_nibble_first():
+    grid = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES[1:]) + (0.0,))
+    w = grid[torch.randint(0, 16, (4, 64), generator=G)] * 0.25
+    w[:, 0], w[:, 32] = 6 * 0.25, -6 * 0.25  # every 32-group spans the full range: scale 0.25
+    q = quantize_fp4_e2m1(w)
+    assert q.data.dtype == torch.uint8 and q.data.shape == (4, 32) and q.scale.shape == (4, 2)
+    assert torch.equal(dequant(q), w)
+    row = torch.zeros(1, 32)
+    row[0, 0], row[0, 1] = 0.5, 6.0
+    assert int(quantize_fp4_e2m1(row).data[0, 0]) == 0x71  # element 0 (code 1) low, element 1 (code 7) high
+
+
+def test_fp4_error_bound_and_shape_check():
+    w = torch.randn(8, 96, generator=G)
+    q = quantize_fp4_e2m1(w)
+    scale = q.scale.repeat_interleave(32, dim=1)
+    assert ((dequant(q) - w).abs() <= scale * 1.0 + 1e-7).all()  # half the widest e2m1 gap (4 -> 6)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        quantize_fp4_e2m1(torch.randn(4, 40))
+
+
+def test_dequant_rows_are_slices_of_the_full_matrix():
+    for q in (
+        quantize_fp8_block(torch.randn(260, 70, generator=G)),
+        quantize_fp4_e2m1(torch.randn(50, 64, generator=G)),
+    ):
+        full, start = dequant(q), q.out_features // 2
+        assert torch.equal(dequant_rows(q, start, q.out_features), full[start:])
+
+
+def test_published_storage_dtypes_round_trip(tmp_path):
+    q = quantize_fp4_e2m1(torch.randn(6, 64, generator=G))
+    save_file(
+        {"w": q.data.view(torch.float4_e2m1fn_x2), "s": q.scale.to(torch.float8_e8m0fnu)},
+        str(tmp_path / "x.safetensors"),
+    )
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert torch.equal(fp4_data_to_uint8(back["w"]), q.data)
+    assert torch.equal(back["s"].float(), q.scale)  # ue8m0 scales are exact powers of two
