@@ -46,5 +46,12 @@ class CausalLM(ABC):
     def mtp_forward(
         self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: dict[str, torch.Tensor]
     ) -> torch.Tensor:
-        """One MTP draft step with module ``index`` (see the V4 model for the exact contract)."""
+        """One MTP draft step with module ``index``: row ``t`` is position ``batch.positions[t]``,
+        ``batch.input_ids[t]`` the token *after* it and ``prev_hidden[t]`` the hidden state at it (from
+        :meth:`forward` or from module ``index - 1``). Writes the module's own state (its cache specs are
+        named ``mtp.{index}.*``) and returns its hidden states, same layout as :meth:`forward`'s."""
+        raise NotImplementedError(f"{type(self).__name__} has no MTP module")
+
+    def mtp_compute_logits(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Rows of :meth:`mtp_forward`'s output -> draft logits ``[L, vocab_size]`` float32."""
         raise NotImplementedError(f"{type(self).__name__} has no MTP module")
