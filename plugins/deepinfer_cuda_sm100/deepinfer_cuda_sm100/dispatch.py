@@ -1,6 +1,7 @@
 """Kernel choice by architecture and shape: the one place that picks block sizes, warps and stages.
 
-Every launcher in :mod:`deepinfer_cuda_sm100.kernels` asks a ``*_config`` function here and nothing
+It imports no triton, so selection logic is testable anywhere. Every launcher in
+:mod:`deepinfer_cuda_sm100.kernels` asks a ``*_config`` function here and nothing
 else. Each function looks at the problem shape and at :func:`arch`:
 
 - ``"sm90"``: Hopper (H100/H200). These tables were tuned on an H200 (see benchmarks/gpu/NOTES.md).
@@ -17,7 +18,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
 
 def _interpreting() -> bool:
@@ -44,8 +44,13 @@ def num_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
 def _p2(n: int, lo: int = 1, hi: int = 1 << 30) -> int:
-    return min(hi, max(lo, triton.next_power_of_2(max(1, int(n)))))
+    """The next power of two ``>= n``, clamped to ``[lo, hi]``."""
+    return min(hi, max(lo, 1 << (max(1, int(n)) - 1).bit_length()))
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ class IndexerConfig:
 def indexer_config(t: int, hi: int, di: int, c: int) -> IndexerConfig:
     """Indexer scores: ``splits`` programs per token stride over blocks of ``block_c`` candidates."""
     bc = 16 if arch() == "interpreter" else 64
-    splits = max(1, min(triton.cdiv(c, bc), triton.cdiv(4 * num_sms(), max(t, 1))))
+    splits = max(1, min(_cdiv(c, bc), _cdiv(4 * num_sms(), max(t, 1))))
     return IndexerConfig(bc, splits, 4, 1 if arch() == "interpreter" else 3)
 
 
@@ -132,8 +137,8 @@ def hc_mixes_config(t: int, k: int, m: int) -> HcMixesConfig:
     (128 splits cost ~75 us at T=16 on the H200, v1)."""
     bt = 16 if t <= 1024 else 32
     bk = 128 if arch() != "interpreter" else 64
-    programs = triton.cdiv(t, bt)
-    splits = max(1, min(triton.cdiv(k, bk), triton.cdiv(2 * num_sms(), programs), 16))
+    programs = _cdiv(t, bt)
+    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), 16))
     return HcMixesConfig(bt, bk, splits, 4, 1 if arch() == "interpreter" else 3)
 
 
