@@ -1,0 +1,38 @@
+"""The core's conformance cases (deepinfer_core.testing) run on the cuda_sm100 op objects.
+
+The kit resolves a platform through its availability probe, which needs a GPU; here the op objects
+are handed to ``check_case`` directly, on the test device (the interpreter on a CPU)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from cuda_sm100_helpers import DEVICE, needs_triton
+
+from deepinfer_core.testing.kit import all_cases, check_case
+
+pytestmark = needs_triton
+CASES = [c for c in all_cases() if c.concern in ("dense", "attention", "moe", "sampling")]
+
+
+@pytest.fixture(scope="module")
+def backends():
+    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+    from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+    from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
+    from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps
+
+    return types.SimpleNamespace(
+        dense=CudaDenseOps(), attention=CudaAttentionOps(), moe=CudaMoEOps(), sampling=CudaSamplingOps(),
+        memory=types.SimpleNamespace(device=DEVICE),
+    )  # fmt: skip
+
+
+def test_cases_exist():
+    assert len(CASES) >= 10
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_conformance_case(backends, case):
+    check_case(backends, case)
