@@ -79,7 +79,7 @@ class PagedKVHarness:
             g: torch.tensor(
                 [self._tables[s][g] + [-1] * (width - len(self._tables[s][g])) for s in chunks],
                 dtype=torch.int64,
-            )
+            ).reshape(len(chunks), width)
             for g in self.groups
         }
         return ForwardBatch(

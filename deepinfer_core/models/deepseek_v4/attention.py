@@ -197,7 +197,7 @@ class Attention(Module):
             q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5
         )
         o = dense.rope(o, pos, self.inv_freq, inverse=True)
-        return self._output(o.view(t, cfg.o_groups, -1), ops)
+        return self._output(o.view(t, cfg.o_groups, h * d // cfg.o_groups), ops)
 
     def _compressed(self, x, qr, addr: StepAddressing, pools: Pools, ops: Backends):
         if self.kind == SLIDING:

@@ -8,7 +8,7 @@ import pytest
 
 from .tiny import CSA, HCA, SWA, Schedule, build_hf, reference_backends, save_deepseek, save_transformers
 
-# Four layer schedules: every attention kind, hc_mult 1/2/4, HCA ratios 16/24/32, hash layers 0..all.
+# Layer schedules: every attention kind, hc_mult 1/2/4, HCA ratios 16/24/32/128, hash layers 0..all.
 SCHEDULES = {
     "swa_csa_hca_hc2": Schedule(
         "swa_csa_hca_hc2", (SWA, CSA, HCA, CSA), hc_mult=2, num_hash_layers=1, hca_rate=16
@@ -40,7 +40,18 @@ SCHEDULES = {
         sliding_window=12,
         index_topk=128,
     ),
+    # V4-Flash's own HCA ratio and window: 128 (block size 128), prompt over 4 HCA windows
+    "v4_ratios_w128": Schedule(
+        "v4_ratios_w128",
+        (CSA, HCA, SWA),
+        hc_mult=4,
+        num_hash_layers=1,
+        hca_rate=128,
+        sliding_window=128,
+        index_topk=16,
+    ),
 }
+PROMPT_LEN = {"v4_ratios_w128": 530}
 
 
 class Checkpoints:
