@@ -18,7 +18,34 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
+def make_detokenizer(tokenizer: Any, prompt_ids: list[int], skip_special_tokens: bool):
+    """The Rust ``DecodeStream`` of a fast (``tokenizers``) tokenizer, else the generic decoder."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    try:
+        from tokenizers import Tokenizer
+        from tokenizers.decoders import DecodeStream
+
+        if isinstance(backend, Tokenizer):
+            return _StreamDetokenizer(
+                backend,
+                DecodeStream(ids=list(prompt_ids[-_CONTEXT:]), skip_special_tokens=skip_special_tokens),
+            )
+    except (ImportError, TypeError):  # tokenizers too old for DecodeStream(ids=...)
+        pass
+    return IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+
+
+class _StreamDetokenizer:
+    def __init__(self, backend: Any, stream: Any):
+        self.backend, self.stream = backend, stream
+
+    def add(self, token: int) -> str:
+        return self.stream.step(self.backend, token) or ""
+
+
 class IncrementalDetokenizer:
+    """Works with any tokenizer that has ``decode(ids, skip_special_tokens=...)``."""
+
     def __init__(self, tokenizer: Any, prompt_ids: list[int], skip_special_tokens: bool):
         self.tok = tokenizer
         self.skip = skip_special_tokens

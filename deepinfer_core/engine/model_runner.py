@@ -18,6 +18,8 @@ from deepinfer_core.kv.budget import KVLayout
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.ops.backends import Backends
 
+_PAD = [-1] * 4096
+
 
 class ModelRunner:
     def __init__(self, model: CausalLM, backends: Backends, layout: KVLayout):
@@ -62,13 +64,16 @@ class ModelRunner:
         )
 
     def _block_table(self, sched: SchedulerOutput, group: str) -> torch.Tensor:
-        tables = [s.seq.block_tables.get(group, []) for s in sched.scheduled]
-        width = max((len(t) for t in tables), default=0)
-        out = torch.full((len(tables), max(width, 1)), -1, dtype=torch.int64)
-        for i, t in enumerate(tables):
-            if t:
-                out[i, : len(t)] = torch.as_tensor(t, dtype=torch.int64)
-        return out.to(self.device)
+        tables = [s.seq.block_tables.get(group, ()) for s in sched.scheduled]
+        width = max(max(map(len, tables), default=0), 1)
+        flat: list[int] = []
+        for t in tables:
+            flat.extend(t)
+            if len(t) < width:
+                flat.extend(
+                    _PAD[: width - len(t)] if width - len(t) <= len(_PAD) else [-1] * (width - len(t))
+                )
+        return torch.tensor(flat, dtype=torch.int64).view(len(tables), width).to(self.device)
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:

@@ -12,11 +12,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from deepinfer_core.engine.detokenizer import IncrementalDetokenizer, find_stop
+from deepinfer_core.engine.detokenizer import find_stop, make_detokenizer
 from deepinfer_core.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from deepinfer_core.engine.sampler import RawLogprobs, SeqSample
 from deepinfer_core.engine.scheduler import SchedulerOutput
 from deepinfer_core.engine.sequence import Request, SeqStatus, Sequence
+
+
+def _tail(pieces: list[str], n: int) -> str:
+    """The last (at least) ``n`` characters of ``"".join(pieces)``."""
+    out, size = [], 0
+    for p in reversed(pieces):
+        out.append(p)
+        size += len(p)
+        if size >= n:
+            break
+    return "".join(reversed(out))
 
 
 class OutputProcessor:
@@ -24,7 +35,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos = set(eos_token_ids)
         self.max_model_len = max_model_len
-        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self._detok: dict[int, Any] = {}
         self._piece: dict[int, str] = {}
 
     def append(self, sched: SchedulerOutput, samples: list[SeqSample]) -> list[Sequence]:
@@ -60,7 +71,7 @@ class OutputProcessor:
             seq.cumulative_logprob += smp.logprob
         if tok in self.eos and not prm.ignore_eos:
             seq.finish_reason = "stop"
-        elif tok in prm.stop_token_ids:
+        elif prm.stop_token_ids and tok in prm.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", tok
             if prm.include_stop_str_in_output:
                 self._add_text(seq, tok)
@@ -76,17 +87,23 @@ class OutputProcessor:
             return
         det = self._detok.get(seq.seq_id)
         if det is None:
-            det = self._detok[seq.seq_id] = IncrementalDetokenizer(
+            det = self._detok[seq.seq_id] = make_detokenizer(
                 self.tokenizer, seq.token_ids[: seq.num_prompt_tokens], seq.params.skip_special_tokens
             )
         new = det.add(tok)
-        seq.text += new
-        if seq.num_output_tokens < seq.params.min_tokens:
+        if not new:
             return
-        hit = find_stop(seq.text, len(new), seq.params.stop)
+        seq.text_pieces.append(new)
+        prm = seq.params
+        if not prm.stop or seq.num_output_tokens < prm.min_tokens:
+            return
+        tail = _tail(seq.text_pieces, len(new) + max(len(x) for x in prm.stop) - 1)
+        hit = find_stop(tail, len(new), prm.stop)
         if hit is not None:
             i, stop = hit
-            seq.text = seq.text[: i + len(stop)] if seq.params.include_stop_str_in_output else seq.text[:i]
+            text = seq.text
+            cut = len(text) - len(tail) + i
+            seq.text_pieces = [text[: cut + len(stop)] if prm.include_stop_str_in_output else text[:cut]]
             seq.finish_reason, seq.stop_reason = "stop", stop
 
     def _logprobs(self, raw: RawLogprobs) -> PositionLogprobs:

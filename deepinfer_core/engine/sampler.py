@@ -57,11 +57,9 @@ class Sampler:
                 samplers.append((i, rows))
                 rows += 1
         if samplers:
-            self._sample_rows(
-                logits[[r for _, r in samplers]],
-                [sched.scheduled[i].seq for i, _ in samplers],
-                [out[i] for i, _ in samplers],
-            )
+            rows = [r for _, r in samplers]
+            x = logits if rows == list(range(len(logits))) else logits[rows]
+            self._sample_rows(x, [sched.scheduled[i].seq for i, _ in samplers], [out[i] for i, _ in samplers])
         return out
 
     def _prompt_logprobs(self, logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, RawLogprobs]]:
@@ -75,14 +73,16 @@ class Sampler:
     def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence], out: list[SeqSample]) -> None:
         x = self._process(logits, seqs)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-        rand = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        tokens = [0] * len(seqs)
-        if greedy:
+        if len(greedy) == len(seqs):
+            tokens = self.ops.argmax(x).tolist()
+        elif not greedy:
+            tokens = self._random(x, seqs)
+        else:
+            tokens = [0] * len(seqs)
+            rand = [i for i, s in enumerate(seqs) if not s.params.greedy]
             for i, t in zip(greedy, self.ops.argmax(x[greedy]).tolist()):
                 tokens[i] = t
-        if rand:
-            tokens_r = self._random(x[rand], [seqs[i] for i in rand])
-            for i, t in zip(rand, tokens_r):
+            for i, t in zip(rand, self._random(x[rand], [seqs[i] for i in rand])):
                 tokens[i] = t
         want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if want:

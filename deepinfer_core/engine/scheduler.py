@@ -24,7 +24,7 @@ from deepinfer_core.engine.sequence import SeqStatus, Sequence
 from deepinfer_core.kv.kv_manager import KVCacheManager
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
     start: int  # computed tokens before this step
@@ -80,11 +80,11 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        i = 0
+        i, allocate = 0, self.kv.allocate
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed, budget)
-            while not self.kv.allocate(seq, n):
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            while not allocate(seq, n):
                 victim = self.running.pop()
                 self._preempt(victim, out)
                 if victim is seq:
@@ -115,8 +115,9 @@ class Scheduler:
             budget -= n
 
     def _scheduled(self, seq: Sequence, n: int) -> ScheduledSeq:
-        s = ScheduledSeq(seq, seq.num_computed, n, samples=seq.num_computed + n == seq.num_tokens)
-        if seq.wants_prompt_logprobs:
+        start = seq.num_computed
+        s = ScheduledSeq(seq, start, n, start + n == len(seq.token_ids))
+        if seq.params.prompt_logprobs is not None and seq.wants_prompt_logprobs:
             # position p's logits give prompt token p+1's logprob; skip positions already collected
             done = len(seq.request.prompt_logprobs or ()) - 1
             s.prompt_logprob_start = max(s.start, done)

@@ -67,9 +67,10 @@ class Sequence:
         #: chain hashes of the leading full blocks of ``token_ids`` (prefix-cache keys, computed lazily)
         self.block_hashes: list[int] = []
         self.num_committed_blocks = 0  # leading full blocks already offered to the prefix cache
+        self.num_released_blocks = 0  # leading window-group blocks released (table entries -1)
         self.logprobs: list[PositionLogprobs] | None = [] if request.params.logprobs is not None else None
         self.cumulative_logprob = 0.0
-        self.text = ""
+        self.text_pieces: list[str] = []  # detokenized output, joined on demand
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         seed = (
@@ -78,10 +79,15 @@ class Sequence:
             else engine_seed * 1_000_003 + request.index
         )
         self.sampling_seed = (seed * 7919 + sample_index) & 0x7FFF_FFFF_FFFF_FFFF
+        self._generator: torch.Generator | None = None
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_pieces)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -100,10 +106,13 @@ class Sequence:
         return self.params.prompt_logprobs is not None and self.sample_index == 0
 
     def generator(self, device: torch.device) -> torch.Generator:
-        """The generator for the next output position, seeded from (seed, sample, position), so a
-        sample does not depend on batch composition, chunking or preemption."""
-        g = torch.Generator(device=device)
-        g.manual_seed((self.sampling_seed * 1_000_033 + self.num_output_tokens) & 0x7FFF_FFFF_FFFF_FFFF)
+        """This sample's generator, seeded once from (seed, sample index). It only advances when this
+        sample draws a token, once per output position, so the draws do not depend on batch
+        composition, chunking or preemption (a preempted sample keeps its tokens and never redraws)."""
+        g = self._generator
+        if g is None or g.device != device:
+            g = self._generator = torch.Generator(device=device)
+            g.manual_seed(self.sampling_seed)
         return g
 
     def __repr__(self) -> str:

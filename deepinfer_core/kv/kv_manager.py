@@ -44,6 +44,9 @@ class KVCacheManager:
             g: max_window([s for s in specs if s.group == g]) if g == "window" else None for g in groups
         }
         self.stats = CacheStats()
+        self._pool_items = list(self.pools.items())
+        self._window = self.windows.get("window")
+        assert all(w is None for g, w in self.windows.items() if g != "window")
 
     # ------------------------------------------------------------------ hashing
 
@@ -80,6 +83,8 @@ class KVCacheManager:
                 pool.acquire(b)
                 table.append(b)
             seq.block_tables[g] = table
+            if g == "window":
+                seq.num_released_blocks = start
         seq.num_computed = k * self.block_size
         seq.num_committed_blocks = k
         self.stats.hits += seq.num_computed
@@ -107,36 +112,37 @@ class KVCacheManager:
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Make room for computing ``num_new_tokens`` more tokens of ``seq``; first releases window blocks
         it will never read again. All-or-nothing: returns False (allocating nothing) if a pool is short."""
-        self.release_stale(seq)
-        end_blocks = -(-(seq.num_computed + num_new_tokens) // self.block_size)
-        needs = {}
-        for g, pool in self.pools.items():
-            need = end_blocks - len(seq.block_tables.get(g, ()))
-            if need > pool.num_available:
-                return False
-            needs[g] = need
-        for g, need in needs.items():
-            pool, table = self.pools[g], seq.block_tables.setdefault(g, [])
-            table.extend(pool.allocate() for _ in range(need))
+        bs = self.block_size
+        w = self._window
+        if w is not None and (seq.num_computed - w) // bs > seq.num_released_blocks:
+            self.release_stale(seq)
+        end_blocks = (seq.num_computed + num_new_tokens + bs - 1) // bs
+        tables = seq.block_tables
+        short = None
+        for g, pool in self._pool_items:  # the hot path (decode inside a block) allocates nothing
+            t = tables.get(g)
+            need = end_blocks - (len(t) if t is not None else 0)
+            if need > 0:
+                if need > pool.num_available:
+                    return False
+                short = short or []
+                short.append((g, pool, need))
+        for g, pool, need in short or ():
+            tables.setdefault(g, []).extend(pool.allocate() for _ in range(need))
         return True
 
-    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> dict[str, int]:
-        """Blocks per group :meth:`allocate` would take now (ignoring window blocks it would release)."""
-        end_blocks = -(-(seq.num_computed + num_new_tokens) // self.block_size)
-        return {g: max(0, end_blocks - len(seq.block_tables.get(g, ()))) for g in self.pools}
-
     def release_stale(self, seq: Sequence) -> None:
-        for g, pool in self.pools.items():
-            if self.windows[g] is None:
-                continue
-            table, stop = seq.block_tables.get(g), self._first_needed(g, seq.num_computed)
-            if not table:
-                continue
-            for j in range(min(stop, len(table)) - 1, -1, -1):
-                if table[j] < 0:
-                    break
+        """Release the window blocks wholly older than ``window`` tokens before the next token."""
+        if self._window is None:
+            return
+        table = seq.block_tables.get("window")
+        stop = min(self._first_needed("window", seq.num_computed), len(table or ()))
+        pool = self.pools["window"]
+        for j in range(seq.num_released_blocks, stop):
+            if table[j] >= 0:
                 pool.release(table[j])
                 table[j] = -1
+        seq.num_released_blocks = max(seq.num_released_blocks, stop)
 
     def commit(self, seq: Sequence) -> None:
         """Register the full blocks ``seq`` has computed so far in the prefix cache."""
@@ -163,6 +169,7 @@ class KVCacheManager:
                     pool.release(b)
         seq.block_tables = {}
         seq.num_committed_blocks = 0
+        seq.num_released_blocks = 0
 
     def check(self, seqs: list[Sequence]) -> None:
         """Assert pool invariants and that references equal the live table entries (tests)."""
