@@ -206,9 +206,14 @@ def _compress_rope(d: dict[str, Any]) -> tuple[float, float, YarnParams | None]:
             "beta_fast": d.get("beta_fast", 32),
             "beta_slow": d.get("beta_slow", 1),
         }
+    return main_theta, cmp_theta, _yarn(rp, d)
+
+
+def _yarn(rp: dict[str, Any], d: dict[str, Any]) -> YarnParams | None:
+    """The compressed layers' RoPE scaling: ``None`` (plain RoPE) or YaRN with ``attention_factor`` 1.0."""
     kind = rp.get("rope_type", rp.get("type", "default"))
     if kind == "default":
-        return main_theta, cmp_theta, None
+        return None
     if kind != "yarn":
         raise ModelConfigError(
             f"config.json: rope type {kind!r} of the compressed layers is not supported (default or yarn)"
@@ -218,13 +223,11 @@ def _compress_rope(d: dict[str, Any]) -> tuple[float, float, YarnParams | None]:
             f"config.json: rope attention_factor={rp['attention_factor']} is not supported; V4 uses 1.0"
         )
     orig = _int(rp, "original_max_position_embeddings")
-    factor = _float(
-        rp, "factor", default=_float(d, "max_position_embeddings", default=orig) / orig, positive=True
-    )
-    yarn = YarnParams(
+    max_pos = _float(d, "max_position_embeddings", default=orig)
+    factor = _float(rp, "factor", default=max_pos / orig, positive=True)
+    return YarnParams(
         factor, orig, _float(rp, "beta_fast", default=32.0), _float(rp, "beta_slow", default=1.0)
     )
-    return main_theta, cmp_theta, yarn
 
 
 def _eos(d: dict[str, Any]) -> tuple[int, ...]:
@@ -237,15 +240,24 @@ def _eos(d: dict[str, Any]) -> tuple[int, ...]:
     return tuple(eos)
 
 
-def _parse(d: dict[str, Any]) -> DeepseekV4Config:
-    n = _int(d, "num_hidden_layers", "n_layers")
+def _moe_fields(d: dict[str, Any], n: int) -> dict[str, Any]:
+    return dict(
+        mlp_layer_types=_mlp_schedule(d, n),
+        n_routed_experts=_int(d, "n_routed_experts", "num_local_experts"),
+        num_experts_per_tok=_int(d, "num_experts_per_tok", "n_activated_experts"),
+        n_shared_experts=_int(d, "n_shared_experts", default=1),
+        moe_intermediate_size=_int(d, "moe_intermediate_size", "moe_inter_dim"),
+        scoring_func=_get(d, "scoring_func", "score_func", default="sqrtsoftplus"),
+        routed_scaling_factor=_float(d, "routed_scaling_factor", "route_scale", default=1.5, positive=True),
+        swiglu_limit=_float(d, "swiglu_limit", default=10.0),
+    )
+
+
+def _attention_fields(d: dict[str, Any], n: int) -> dict[str, Any]:
     head_dim = _int(d, "head_dim")
     types, ratios = _attention_schedule(d, n)
     main_theta, cmp_theta, yarn = _compress_rope(d)
-    cfg = DeepseekV4Config(
-        vocab_size=_int(d, "vocab_size"),
-        hidden_size=_int(d, "hidden_size", "dim"),
-        num_hidden_layers=n,
+    return dict(
         num_attention_heads=_int(d, "num_attention_heads", "n_heads"),
         head_dim=head_dim,
         q_lora_rank=_int(d, "q_lora_rank"),
@@ -258,21 +270,24 @@ def _parse(d: dict[str, Any]) -> DeepseekV4Config:
         index_n_heads=_int(d, "index_n_heads", default=64),
         index_head_dim=_int(d, "index_head_dim", default=128),
         index_topk=_int(d, "index_topk", default=512),
-        mlp_layer_types=_mlp_schedule(d, n),
-        n_routed_experts=_int(d, "n_routed_experts", "num_local_experts"),
-        num_experts_per_tok=_int(d, "num_experts_per_tok", "n_activated_experts"),
-        n_shared_experts=_int(d, "n_shared_experts", default=1),
-        moe_intermediate_size=_int(d, "moe_intermediate_size", "moe_inter_dim"),
-        scoring_func=_get(d, "scoring_func", "score_func", default="sqrtsoftplus"),
-        routed_scaling_factor=_float(d, "routed_scaling_factor", "route_scale", default=1.5, positive=True),
-        swiglu_limit=_float(d, "swiglu_limit", default=10.0),
+        rope_theta=main_theta,
+        compress_rope_theta=cmp_theta,
+        compress_yarn=yarn,
+    )
+
+
+def _parse(d: dict[str, Any]) -> DeepseekV4Config:
+    n = _int(d, "num_hidden_layers", "n_layers")
+    cfg = DeepseekV4Config(
+        vocab_size=_int(d, "vocab_size"),
+        hidden_size=_int(d, "hidden_size", "dim"),
+        num_hidden_layers=n,
+        **_attention_fields(d, n),
+        **_moe_fields(d, n),
         hc_mult=_int(d, "hc_mult", default=4),
         hc_sinkhorn_iters=_int(d, "hc_sinkhorn_iters", default=20),
         hc_eps=_float(d, "hc_eps", default=1e-6, positive=True),
         rms_norm_eps=_float(d, "rms_norm_eps", "norm_eps", default=1e-6, positive=True),
-        rope_theta=main_theta,
-        compress_rope_theta=cmp_theta,
-        compress_yarn=yarn,
         max_position_embeddings=_int(d, "max_position_embeddings", "max_seq_len", default=1 << 20),
         num_nextn_predict_layers=_int(d, "num_nextn_predict_layers", "n_mtp_layers", default=1, minimum=0),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
