@@ -37,13 +37,8 @@ class Compressor(Module):
 
     def __init__(self, cfg: DeepseekV4Config, ratio: int, head_dim: int, overlap: bool, name: str):
         coff = 2 if overlap else 1
-        self.ratio, self.head_dim, self.overlap, self.name, self.eps = (
-            ratio,
-            head_dim,
-            overlap,
-            name,
-            cfg.rms_norm_eps,
-        )
+        self.ratio, self.head_dim, self.overlap = ratio, head_dim, overlap
+        self.name, self.eps = name, cfg.rms_norm_eps
         self.ape = Slot("ape", (ratio, coff * head_dim), "float32")
         self.wkv = Slot("wkv.weight", (coff * head_dim, cfg.hidden_size), "linear")
         self.wgate = Slot("wgate.weight", (coff * head_dim, cfg.hidden_size), "linear")
