@@ -1,0 +1,273 @@
+"""The engine's one entry point for structured outputs.
+
+Life of a constrained request (what the engine calls, and when):
+
+1. submission: :meth:`StructuredOutputManager.validate_and_compile` compiles the constraint (cached)
+   and raises ``ValueError`` for a bad one, before the request is scheduled;
+2. every step, before sampling: :meth:`fill_bitmask` gives one ``[rows, W]`` bitmask for the batch
+   (``None`` when no row is constrained), applied with ``SamplingOps.apply_bitmask``;
+3. after sampling: :meth:`accept` with the tokens the request emitted; ``True`` means the grammar
+   accepted a stop token and the request finishes with ``finish_reason="stop"``;
+4. when the request finishes or is aborted: :meth:`free`.
+
+With speculative decoding, request ``i`` occupies ``1 + k_i`` logits rows (its drafts then the bonus
+position) and :meth:`fill_bitmask` masks row ``j`` with the state reached by tentatively accepting
+drafts ``0..j-1``; the state is rolled back before it returns, and only the tokens the verifier
+emits are then passed to :meth:`accept`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from deepinfer_core.structured.backend import CompiledGrammar, GrammarBackend, GrammarCache
+from deepinfer_core.structured.bitmask import allocate_bitmask, token_allowed
+from deepinfer_core.structured.constraint import constraint_from_params
+from deepinfer_core.structured.request_state import RequestGrammar
+from deepinfer_core.structured.vocab import GrammarVocab
+
+
+class StructuredOutputError(RuntimeError):
+    """A grammar was fed a token its own bitmask forbids: the engine did not apply the mask."""
+
+
+@dataclass
+class _Planned:
+    state: RequestGrammar
+    base: int  # first logits row of the request
+    drafts: list[int]
+    advanced: int = 0  # drafts tentatively accepted, undone before fill_bitmask returns
+
+
+class StructuredOutputManager:
+    """Owns the grammar backend (built on first use) and every constrained request's state.
+
+    :param backend_factories: ``registry.structured_backends`` (name -> factory).
+    :param backend: the ``structured_outputs_backend`` name (``"xgrammar"``, ``"llguidance"``, ``"auto"``).
+    :param tokenizer: the engine's tokenizer; :param vocab_size: the logits width.
+    :param stop_token_ids: the tokens that end a request (default: the tokenizer's EOS).
+    """
+
+    def __init__(
+        self,
+        backend_factories: Mapping[str, Any],
+        backend: str,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int] | None = None,
+        *,
+        cache: GrammarCache | None = None,
+    ):
+        self._factories = backend_factories
+        self.backend_name = backend
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_token_ids = None if stop_token_ids is None else list(stop_token_ids)
+        self._cache = cache
+        self._backend: GrammarBackend | None = None
+        self._requests: dict[str, RequestGrammar] = {}
+
+    @classmethod
+    def from_registry(
+        cls,
+        registry: Any,
+        config: Any,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int] | None = None,
+    ) -> StructuredOutputManager:
+        return cls(
+            registry.structured_backends,
+            config.structured_outputs_backend,
+            tokenizer,
+            vocab_size,
+            stop_token_ids,
+        )
+
+    # ------------------------------------------------------------------ backend
+
+    @property
+    def backend(self) -> GrammarBackend:
+        """The backend, built on the first constrained request so unconstrained engines pay nothing.
+
+        :raises ValueError: the configured backend is not installed or cannot be built."""
+        if self._backend is None:
+            self._backend = self._build_backend()
+        return self._backend
+
+    @property
+    def vocab(self) -> GrammarVocab:
+        return self.backend.vocab
+
+    def _build_backend(self) -> GrammarBackend:
+        name = self.backend_name
+        if name not in self._factories:
+            installed = ", ".join(sorted(self._factories)) or "none"
+            raise ValueError(
+                f"structured_outputs_backend {name!r} is not installed (installed: {installed}); "
+                "structured outputs need the deepinfer-structured plugin: pip install deepinfer-structured"
+            )
+        try:
+            factory = self._factories[name]
+            backend = factory(
+                self._tokenizer, self._vocab_size, stop_token_ids=self._stop_token_ids, cache=self._cache
+            )
+        except ImportError as e:
+            raise ValueError(f"structured_outputs_backend {name!r} cannot be used: {e}") from e
+        if not isinstance(backend, GrammarBackend):
+            raise TypeError(
+                f"structured-output backend {name!r} returned {type(backend).__name__}, not a GrammarBackend"
+            )
+        return backend
+
+    # ------------------------------------------------------------------ submission
+
+    def compile(self, params: Any) -> CompiledGrammar:
+        """Validate and compile ``params`` (cached). :raises ValueError: a bad constraint."""
+        constraint = constraint_from_params(params)  # malformed input fails before a backend is built
+        return self.backend.compile(constraint)
+
+    def validate_and_compile(
+        self,
+        request_id: str,
+        params: Any,
+        prompt_token_ids: Sequence[int] | None = None,
+        *,
+        reasoning: bool | None = None,
+    ) -> bool:
+        """Compile the request's constraint and start its grammar. Call once per sequence at submission.
+
+        :param params: ``SamplingParams.structured_outputs`` (``None``: nothing to do, returns False).
+        :param prompt_token_ids: used to detect an open ``<think>`` block (see ``request_state``).
+        :param reasoning: force the reasoning phase on or off instead of detecting it.
+        :return: whether the request is constrained.
+        :raises ValueError: a bad constraint, or the backend is missing.
+        """
+        if params is None:
+            return False
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} already has a grammar")
+        grammar = self.compile(params)
+        if reasoning is None:
+            reasoning = self._prompt_opens_reasoning(prompt_token_ids or ())
+        self._requests[request_id] = RequestGrammar(
+            grammar, self.backend.matcher(grammar), self.vocab, reasoning
+        )
+        return True
+
+    def _prompt_opens_reasoning(self, prompt: Sequence[int]) -> bool:
+        start, end = self.vocab.think_start_id, self.vocab.think_end_id
+        if start is None or end is None:
+            return False
+        for t in reversed(prompt):
+            if t == end:
+                return False
+            if t == start:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ per step
+
+    def fill_bitmask(
+        self, request_ids: Sequence[str | None], draft_ids: Mapping[str, Sequence[int]] | None = None
+    ) -> torch.Tensor | None:
+        """The bitmask for one step's logits rows, or ``None`` when none of them is constrained.
+
+        Request ``i`` owns ``1 + len(draft_ids[request_ids[i]])`` consecutive rows (1 without drafts), in
+        order. Unconstrained requests (and ``None`` entries) get all-ones rows. Rows after a draft the
+        grammar forbids copy the forbidding row: the verifier rejects that draft, so they are never used.
+        """
+        drafts = draft_ids or {}
+        plan, rows = [], 0
+        for rid in request_ids:
+            d = list(drafts.get(rid, ())) if rid is not None else []
+            state = self._requests.get(rid) if rid is not None else None
+            if state is not None:
+                plan.append(_Planned(state, rows, d))
+            rows += 1 + len(d)
+        if not plan:
+            return None
+        bitmask = allocate_bitmask(rows, self.vocab.vocab_size)
+        try:
+            self._fill_with_drafts(plan, bitmask)
+        finally:
+            for p in plan:
+                p.state.rollback(p.advanced)
+        return bitmask
+
+    def fill_bitmask_for_drafts(self, request_id: str, draft_ids: Sequence[int]) -> torch.Tensor:
+        """``[k + 1, W]`` for one request's drafts (all-ones rows when it is unconstrained)."""
+        mask = self.fill_bitmask([request_id], {request_id: draft_ids})
+        return allocate_bitmask(len(draft_ids) + 1, self._vocab_size) if mask is None else mask
+
+    def _fill_with_drafts(self, plan: list[_Planned], bitmask: torch.Tensor) -> None:
+        alive, depth = plan, 0
+        while alive:
+            self._fill_rows([(p.state, p.base + depth) for p in alive], bitmask)
+            depth += 1
+            survivors = []
+            for p in alive:
+                if depth > len(p.drafts):
+                    continue
+                prev = bitmask[p.base + depth - 1]
+                token = p.drafts[depth - 1]
+                if token_allowed(prev, token) and p.state.advance(token):
+                    p.advanced += 1
+                    survivors.append(p)
+                else:
+                    bitmask[p.base + depth : p.base + len(p.drafts) + 1] = prev
+            alive = survivors
+
+    def _fill_rows(self, jobs: list[tuple[RequestGrammar, int]], bitmask: torch.Tensor) -> None:
+        todo = [(s, r) for s, r in jobs if not s.fill_fixed_row(bitmask, r)]
+        if not todo:
+            return
+        rows = [r for _, r in todo]
+        self.backend.fill_bitmasks([s.matcher for s, _ in todo], bitmask, rows)
+        grammar_rows = bitmask[rows]
+        text_only = grammar_rows & self.vocab.text_bitmask
+        # a grammar that explicitly needs an added token (a user grammar naming one) keeps its own row
+        empty = (text_only == 0).all(dim=-1, keepdim=True)
+        bitmask[rows] = torch.where(empty, grammar_rows, text_only)
+
+    # ------------------------------------------------------------------ after sampling
+
+    def accept(self, request_id: str, token_ids: Iterable[int]) -> bool:
+        """Advance by the tokens the request emitted this step; True once its grammar has terminated.
+        A no-op returning False for an unconstrained request.
+
+        :raises StructuredOutputError: a token the request's bitmask forbade (the mask was not applied)."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return False
+        for t in token_ids:
+            if not state.advance(int(t)):
+                raise StructuredOutputError(
+                    f"request {request_id!r}: token {int(t)} is not allowed by its "
+                    f"{state.grammar.constraint.describe()} grammar after {state.num_tokens} tokens; "
+                    "the grammar bitmask must be applied to every constrained logits row"
+                )
+        return state.terminated
+
+    def rollback(self, request_id: str, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (no-op for an unconstrained request)."""
+        state = self._requests.get(request_id)
+        if state is not None:
+            state.rollback(num_tokens)
+
+    def is_constrained(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def is_terminated(self, request_id: str) -> bool:
+        state = self._requests.get(request_id)
+        return state is not None and state.terminated
+
+    def free(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def __len__(self) -> int:
+        return len(self._requests)
