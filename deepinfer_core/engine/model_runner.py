@@ -52,15 +52,20 @@ class ModelRunner:
             )
             if s.samples:
                 logit_rows.append(base + s.num_tokens - 1)
-        dev = self.device
+        # one host tensor for all index vectors, one copy to the device
+        n_tok, n_req = len(ids), len(ctx)
+        flat = torch.tensor(ids + positions + qsl + ctx + logit_rows, dtype=torch.int64).to(self.device)
+        input_ids, positions_t, qsl_t, ctx_t, rows_t = flat.split(
+            [n_tok, n_tok, n_req + 1, n_req, len(logit_rows)]
+        )
         return ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int64, device=dev),
-            context_lens=torch.tensor(ctx, dtype=torch.int64, device=dev),
+            input_ids=input_ids,
+            positions=positions_t,
+            query_start_loc=qsl_t,
+            context_lens=ctx_t,
             block_tables={g: self._block_table(sched, g) for g in self.groups},
             block_size=self.block_size,
-            logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
+            logits_indices=rows_t,
         )
 
     def _block_table(self, sched: SchedulerOutput, group: str) -> torch.Tensor:

@@ -85,6 +85,9 @@ class OutputProcessor:
     def _add_text(self, seq: Sequence, tok: int) -> None:
         if self.tokenizer is None:
             return
+        seq.num_text_tokens += 1
+        if not seq.params.stop:  # nothing to match: decode once when the request finishes
+            return
         det = self._detok.get(seq.seq_id)
         if det is None:
             det = self._detok[seq.seq_id] = make_detokenizer(
@@ -120,8 +123,24 @@ class OutputProcessor:
     def forget(self, seq: Sequence) -> None:
         self._detok.pop(seq.seq_id, None)
 
-    @staticmethod
-    def request_output(req: Request) -> RequestOutput:
+    def _final_text(self, seq: Sequence) -> str:
+        """Text of a sample whose detokenization was deferred (no stop strings): one decode of the
+        text tokens, with a few prompt tokens as context, equal to the incremental result."""
+        if self.tokenizer is None or seq.params.stop or seq.text_pieces or not seq.num_text_tokens:
+            return seq.text
+        ctx = seq.token_ids[max(0, seq.num_prompt_tokens - 5) : seq.num_prompt_tokens]
+        ids = seq.token_ids[seq.num_prompt_tokens : seq.num_prompt_tokens + seq.num_text_tokens]
+        skip = seq.params.skip_special_tokens
+        head = self.tokenizer.decode(ctx, skip_special_tokens=skip)
+        full = self.tokenizer.decode(ctx + ids, skip_special_tokens=skip)
+        seq.text_pieces = [
+            full[len(head) :]
+            if full.startswith(head)
+            else self.tokenizer.decode(ids, skip_special_tokens=skip)
+        ]
+        return seq.text
+
+    def request_output(self, req: Request) -> RequestOutput:
         m = req.metrics
         if m.finished_time is None and req.finished:
             m.finished_time = time.perf_counter()
@@ -133,7 +152,7 @@ class OutputProcessor:
         outs = [
             CompletionOutput(
                 index=s.sample_index,
-                text=s.text,
+                text=self._final_text(s),
                 token_ids=list(s.output_token_ids),
                 cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
                 logprobs=s.logprobs,

@@ -8,7 +8,7 @@ the log-softmax of the *raw* logits, before any of that processing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -20,12 +20,12 @@ from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
 RawLogprobs = list[tuple[int, float, int]]
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqSample:
     token: int | None = None
     logprob: float | None = None  # of the sampled token, when the request wants logprobs
     top: RawLogprobs | None = None  # sampled token first, then the top-k
-    prompt: list[tuple[int, RawLogprobs]] = field(default_factory=list)  # (position + 1, logprobs)
+    prompt: list[tuple[int, RawLogprobs]] | None = None  # (position + 1, logprobs)
 
 
 def _ranked(lp: torch.Tensor, ids: list[int]) -> RawLogprobs:

@@ -71,6 +71,7 @@ class Sequence:
         self.logprobs: list[PositionLogprobs] | None = [] if request.params.logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.text_pieces: list[str] = []  # detokenized output, joined on demand
+        self.num_text_tokens = 0  # leading output tokens that make up the text (not EOS / stop token)
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         seed = (

@@ -149,3 +149,11 @@ def test_chat_renders_the_conversation_then_generates(llm, monkeypatch):
     out = llm.chat(msgs, SamplingParams(max_tokens=2), use_tqdm=False, thinking_mode="thinking")
     assert seen == {"messages": msgs, "mode": "thinking", "tools": None}
     assert out[0].prompt_token_ids == [2, 3, 4]  # rendered text carries its own BOS: no special tokens added
+
+
+def test_text_decoded_once_at_the_end_equals_the_incremental_text(llm):
+    params = dict(temperature=1.0, seed=4, max_tokens=30, ignore_eos=True, skip_special_tokens=False)
+    deferred = _run(llm, **params)
+    incremental = _run(llm, stop=["never-matches"], **params)
+    assert deferred.token_ids == incremental.token_ids
+    assert deferred.text == incremental.text == llm.get_tokenizer().decode(deferred.token_ids)
