@@ -228,11 +228,13 @@ class StructuredOutputManager:
             return
         rows = [r for _, r in todo]
         self.backend.fill_bitmasks([s.matcher for s, _ in todo], bitmask, rows)
-        grammar_rows = bitmask[rows]
+        index = torch.tensor(rows)
+        grammar_rows = bitmask.index_select(0, index)
         text_only = grammar_rows & self.vocab.text_bitmask
-        # a grammar that explicitly needs an added token (a user grammar naming one) keeps its own row
-        empty = (text_only == 0).all(dim=-1, keepdim=True)
-        bitmask[rows] = torch.where(empty, grammar_rows, text_only)
+        empty = ~text_only.any(dim=-1)
+        if bool(empty.any()):  # a grammar that explicitly needs an added token keeps its own row
+            text_only[empty] = grammar_rows[empty]
+        bitmask.index_copy_(0, index, text_only)
 
     # ------------------------------------------------------------------ after sampling
 
@@ -245,6 +247,11 @@ class StructuredOutputManager:
         if state is None:
             return False
         for t in token_ids:
+            if state.terminated:
+                raise StructuredOutputError(
+                    f"request {request_id!r}: token {int(t)} after its grammar terminated; "
+                    "the engine must stop a request at the stop token that terminates it"
+                )
             if not state.advance(int(t)):
                 raise StructuredOutputError(
                     f"request {request_id!r}: token {int(t)} is not allowed by its "

@@ -45,7 +45,7 @@ class RequestGrammar:
         return True
 
     def advance(self, token_id: int) -> bool:
-        """Accept one token; False (state unchanged) if the mask this state produces forbids it."""
+        """Accept one token; False (state unchanged) if the grammar (or the reasoning rule) forbids it."""
         if self.reasoning:
             if token_id in self.vocab.stop_token_ids:
                 return False
@@ -53,7 +53,7 @@ class RequestGrammar:
             self._history.append(_CLOSE if closes else _REASON)
             self.reasoning = not closes
             return True
-        if token_id in self.vocab.control_token_ids or not self.matcher.accept_token(token_id):
+        if not self.matcher.accept_token(token_id):
             return False
         self._history.append(_GRAMMAR)
         return True
