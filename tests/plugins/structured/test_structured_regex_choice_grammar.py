@@ -105,14 +105,25 @@ GRAMMARS = {
 }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_grammar_outputs_parse(make_manager, backend):
-    texts = run(make_manager(backend), {n: {"grammar": g} for n, (g, _) in GRAMMARS.items()}, max_tokens=128)
-    for rid, text in texts.items():
+@pytest.fixture(scope="module", params=BACKENDS)
+def grammar_outputs(request, backends, v4_tokenizer):
+    """``{"<grammar>/<seed>": text}`` generated once per backend for the two grammar tests below."""
+    from deepinfer_core.structured import StructuredOutputManager
+
+    backend = backends[request.param]
+    manager = StructuredOutputManager({"b": lambda *a, **k: backend}, "b", v4_tokenizer, 129280, [1])
+    return run(manager, {n: {"grammar": g} for n, (g, _) in GRAMMARS.items()}, max_tokens=128)
+
+
+def test_grammar_outputs_parse(grammar_outputs):
+    for rid, text in grammar_outputs.items():
         GRAMMARS[rid.split("/")[0]][1](text)
+
+
+def test_lark_grammar_outputs_parse_with_lark(grammar_outputs):
     lark = pytest.importorskip("lark")
     for name in ("arith", "pairs"):
         parser = lark.Lark(GRAMMARS[name][0], parser="earley")
-        for rid, text in texts.items():
+        for rid, text in grammar_outputs.items():
             if rid.startswith(name + "/"):
                 parser.parse(text)
