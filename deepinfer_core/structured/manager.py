@@ -10,8 +10,8 @@ Life of a constrained request (what the engine calls, and when):
    accepted a stop token and the request finishes with ``finish_reason="stop"``;
 4. when the request finishes or is aborted: :meth:`free`.
 
-With speculative decoding, request ``i`` occupies ``1 + k_i`` logits rows (its drafts then the bonus
-position) and :meth:`fill_bitmask` masks row ``j`` with the state reached by tentatively accepting
+With speculative decoding, request ``i`` with ``k_i`` drafts occupies ``1 + k_i`` logits rows (row 0
+predicts the first draft, row ``k_i`` the bonus token) and :meth:`fill_bitmask` masks row ``j`` with the state reached by tentatively accepting
 drafts ``0..j-1``; the state is rolled back before it returns, and only the tokens the verifier
 emits are then passed to :meth:`accept`.
 """
@@ -105,6 +105,10 @@ class StructuredOutputManager:
 
     def _build_backend(self) -> GrammarBackend:
         name = self.backend_name
+        if self._tokenizer is None:
+            raise ValueError(
+                "structured outputs need the model's tokenizer (the engine was built without one)"
+            )
         if name not in self._factories:
             installed = ", ".join(sorted(self._factories)) or "none"
             raise ValueError(

@@ -96,3 +96,10 @@ def test_a_backend_whose_library_is_missing_is_a_value_error(v4_tokenizer):
     manager = StructuredOutputManager({"x": factory}, "x", v4_tokenizer, V, [EOS])
     with pytest.raises(ValueError, match="'x' cannot be used: No module named 'somegrammarlib'"):
         manager.validate_and_compile("r", {"regex": "a"})
+
+
+def test_structured_outputs_without_a_tokenizer_is_a_value_error():
+    manager = StructuredOutputManager({"sequence": SequenceBackend}, "sequence", None, V, [EOS])
+    assert manager.validate_and_compile("plain", None) is False
+    with pytest.raises(ValueError, match="need the model's tokenizer"):
+        manager.validate_and_compile("r", {"choice": ["5"]})
