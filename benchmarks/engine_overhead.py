@@ -1,7 +1,8 @@
 """Host time per engine step outside the model, at 64, 256 and 1024 running sequences.
 
 The model is a stub that returns logits (no device work), so what is measured is the engine's own
-bookkeeping per decode step, split as:
+bookkeeping per decode step, as CPU time of the engine thread (``time.thread_time``, torch on one
+thread: robust to other load on the machine), split as:
 
 - ``schedule``: ``Scheduler.schedule`` (budget walk, KV allocation, window release);
 - ``kv_prep``: ``ModelRunner.prepare`` (input ids, positions, block tables as tensors) plus the prefix-cache
@@ -54,11 +55,11 @@ class TimedOps:
         fn = getattr(self.ops, name)
 
         def timed(*a, **k):
-            t = time.perf_counter()
+            t = time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
-                self.seconds += time.perf_counter() - t
+                self.seconds += time.thread_time() - t
 
         return timed
 
@@ -113,24 +114,24 @@ def build(num_seqs: int, tokenizer, greedy: bool, stop: bool = False) -> LLMEngi
 def timed_step(engine: LLMEngine, t: dict[str, float]) -> None:
     """``LLMEngine.step`` with a clock around each part (keep in step with llm_engine.py)."""
     ops = engine.sampler.ops
-    c0 = time.perf_counter()
+    c0 = time.thread_time()
     engine.apply_aborts()
     sched = engine.scheduler.schedule()
-    c1 = time.perf_counter()
+    c1 = time.thread_time()
     batch = engine.runner.prepare(sched)
-    c2 = time.perf_counter()
+    c2 = time.thread_time()
     logits = engine.runner.run(batch)
-    c3 = time.perf_counter()
+    c3 = time.thread_time()
     ops_before = ops.seconds
     samples = engine.sampler.sample(logits, sched)
-    c4 = time.perf_counter()
+    c4 = time.thread_time()
     finished = engine.outputs.append(sched, samples)
-    c5 = time.perf_counter()
+    c5 = time.thread_time()
     engine.scheduler.update(sched, finished)
-    c6 = time.perf_counter()
+    c6 = time.thread_time()
     engine._post_step(sched)
     engine._collect(finished)
-    c7 = time.perf_counter()
+    c7 = time.thread_time()
     ops_s = ops.seconds - ops_before
     t["schedule"] += c1 - c0
     t["kv_prep"] += (c2 - c1) + (c6 - c5)

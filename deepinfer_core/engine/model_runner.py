@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_core.engine.forward_batch import ForwardBatch
-from deepinfer_core.engine.scheduler import SchedulerOutput
+from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
 from deepinfer_core.kv.budget import KVLayout
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.ops.backends import Backends
@@ -36,37 +36,50 @@ class ModelRunner:
         self.groups = sorted(layout.num_blocks)
 
     def prepare(self, sched: SchedulerOutput) -> ForwardBatch:
+        scheduled = sched.scheduled
+        n_req = len(scheduled)
+        if sched.num_tokens == n_req and all(s.samples for s in scheduled):
+            vectors = self._decode_vectors(scheduled)  # the common case: one token per sequence
+        else:
+            vectors = self._mixed_vectors(scheduled)
+        # one host tensor for all index vectors, one copy to the device
+        sizes = [len(v) for v in vectors]
+        flat = torch.tensor([x for v in vectors for x in v], dtype=torch.int64).to(self.device)
+        input_ids, positions, qsl, ctx, rows = flat.split(sizes)
+        return ForwardBatch(
+            input_ids=input_ids,
+            positions=positions,
+            query_start_loc=qsl,
+            context_lens=ctx,
+            block_tables={g: self._block_table(sched, g) for g in self.groups},
+            block_size=self.block_size,
+            logits_indices=rows,
+        )
+
+    @staticmethod
+    def _decode_vectors(scheduled: list[ScheduledSeq]) -> tuple[list[int], ...]:
+        pos = [s.start for s in scheduled]
+        ids = [s.seq.token_ids[s.start] for s in scheduled]
+        n = len(scheduled)
+        return ids, pos, list(range(n + 1)), [p + 1 for p in pos], list(range(n))
+
+    @staticmethod
+    def _mixed_vectors(scheduled: list[ScheduledSeq]) -> tuple[list[int], ...]:
         ids: list[int] = []
         positions: list[int] = []
         qsl = [0]
         ctx: list[int] = []
-        logit_rows: list[int] = []
-        for s in sched.scheduled:
-            base = qsl[-1]
-            ids.extend(s.seq.token_ids[s.start : s.end])
-            positions.extend(range(s.start, s.end))
+        rows: list[int] = []
+        for s in scheduled:
+            base, start, end = qsl[-1], s.start, s.start + s.num_tokens
+            ids.extend(s.seq.token_ids[start:end])
+            positions.extend(range(start, end))
             qsl.append(base + s.num_tokens)
-            ctx.append(s.end)
-            logit_rows.extend(
-                range(base + s.prompt_logprob_start - s.start, base + s.prompt_logprob_end - s.start)
-            )
+            ctx.append(end)
+            rows.extend(range(base + s.prompt_logprob_start - start, base + s.prompt_logprob_end - start))
             if s.samples:
-                logit_rows.append(base + s.num_tokens - 1)
-        # one host tensor for all index vectors, one copy to the device
-        n_tok, n_req = len(ids), len(ctx)
-        flat = torch.tensor(ids + positions + qsl + ctx + logit_rows, dtype=torch.int64).to(self.device)
-        input_ids, positions_t, qsl_t, ctx_t, rows_t = flat.split(
-            [n_tok, n_tok, n_req + 1, n_req, len(logit_rows)]
-        )
-        return ForwardBatch(
-            input_ids=input_ids,
-            positions=positions_t,
-            query_start_loc=qsl_t,
-            context_lens=ctx_t,
-            block_tables={g: self._block_table(sched, g) for g in self.groups},
-            block_size=self.block_size,
-            logits_indices=rows_t,
-        )
+                rows.append(base + s.num_tokens - 1)
+        return ids, positions, qsl, ctx, rows
 
     def _block_table(self, sched: SchedulerOutput, group: str) -> torch.Tensor:
         tables = [s.seq.block_tables.get(group, ()) for s in sched.scheduled]

@@ -14,7 +14,7 @@ from typing import Any
 
 from deepinfer_core.engine.detokenizer import find_stop, make_detokenizer
 from deepinfer_core.engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
-from deepinfer_core.engine.sampler import RawLogprobs, SeqSample
+from deepinfer_core.engine.sampler import RawLogprobs, SamplerOutput
 from deepinfer_core.engine.scheduler import SchedulerOutput
 from deepinfer_core.engine.sequence import Request, SeqStatus, Sequence
 
@@ -38,20 +38,21 @@ class OutputProcessor:
         self._detok: dict[int, Any] = {}
         self._piece: dict[int, str] = {}
 
-    def append(self, sched: SchedulerOutput, samples: list[SeqSample]) -> list[Sequence]:
+    def append(self, sched: SchedulerOutput, samples: SamplerOutput) -> list[Sequence]:
         """Record each sample; returns the sequences that finished this step."""
         now = time.perf_counter()
         finished = []
-        for s, smp in zip(sched.scheduled, samples):
-            seq = s.seq
-            if smp.prompt:
-                self._prompt_logprobs(seq.request, smp.prompt)
-            if smp.token is None:
+        for i, pl in samples.prompt.items():
+            self._prompt_logprobs(sched.scheduled[i].seq.request, pl)
+        logprobs = samples.logprobs
+        for i, (s, tok) in enumerate(zip(sched.scheduled, samples.tokens)):
+            if tok is None:
                 continue
+            seq = s.seq
             m = seq.request.metrics
             if m.first_token_time is None:
                 m.first_token_time = now - m.arrival_time
-            self._append(seq, smp)
+            self._append(seq, tok, logprobs.get(i) if logprobs else None)
             if seq.finish_reason is not None:
                 seq.status = SeqStatus.FINISHED
                 self._detok.pop(seq.seq_id, None)
@@ -63,12 +64,12 @@ class OutputProcessor:
             assert pos == len(req.prompt_logprobs), "prompt logprobs out of order"
             req.prompt_logprobs.append(self._logprobs(raw))
 
-    def _append(self, seq: Sequence, smp: SeqSample) -> None:
-        tok, prm = smp.token, seq.params
+    def _append(self, seq: Sequence, tok: int, lp: tuple[float, RawLogprobs] | None) -> None:
+        prm = seq.params
         seq.token_ids.append(tok)
         if seq.logprobs is not None:
-            seq.logprobs.append(self._logprobs(smp.top))
-            seq.cumulative_logprob += smp.logprob
+            seq.logprobs.append(self._logprobs(lp[1]))
+            seq.cumulative_logprob += lp[0]
         if tok in self.eos and not prm.ignore_eos:
             seq.finish_reason = "stop"
         elif prm.stop_token_ids and tok in prm.stop_token_ids:

@@ -8,7 +8,7 @@ the log-softmax of the *raw* logits, before any of that processing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,12 +20,15 @@ from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
 RawLogprobs = list[tuple[int, float, int]]
 
 
-@dataclass(slots=True)
-class SeqSample:
-    token: int | None = None
-    logprob: float | None = None  # of the sampled token, when the request wants logprobs
-    top: RawLogprobs | None = None  # sampled token first, then the top-k
-    prompt: list[tuple[int, RawLogprobs]] | None = None  # (position + 1, logprobs)
+@dataclass
+class SamplerOutput:
+    """Per scheduled sequence ``i`` (in ``SchedulerOutput.scheduled`` order)."""
+
+    tokens: list[int | None]  # the sampled token, None where the step did not reach the end
+    #: i -> (logprob of the sampled token, [sampled token, top-k...]) for requests that want logprobs
+    logprobs: dict[int, tuple[float, RawLogprobs]] = field(default_factory=dict)
+    #: i -> [(position + 1, logprobs)] prompt logprobs computed this step
+    prompt: dict[int, list[tuple[int, RawLogprobs]]] = field(default_factory=dict)
 
 
 def _ranked(lp: torch.Tensor, ids: list[int]) -> RawLogprobs:
@@ -45,21 +48,21 @@ class Sampler:
         self.eos = list(eos_token_ids)
         self.vocab_size = vocab_size
 
-    def sample(self, logits: torch.Tensor, sched: SchedulerOutput) -> list[SeqSample]:
-        out = [SeqSample() for _ in sched.scheduled]
-        rows, samplers = 0, []
+    def sample(self, logits: torch.Tensor, sched: SchedulerOutput) -> SamplerOutput:
+        out = SamplerOutput([None] * len(sched.scheduled))
+        rows, idx, row_ids = 0, [], []
         for i, s in enumerate(sched.scheduled):
             n = s.prompt_logprob_end - s.prompt_logprob_start
             if n:
-                out[i].prompt = self._prompt_logprobs(logits[rows : rows + n], s)
+                out.prompt[i] = self._prompt_logprobs(logits[rows : rows + n], s)
                 rows += n
             if s.samples:
-                samplers.append((i, rows))
+                idx.append(i)
+                row_ids.append(rows)
                 rows += 1
-        if samplers:
-            rows = [r for _, r in samplers]
-            x = logits if rows == list(range(len(logits))) else logits[rows]
-            self._sample_rows(x, [sched.scheduled[i].seq for i, _ in samplers], [out[i] for i, _ in samplers])
+        if idx:
+            x = logits if len(row_ids) == len(logits) else logits[row_ids]
+            self._sample_rows(x, [sched.scheduled[i].seq for i in idx], idx, out)
         return out
 
     def _prompt_logprobs(self, logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, RawLogprobs]]:
@@ -70,7 +73,9 @@ class Sampler:
             for j, p in enumerate(range(s.prompt_logprob_start, s.prompt_logprob_end))
         ]
 
-    def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence], out: list[SeqSample]) -> None:
+    def _sample_rows(
+        self, logits: torch.Tensor, seqs: list[Sequence], idx: list[int], out: SamplerOutput
+    ) -> None:
         x = self._process(logits, seqs)
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         if len(greedy) == len(seqs):
@@ -88,10 +93,10 @@ class Sampler:
         if want:
             lp = torch.log_softmax(logits[want].float(), dim=-1)
             for j, i in enumerate(want):
-                out[i].top = _with_top(lp[j], tokens[i], seqs[i].params.logprobs)
-                out[i].logprob = out[i].top[0][1]
-        for i, t in enumerate(tokens):
-            out[i].token = t
+                top = _with_top(lp[j], tokens[i], seqs[i].params.logprobs)
+                out.logprobs[idx[i]] = (top[0][1], top)
+        for i, t in zip(idx, tokens):
+            out.tokens[i] = t
 
     def _random(self, x: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         dev = x.device

@@ -137,9 +137,12 @@ class Scheduler:
     def update(self, out: SchedulerOutput, finished: list[Sequence]) -> None:
         """After the step: advance computed counts, offer new full blocks to the prefix cache, and
         drop the sequences that finished."""
+        bs, commit = self.kv.block_size, self.kv.commit
         for s in out.scheduled:
-            s.seq.num_computed = s.end
-            self.kv.commit(s.seq)
+            seq = s.seq
+            seq.num_computed = end = s.start + s.num_tokens
+            if end // bs > seq.num_committed_blocks:  # a block was completed
+                commit(seq)
         if finished:
             done = {id(seq) for seq in finished}
             self.running = [s for s in self.running if id(s) not in done]
