@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+
 import pytest
 
 from .tiny import CSA, HCA, SWA, Schedule, build_hf, reference_backends, save_deepseek, save_transformers
@@ -51,6 +53,7 @@ SCHEDULES = {
         index_topk=16,
     ),
 }
+SEED_BASE = int(os.environ.get("DSV4_TEST_SEED", "0"))  # vary to probe other random models
 PROMPT_LEN = {"v4_ratios_w128": 530}
 
 
@@ -62,7 +65,9 @@ class Checkpoints:
 
     def hf(self, schedule: str):
         if schedule not in self._hf:
-            self._hf[schedule] = build_hf(SCHEDULES[schedule], seed=hash(schedule) % 1000)
+            self._hf[schedule] = build_hf(
+                SCHEDULES[schedule], seed=SEED_BASE + list(SCHEDULES).index(schedule)
+            )
         return self._hf[schedule]
 
     def path(self, schedule: str, layout: str) -> Path:

@@ -2,9 +2,11 @@
 and every checkpoint layout.
 
 Tolerance: 1e-3 max abs (logits std ~2). Near-ties in the MoE router or the indexer's top-k may flip
-under float32 rounding and move a handful of positions by more, so at least 97% of positions must be
-within tolerance and the median position error must stay tiny; the tolerance itself is never loosened.
-"""
+under float32 rounding and move some positions by more, so at least 97% of positions must be within
+tolerance and the median position error must stay tiny; the tolerance itself is never loosened. A flip in
+an early CSA layer propagates (through the compressed entries) to every later position, so the test models
+use 16 indexer heads: with 8, a query sometimes had fewer than ``index_topk`` entries with a non-zero score,
+and the order among the exact ReLU-zero ties is arbitrary in both implementations."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class Schedule:
             sliding_window=self.sliding_window,
             o_groups=2,
             o_lora_rank=16,
-            index_n_heads=8,
+            index_n_heads=16,  # >= 16: with 8, ReLU-zero ties in the indexer top-k appear
             index_head_dim=16,
             index_topk=self.index_topk,
             max_position_embeddings=512,
