@@ -63,8 +63,9 @@ def stdlib_sources(limit: int | None = None) -> list[Path]:
     return files[:limit] if limit else files
 
 
-def train_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    """Byte-level BPE on the standard library; writes tokenizer.json and tokenizer_config.json."""
+def train_tokenizer(out_dir: Path, vocab_size: int, texts=None) -> None:
+    """Byte-level BPE (default corpus: the standard library's top-level modules); writes tokenizer.json
+    and tokenizer_config.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -77,10 +78,14 @@ def train_tokenizer(out_dir: Path, vocab_size: int) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = (p.read_text(encoding="utf-8", errors="replace") for p in stdlib_sources())
+    if texts is None:
+        texts = (p.read_text(encoding="utf-8", errors="replace") for p in stdlib_sources())
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=SPECIAL_TOKENS[0], eos_token=SPECIAL_TOKENS[1], clean_up_tokenization_spaces=False
+        tokenizer_object=tok,
+        bos_token=SPECIAL_TOKENS[0],
+        eos_token=SPECIAL_TOKENS[1],
+        clean_up_tokenization_spaces=False,
     )
     fast.save_pretrained(out_dir)
 
@@ -98,7 +103,9 @@ def build_random_checkpoint(out_dir: Path, seed: int = 0) -> None:
         for layer in model.model.layers:
             gate = layer.mlp.gate
             if hasattr(gate, "tid2eid"):  # distinct experts per token, as a real hash table has
-                perm = torch.stack([torch.randperm(config.n_routed_experts, generator=g) for _ in range(config.vocab_size)])
+                perm = torch.stack(
+                    [torch.randperm(config.n_routed_experts, generator=g) for _ in range(config.vocab_size)]
+                )
                 gate.tid2eid.copy_(perm[:, : config.num_experts_per_tok])
     model.save_pretrained(out_dir, safe_serialization=True)
 
