@@ -36,6 +36,10 @@ class GrammarMatcher(ABC):
     unchanged, and ``rollback(n)`` undoes exactly the last ``n`` accepted tokens (the stop token included).
     """
 
+    #: True when rows never allow the vocabulary's added tokens (other than stop tokens), so the manager
+    #: can skip its own filter (:attr:`GrammarVocab.text_bitmask`) for this matcher's rows.
+    excludes_added_tokens: bool = False
+
     @abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the tokens allowed next into ``bitmask[row]`` (CPU int32 ``[R, W]``, contiguous).

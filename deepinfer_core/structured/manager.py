@@ -232,6 +232,11 @@ class StructuredOutputManager:
             return
         rows = [r for _, r in todo]
         self.backend.fill_bitmasks([s.matcher for s, _ in todo], bitmask, rows)
+        unfiltered = [r for s, r in todo if not s.matcher.excludes_added_tokens]
+        if unfiltered:
+            self._filter_added_tokens(bitmask, unfiltered)
+
+    def _filter_added_tokens(self, bitmask: torch.Tensor, rows: list[int]) -> None:
         index = torch.tensor(rows)
         grammar_rows = bitmask.index_select(0, index)
         text_only = grammar_rows & self.vocab.text_bitmask

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Sequence
 
@@ -88,7 +89,8 @@ class LLGuidanceBackend(GrammarBackend):
     def __init__(self, tokenizer, vocab_size=None, *, stop_token_ids=None, cache=None):
         super().__init__(tokenizer, vocab_size, stop_token_ids=stop_token_ids, cache=cache)
         self.tokenizer = ll_tokenizer(self.vocab)
-        self._executor = llguidance.LLExecutor()
+        # the executor uses 80% of the CPUs; with one worker thread it only adds a hand-off
+        self._executor = llguidance.LLExecutor() if (os.cpu_count() or 1) > 2 else None
 
     def _compile(self, c: StructuredConstraint) -> CompiledGrammar:
         try:
@@ -115,8 +117,8 @@ class LLGuidanceBackend(GrammarBackend):
         return LLGuidanceMatcher(self.tokenizer, grammar.native, self.vocab.stop_token_ids)
 
     def fill_bitmasks(self, matchers, bitmask, rows) -> None:
-        if len(matchers) == 1:
-            matchers[0].fill_bitmask(bitmask, rows[0])
+        if len(matchers) == 1 or self._executor is None:
+            super().fill_bitmasks(matchers, bitmask, rows)
             return
         llg_torch.fill_next_token_bitmask_par(
             self._executor, [(m.native, r) for m, r in zip(matchers, rows)], bitmask

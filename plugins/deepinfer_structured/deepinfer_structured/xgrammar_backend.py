@@ -61,6 +61,7 @@ def is_gbnf(grammar: str) -> bool:
 
 class XGrammarMatcher(GrammarMatcher):
     backend_name = "xgrammar"
+    excludes_added_tokens = True  # they are special in the tokenizer info (see tokenizer_info)
 
     def __init__(self, compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int]):
         self.native = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids))

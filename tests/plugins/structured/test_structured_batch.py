@@ -72,3 +72,27 @@ def test_requests_with_the_same_constraint_keep_separate_states(make_manager):
     assert mask[1, tok.encode("right", add_special_tokens=False)[0]]
     manager.free("a")
     assert not manager.is_constrained("a") and manager.accept("a", [5]) is False
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_parallel_batch_fill_equals_row_by_row_fill(backends, make_manager, backend, monkeypatch):
+    from deepinfer_core.structured import GrammarBackend, allocate_bitmask
+
+    be = backends[backend]
+    if backend == "llguidance" and be._executor is None:  # small machines fill serially; test the pool too
+        import llguidance
+
+        monkeypatch.setattr(be, "_executor", llguidance.LLExecutor())
+    manager = make_manager(backend)
+    texts = ['{"a":', '{"a":1,"b":"x', "{", '{"a":12', '{"a":1,"b":"yy"', '{"a":3,"b":"z"}']
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    for i, text in enumerate(texts):
+        manager.validate_and_compile(f"r{i}", {"json": schema, "disable_any_whitespace": True})
+        manager.accept(f"r{i}", manager.vocab.tokenizer.encode(text, add_special_tokens=False))
+    matchers = [manager._requests[f"r{i}"].matcher for i in range(len(texts))]
+    rows = [5, 0, 3, 1, 4, 2]
+    parallel, serial = allocate_bitmask(6, V), allocate_bitmask(6, V)
+    be.fill_bitmasks(matchers, parallel, rows)
+    GrammarBackend.fill_bitmasks(be, matchers, serial, rows)
+    assert torch.equal(parallel, serial)
+    assert len({tuple(r.tolist()) for r in parallel}) == 6

@@ -92,3 +92,22 @@ def _chi2_quantile(dof: int, z: float) -> float:
     """Wilson-Hilferty approximation of the chi-square quantile at standard-normal quantile ``z``."""
     a = 2.0 / (9.0 * dof)
     return dof * (1 - a + z * math.sqrt(a)) ** 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_added_tokens_never_appear_inside_constrained_text(backends, make_manager, v4_tokenizer, backend):
+    """xgrammar's own rows already exclude them (it skips the manager's filter); llguidance's raw rows
+    let four DSML markers into a JSON string, and the manager removes them."""
+    from deepinfer_core.structured import allocate_bitmask
+
+    added = torch.tensor(sorted(set(v4_tokenizer.get_added_vocab().values()) - {1}))
+    manager = make_manager(backend)
+    row = unpack_bitmask(mask_after(manager, {"json": {"type": "string"}}, '"'), V)[0]
+    assert not bool(row[added].any())
+    raw = allocate_bitmask(1, V)
+    manager._requests["r"].matcher.fill_bitmask(raw, 0)
+    raw_added = added[unpack_bitmask(raw, V)[0][added]].tolist()
+    if backend == "xgrammar":
+        assert raw_added == [] and manager._requests["r"].matcher.excludes_added_tokens
+    else:
+        assert raw_added == [128825, 128840, 128841, 129265]
