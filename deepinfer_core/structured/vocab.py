@@ -31,7 +31,7 @@ class GrammarVocab:
     known_token_ids: frozenset[int]  # every id the tokenizer defines
     think_start_id: int | None
     think_end_id: int | None
-    fingerprint: str  # equal for equal vocabularies, stop tokens and vocab_size
+    fingerprint: str  # equal for equal vocabularies, added tokens, stop tokens and vocab_size
 
     @classmethod
     def from_tokenizer(
@@ -58,7 +58,7 @@ class GrammarVocab:
             known_token_ids=frozenset(i for i in vocab.values() if i < size),
             think_start_id=vocab.get(THINK_START),
             think_end_id=vocab.get(THINK_END),
-            fingerprint=_fingerprint(vocab, size, stops),
+            fingerprint=_fingerprint(vocab, size, stops, added),
         )
 
     @property
@@ -94,8 +94,8 @@ def _added_token_ids(tokenizer: Any) -> set[int]:
     return set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
 
 
-def _fingerprint(vocab: dict[str, int], size: int, stops: tuple[int, ...]) -> str:
-    h = hashlib.sha256(f"{size}|{stops}|".encode())
+def _fingerprint(vocab: dict[str, int], size: int, stops: tuple[int, ...], added: set[int]) -> str:
+    h = hashlib.sha256(f"{size}|{stops}|{sorted(added)}|".encode())
     for token, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
         h.update(f"{idx}\x00{token}\x01".encode("utf-8", "surrogatepass"))
     return h.hexdigest()[:32]
