@@ -6,7 +6,6 @@ parameter, the value and the allowed range.
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,13 +22,12 @@ class ProcessedPrompt:
 
 
 class InputProcessor:
-    def __init__(
-        self, tokenizer: Any, vocab_size: int, max_model_len: int, structured_backends: Seq[str] = ()
-    ):
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, structured: Any = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.structured_backends = list(structured_backends)
+        #: the engine's StructuredOutputManager (compiles constraints; None: structured outputs refused)
+        self.structured = structured
 
     def process(
         self,
@@ -124,14 +122,15 @@ class InputProcessor:
                 "stop", sp.stop, "stop strings need a tokenizer; this model has none (use stop_token_ids)"
             )
         if sp.structured_outputs is not None:
-            if not self.structured_backends:
-                raise invalid(
-                    "structured_outputs",
-                    sp.structured_outputs.kind,
-                    "structured outputs need the deepinfer-structured plugin",
-                )
+            self._check_structured(sp)
+
+    def _check_structured(self, sp: SamplingParams) -> None:
+        so = sp.structured_outputs
+        if self.structured is None:
             raise invalid(
-                "structured_outputs",
-                sp.structured_outputs.kind,
-                f"grammar backends {self.structured_backends} are installed, but this engine does not apply grammar masks yet",
+                "structured_outputs", so.kind, "structured outputs need the deepinfer-structured plugin"
             )
+        try:
+            self.structured.compile(so)  # cached: compiling again when the request is added is free
+        except ValueError as e:
+            raise InvalidParameterError(f"structured_outputs={so.kind!r} is invalid: {e}") from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from deepinfer_core.config import ConfigError, EngineConfig
@@ -24,6 +25,7 @@ from deepinfer_core.kv.budget import choose_block_size, plan_kv
 from deepinfer_core.kv.kv_manager import KVCacheManager
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.structured import StructuredOutputManager
 
 
 class LLMEngine:
@@ -33,7 +35,7 @@ class LLMEngine:
         model: CausalLM,
         backends: Backends,
         tokenizer: Any = None,
-        structured_backends: list[str] = (),
+        structured_backends: Mapping[str, Any] | None = None,
         proposers: list[str] = (),
     ):
         self.config, self.model, self.backends, self.tokenizer = config, model, backends, tokenizer
@@ -50,11 +52,16 @@ class LLMEngine:
         self.kv = KVCacheManager(specs, block_size, self.kv_layout.num_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(model, backends, self.kv_layout)
-        self.sampler = Sampler(backends.sampling, model.eos_token_ids, model.vocab_size)
-        self.inputs = InputProcessor(
-            tokenizer, model.vocab_size, self.max_model_len, list(structured_backends)
+        self.structured = StructuredOutputManager(
+            structured_backends or {},
+            config.structured_outputs_backend,
+            tokenizer,
+            model.vocab_size,
+            model.eos_token_ids,
         )
-        self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len)
+        self.sampler = Sampler(backends.sampling, model.eos_token_ids, model.vocab_size, self.structured)
+        self.inputs = InputProcessor(tokenizer, model.vocab_size, self.max_model_len, self.structured)
+        self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len, self.structured)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._pending_aborts: set[str] = set()
@@ -73,7 +80,7 @@ class LLMEngine:
             model,
             rt.backends,
             tokenizer,
-            list(rt.registry.structured_backends),
+            rt.registry.structured_backends,
             list(rt.registry.proposers),
         )
 
@@ -99,6 +106,11 @@ class LLMEngine:
     def _new_seq(self, req: Request, index: int, front: bool) -> None:
         max_tokens = req.params.max_tokens or self.max_model_len - len(req.prompt_token_ids)
         seq = Sequence(req, index, self.config.seed, max_tokens)
+        if req.params.structured_outputs is not None:
+            seq.grammar_key = f"{req.request_id}/{index}"
+            self.structured.validate_and_compile(
+                seq.grammar_key, req.params.structured_outputs, req.prompt_token_ids
+            )
         req.seqs.append(seq)
         self.scheduler.add(seq, front=front)
 

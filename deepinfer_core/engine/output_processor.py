@@ -4,7 +4,8 @@ Stop rules, checked after each new token in this order: EOS (unless ``ignore_eos
 ``stop_token_ids`` end with ``finish_reason="stop"`` and do not add text (the token stays in
 ``token_ids``); a stop string found in the detokenized text (across token boundaries, once
 ``min_tokens`` are out) ends it and is cut from the text unless ``include_stop_str_in_output``;
-``max_tokens`` or ``max_model_len`` end it with ``"length"``.
+``max_tokens`` or ``max_model_len`` end it with ``"length"``; a structured-output grammar that accepts a
+stop token ends it with ``"stop"``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def _tail(pieces: list[str], n: int) -> str:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any, eos_token_ids: list[int], max_model_len: int):
+    def __init__(self, tokenizer: Any, eos_token_ids: list[int], max_model_len: int, structured: Any = None):
         self.tokenizer = tokenizer
+        self.structured = structured
         self.eos = set(eos_token_ids)
         self.max_model_len = max_model_len
         self._detok: dict[int, Any] = {}
@@ -53,9 +55,11 @@ class OutputProcessor:
             if m.first_token_time is None:
                 m.first_token_time = now - m.arrival_time
             self._append(seq, tok, logprobs.get(i) if logprobs else None)
+            if seq.grammar_key is not None and self.structured.accept(seq.grammar_key, (tok,)):
+                seq.finish_reason = seq.finish_reason or "stop"  # the grammar accepted a stop token
             if seq.finish_reason is not None:
                 seq.status = SeqStatus.FINISHED
-                self._detok.pop(seq.seq_id, None)
+                self.forget(seq)
                 finished.append(seq)
         return finished
 
@@ -122,7 +126,10 @@ class OutputProcessor:
         return piece
 
     def forget(self, seq: Sequence) -> None:
+        """Drop per-sequence state (detokenizer, grammar) of a finished or aborted sequence."""
         self._detok.pop(seq.seq_id, None)
+        if seq.grammar_key is not None:
+            self.structured.free(seq.grammar_key)
 
     def _final_text(self, seq: Sequence) -> str:
         """Text of a sample whose detokenization was deferred (no stop strings): one decode of the

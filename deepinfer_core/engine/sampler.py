@@ -1,6 +1,7 @@
 """Logits -> next tokens and logprobs, on ``backends.sampling``.
 
-Per sampling row, in order: logit bias, ``min_tokens`` (EOS and stop tokens masked), penalties, then
+Per sampling row, in order: logit bias, ``min_tokens`` (EOS and stop tokens masked), the grammar bitmask
+of structured-output requests, penalties, then
 greedy rows take the argmax and the others draw from ``ops.probs`` with the sequence's own generator
 (seeded from its seed and output position; see :meth:`Sequence.generator`). Reported logprobs are
 the log-softmax of the *raw* logits, before any of that processing.
@@ -9,6 +10,7 @@ the log-softmax of the *raw* logits, before any of that processing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -43,8 +45,9 @@ def _with_top(lp: torch.Tensor, token: int, k: int) -> RawLogprobs:
 
 
 class Sampler:
-    def __init__(self, ops: SamplingOps, eos_token_ids: list[int], vocab_size: int):
+    def __init__(self, ops: SamplingOps, eos_token_ids: list[int], vocab_size: int, structured: Any = None):
         self.ops = ops
+        self.structured = structured  # StructuredOutputManager: grammar bitmasks
         self.eos = list(eos_token_ids)
         self.vocab_size = vocab_size
 
@@ -126,6 +129,10 @@ class Sampler:
                     banned = set(prm.stop_token_ids) | (set() if prm.ignore_eos else set(self.eos))
                     if banned:
                         x[i, list(banned)] = float("-inf")
+        if self.structured is not None and len(self.structured):
+            mask = self.structured.fill_bitmask([s.grammar_key for s in seqs])
+            if mask is not None:
+                x, touched = self.ops.apply_bitmask(x, mask.to(x.device)), True
         pen = [i for i, s in enumerate(seqs) if s.params.has_penalties]
         if pen:
             x = x.clone() if not touched else x

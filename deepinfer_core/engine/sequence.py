@@ -81,6 +81,7 @@ class Sequence:
         )
         self.sampling_seed = (seed * 7919 + sample_index) & 0x7FFF_FFFF_FFFF_FFFF
         self._generator: torch.Generator | None = None
+        self.grammar_key: str | None = None  # its key in the StructuredOutputManager when constrained
 
     @property
     def num_tokens(self) -> int:

@@ -8,11 +8,12 @@ import random
 
 import pytest
 import torch
-from models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
 
 from deepinfer_core import LLM, SamplingParams
 from deepinfer_core.kv.budget import group_block_bytes, min_blocks
 from deepinfer_core.sampling_params import InvalidParameterError
+
+from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
 
 VOCAB = 320
 
