@@ -18,6 +18,7 @@ emits are then passed to :meth:`accept`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,8 +118,12 @@ class StructuredOutputManager:
             )
         try:
             factory = self._factories[name]
-            backend = factory(
-                self._tokenizer, self._vocab_size, stop_token_ids=self._stop_token_ids, cache=self._cache
+            backend = _call_factory(
+                factory,
+                self._tokenizer,
+                self._vocab_size,
+                stop_token_ids=self._stop_token_ids,
+                cache=self._cache,
             )
         except ImportError as e:
             raise ValueError(f"structured_outputs_backend {name!r} cannot be used: {e}") from e
@@ -287,3 +292,14 @@ class StructuredOutputManager:
 
     def __len__(self) -> int:
         return len(self._requests)
+
+
+def _call_factory(factory: Any, tokenizer: Any, vocab_size: int, **optional: Any) -> Any:
+    """The hook documents ``factory(tokenizer, vocab_size)``; the keywords the built-in backends also take
+    (``stop_token_ids``, ``cache``) are passed only to factories that accept them."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # some builtins and extension types have no signature
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return factory(tokenizer, vocab_size, **{k: v for k, v in optional.items() if takes_any or k in params})

@@ -103,3 +103,15 @@ def test_structured_outputs_without_a_tokenizer_is_a_value_error():
     assert manager.validate_and_compile("plain", None) is False
     with pytest.raises(ValueError, match="need the model's tokenizer"):
         manager.validate_and_compile("r", {"choice": ["5"]})
+
+
+def test_a_factory_with_the_two_argument_hook_signature_works(v4_tokenizer):
+    seen = {}
+
+    def factory(tokenizer, vocab_size):
+        seen["args"] = (tokenizer, vocab_size)
+        return SequenceBackend(tokenizer, vocab_size, stop_token_ids=[EOS], cache=GrammarCache())
+
+    manager = StructuredOutputManager({"seq": factory}, "seq", v4_tokenizer, V, [EOS])
+    assert manager.validate_and_compile("r", {"choice": ["5"]}) is True
+    assert seen["args"] == (v4_tokenizer, V)
