@@ -83,6 +83,8 @@ def test_pytest_plugin_reports_the_wrong_op(pytester, wrong_plugin):
 
 
 def test_kit_without_a_backend_option_skips_cleanly(pytester):
-    result = pytester.runpytest_subprocess("--pyargs", "deepinfer_core.testing", "-q", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "deepinfer_core.testing", "-q", "-p", "no:cacheprovider"
+    )
     assert result.parseoutcomes().get("skipped", 0) > 0
     assert torch  # the kit imports cleanly without a backend

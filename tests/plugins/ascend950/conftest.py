@@ -12,7 +12,8 @@ import sys
 
 import pytest
 import torch
-import torch_npu_standin
+
+from . import torch_npu_standin
 
 if "ascend950" not in {ep.name for ep in md.entry_points(group="deepinfer")}:
     pytest.skip("deepinfer-ascend950 is not installed (run through nox -s tests)", allow_module_level=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch_npu_standin as npu
-from torch_npu_standin import StandinError
+
+from . import torch_npu_standin as npu
+from .torch_npu_standin import StandinError
 
 
 def test_refuses_undocumented_dtypes_and_shapes():

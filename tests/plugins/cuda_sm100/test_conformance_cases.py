@@ -8,9 +8,10 @@ from __future__ import annotations
 import types
 
 import pytest
-from cuda_sm100_helpers import DEVICE, needs_triton
 
 from deepinfer_core.testing.kit import all_cases, check_case
+
+from .cuda_sm100_helpers import DEVICE, needs_triton
 
 pytestmark = needs_triton
 CASES = [c for c in all_cases() if c.concern in ("dense", "attention", "moe", "sampling")]

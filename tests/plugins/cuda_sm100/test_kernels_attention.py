@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
 
 from deepinfer_core.plugins.registry import reference_op
+
+from .cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 REF = reference_op("attention")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
 
 from deepinfer_core.plugins.registry import reference_op
 from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
+
+from .cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 

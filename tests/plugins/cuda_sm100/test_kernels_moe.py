@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err
 
 from deepinfer_core.ops.weights import ExpertWeights
 from deepinfer_core.plugins.registry import reference_op
 from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.testing.kit import to_device
+
+from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 REF = reference_op("moe")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_sm100_helpers import DEVICE, dev, needs_triton, rand
 
 from deepinfer_core.ops.sampling import SamplingTensors
 from deepinfer_core.plugins.registry import reference_op
+
+from .cuda_sm100_helpers import DEVICE, dev, needs_triton, rand
 
 pytestmark = needs_triton
 REF = reference_op("sampling")

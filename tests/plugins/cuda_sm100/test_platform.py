@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_sm100_helpers import needs_triton
 
 from deepinfer_core.plugins.registry import BackendSelectionError, build_registry, select_platform
 from deepinfer_cuda_sm100 import dispatch, plugin
 from deepinfer_cuda_sm100.platform import probe_cuda
+
+from .cuda_sm100_helpers import needs_triton
 
 
 def _fake_gpu(monkeypatch, capability, name="NVIDIA H200"):

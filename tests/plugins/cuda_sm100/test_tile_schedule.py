@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_sm100_helpers import needs_triton
+
+from .cuda_sm100_helpers import needs_triton
 
 pytestmark = needs_triton
 

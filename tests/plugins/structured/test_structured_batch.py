@@ -6,9 +6,10 @@ import re
 
 import pytest
 import torch
-from structured_sim import EOS, V, generate
 
 from deepinfer_core.structured import unpack_bitmask
+
+from .structured_sim import EOS, V, generate
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])

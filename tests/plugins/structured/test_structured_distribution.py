@@ -8,9 +8,10 @@ import re
 
 import pytest
 import torch
-from structured_sim import REFERENCE_OPS, V
 
 from deepinfer_core.structured import unpack_bitmask
+
+from .structured_sim import REFERENCE_OPS, V
 
 BACKENDS = ["xgrammar", "llguidance"]
 

@@ -6,10 +6,11 @@ import re
 import unicodedata
 
 import pytest
-from structured_sim import generate
 
 from deepinfer_core.structured import StructuredOutputError, StructuredOutputManager
 from deepinfer_structured.schema_support import unenforced_keywords
+
+from .structured_sim import generate
 
 BAD = [
     ({"json": {"type": "foo"}}, {"xgrammar": 'Unsupported type "foo"', "llguidance": "Invalid type: foo"}),

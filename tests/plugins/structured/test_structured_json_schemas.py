@@ -13,7 +13,8 @@ import json
 import re
 
 import pytest
-from structured_sim import generate
+
+from .structured_sim import generate
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -7,9 +7,10 @@ import json
 
 import pytest
 import torch
-from structured_sim import EOS, V, generate
 
 from deepinfer_core.structured import StructuredOutputError, unpack_bitmask
+
+from .structured_sim import EOS, V, generate
 
 THINK, UNTHINK, USER, ASSISTANT = 128821, 128822, 128803, 128804
 SCHEMA = {

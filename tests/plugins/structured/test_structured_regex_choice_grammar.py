@@ -6,7 +6,8 @@ import ast
 import re
 
 import pytest
-from structured_sim import generate
+
+from .structured_sim import generate
 
 BACKENDS = ["xgrammar", "llguidance"]
 REGEXES = [

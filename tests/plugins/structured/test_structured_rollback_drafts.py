@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from structured_sim import EOS, REFERENCE_OPS, V, generate
+
+from .structured_sim import EOS, REFERENCE_OPS, V, generate
 
 BACKENDS = ["xgrammar", "llguidance"]
 SCHEMA = {
