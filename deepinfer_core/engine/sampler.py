@@ -132,7 +132,13 @@ class Sampler:
         if self.structured is not None and len(self.structured):
             mask = self.structured.fill_bitmask([s.grammar_key for s in seqs])
             if mask is not None:
-                x, touched = self.ops.apply_bitmask(x, mask.to(x.device)), True
+                masked = self.ops.apply_bitmask(x, mask.to(x.device))
+                # The grammar wins over min_tokens: where it allows only a stop token that min_tokens
+                # banned, the row would have no finite logit; mask the unbanned logits instead.
+                dead = torch.isinf(masked).all(dim=-1).nonzero().flatten().tolist()
+                if dead:
+                    masked[dead] = self.ops.apply_bitmask(logits[dead].float(), mask[dead].to(x.device))
+                x, touched = masked, True
         pen = [i for i, s in enumerate(seqs) if s.params.has_penalties]
         if pen:
             x = x.clone() if not touched else x

@@ -110,6 +110,8 @@ def deepinfer_register_structured_backends(register: Callable[[str, Callable[...
 
     :param register: call ``register(name, factory)``; ``name`` is a ``structured_outputs_backend`` value
         (``"xgrammar"``, ``"llguidance"``); ``factory(tokenizer, vocab_size)`` returns a grammar backend.
+        The engine also passes ``stop_token_ids=`` (the model's EOS ids; V4's ``tokenizer.json`` names none)
+        and ``cache=`` (the process-wide compile cache) when the factory's signature accepts them.
 
     Called once when the registry is built; the factory runs when the engine is built.
     """

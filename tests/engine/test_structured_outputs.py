@@ -78,3 +78,14 @@ def test_a_bad_constraint_is_refused_before_scheduling(llm):
             use_tqdm=False,
         )
     assert not llm.engine.requests
+
+
+def test_grammar_that_must_stop_wins_over_min_tokens(llm):
+    """min_tokens bans EOS, but a finished choice grammar allows only EOS: the request still ends validly."""
+    so = StructuredOutputsParams(choice=["ab"])
+    [out] = llm.generate(
+        [{"prompt_token_ids": [0, 7, 8]}],
+        SamplingParams(temperature=0.0, max_tokens=20, min_tokens=5, structured_outputs=so),
+        use_tqdm=False,
+    )
+    assert out.outputs[0].text == "ab" and out.outputs[0].finish_reason == "stop"
