@@ -50,7 +50,9 @@ def make_llm(ns: argparse.Namespace):
     from deepinfer_core import LLM
 
     cfg = load_config(ns.config, **engine_kwargs(ns))
-    return LLM(**cfg.model_dump())
+    llm = LLM(**cfg.model_dump())
+    print(f"deepinfer: backend {llm.backend_name}", file=sys.stderr)
+    return llm
 
 
 def output_record(out) -> dict:
