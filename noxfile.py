@@ -48,8 +48,18 @@ def conformance(session: nox.Session) -> None:
     """The conformance kit against the reference ops and the example third-party backend."""
     install_all(session)
     for backend in ("reference", "example"):
-        session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "deepinfer_core.testing",
-                    "--deepinfer-backend", backend)
+        session.run(
+            "python",
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "deepinfer_core.testing",
+            "--deepinfer-backend",
+            backend,
+        )
 
 
 @nox.session

@@ -27,11 +27,16 @@ _LAZY = {
 }
 
 __all__ = [
+    "LLM",
     "PLUGIN_API_VERSION",
+    "CompletionOutput",
+    "Logprob",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
     "__version__",
     "hookimpl",
     "hookspec",
-    *_LAZY,
 ]
 
 

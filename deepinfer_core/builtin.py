@@ -5,8 +5,8 @@ Registered directly (not through an entry point) so the core works with ``DEEPIN
 
 from __future__ import annotations
 
-from deepinfer_core.plugins.markers import hookimpl
 from deepinfer_core.platforms.reference import ReferencePlatform
+from deepinfer_core.plugins.markers import hookimpl
 from deepinfer_core.version import PLUGIN_API_VERSION
 
 DEEPINFER_PLUGIN_API = PLUGIN_API_VERSION

@@ -21,6 +21,8 @@ class Runtime:
 def build_runtime(config: EngineConfig, extra_plugins: list[object] = ()) -> Runtime:
     """Load plugins, select the platform named by ``config.backend`` and resolve its backends.
     This is the only place hooks are called; the engine keeps the result."""
-    registry = build_registry(allow=config.plugins, strict=config.strict_plugins, extra_plugins=list(extra_plugins))
+    registry = build_registry(
+        allow=config.plugins, strict=config.strict_plugins, extra_plugins=list(extra_plugins)
+    )
     platform = select_platform(registry, config.backend)
     return Runtime(config, registry, platform, resolve_backends(registry, platform, config))

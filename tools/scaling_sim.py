@@ -35,7 +35,11 @@ def scenario(ep: int, tokens_per_rank: int, redundant: int, alpha: float, gpus_p
     load = zipf_load(4, EXPERTS, tokens_per_rank * ep, alpha)
     nodes = max(1, ep // gpus_per_node)
     groups = 8 if 8 % nodes == 0 else 1
-    before = imbalance(gpu_loads(load, static_placement(4, EXPERTS, ep), ep)) if EXPERTS % ep == 0 else float("nan")
+    before = (
+        imbalance(gpu_loads(load, static_placement(4, EXPERTS, ep), ep))
+        if EXPERTS % ep == 0
+        else float("nan")
+    )
     after = imbalance(gpu_loads(load, rebalance(load, slots, groups, nodes, ep), ep))
     remote = (ep - 1) / ep
     a2a = tokens_per_rank * TOPK * remote * (DISPATCH_BYTES + COMBINE_BYTES)

@@ -73,12 +73,14 @@ class ModelRunner:
         for s in scheduled:
             base, start, end = qsl[-1], s.start, s.start + s.num_tokens
             ids.extend(s.seq.token_ids[start:end])
+            if s.num_drafts:
+                ids.extend(s.seq.spec_token_ids[: s.num_drafts])
             positions.extend(range(start, end))
             qsl.append(base + s.num_tokens)
             ctx.append(end)
             rows.extend(range(base + s.prompt_logprob_start - start, base + s.prompt_logprob_end - start))
             if s.samples:
-                rows.append(base + s.num_tokens - 1)
+                rows.extend(range(base + s.num_tokens - 1 - s.num_drafts, base + s.num_tokens))
         return ids, positions, qsl, ctx, rows
 
     def _block_table(self, sched: SchedulerOutput, group: str) -> torch.Tensor:

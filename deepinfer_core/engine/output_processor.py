@@ -47,21 +47,32 @@ class OutputProcessor:
         for i, pl in samples.prompt.items():
             self._prompt_logprobs(sched.scheduled[i].seq.request, pl)
         logprobs = samples.logprobs
+        spec = samples.spec
         for i, (s, tok) in enumerate(zip(sched.scheduled, samples.tokens)):
-            if tok is None:
+            if tok is None and i not in spec:
                 continue
             seq = s.seq
             m = seq.request.metrics
             if m.first_token_time is None:
                 m.first_token_time = now - m.arrival_time
-            self._append(seq, tok, logprobs.get(i) if logprobs else None)
-            if seq.grammar_key is not None and self.structured.accept(seq.grammar_key, (tok,)):
-                seq.finish_reason = seq.finish_reason or "stop"  # the grammar accepted a stop token
+            if tok is not None:
+                self._append_one(seq, tok, logprobs.get(i) if logprobs else None)
+            else:  # a draft round: stop at the first token that finishes the sequence (truncation)
+                lps = samples.spec_logprobs.get(i)
+                for j, t in enumerate(spec[i]):
+                    self._append_one(seq, t, lps[j] if lps else None)
+                    if seq.finish_reason is not None:
+                        break
             if seq.finish_reason is not None:
                 seq.status = SeqStatus.FINISHED
                 self.forget(seq)
                 finished.append(seq)
         return finished
+
+    def _append_one(self, seq: Sequence, tok: int, lp: tuple[float, RawLogprobs] | None) -> None:
+        self._append(seq, tok, lp)
+        if seq.grammar_key is not None and self.structured.accept(seq.grammar_key, (tok,)):
+            seq.finish_reason = seq.finish_reason or "stop"  # the grammar accepted a stop token
 
     def _prompt_logprobs(self, req: Request, entries: list[tuple[int, RawLogprobs]]) -> None:
         for pos, raw in entries:

@@ -31,6 +31,26 @@ class SamplerOutput:
     logprobs: dict[int, tuple[float, RawLogprobs]] = field(default_factory=dict)
     #: i -> [(position + 1, logprobs)] prompt logprobs computed this step
     prompt: dict[int, list[tuple[int, RawLogprobs]]] = field(default_factory=dict)
+    #: i -> tokens emitted by a draft round (accepted drafts + one), where ``tokens[i]`` is None
+    spec: dict[int, list[int]] = field(default_factory=dict)
+    #: i -> logprobs of each token in ``spec[i]`` for requests that want logprobs
+    spec_logprobs: dict[int, list[tuple[float, RawLogprobs]]] = field(default_factory=dict)
+
+
+class _DraftRow:
+    """A sequence as seen at draft position ``j``: the earlier drafts count as outputs (penalties,
+    ``min_tokens``)."""
+
+    __slots__ = ("params", "token_ids", "num_prompt_tokens", "grammar_key", "output_token_ids")
+
+    def __init__(self, seq: Sequence, drafts: list[int]):
+        self.params, self.grammar_key = seq.params, seq.grammar_key
+        self.token_ids, self.num_prompt_tokens = seq.token_ids, seq.num_prompt_tokens
+        self.output_token_ids = seq.output_token_ids + drafts
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
 
 
 def _ranked(lp: torch.Tensor, ids: list[int]) -> RawLogprobs:
@@ -45,8 +65,16 @@ def _with_top(lp: torch.Tensor, token: int, k: int) -> RawLogprobs:
 
 
 class Sampler:
-    def __init__(self, ops: SamplingOps, eos_token_ids: list[int], vocab_size: int, structured: Any = None):
+    def __init__(
+        self,
+        ops: SamplingOps,
+        eos_token_ids: list[int],
+        vocab_size: int,
+        structured: Any = None,
+        spec_stats: Any = None,
+    ):
         self.ops = ops
+        self.spec_stats = spec_stats  # SpecStats: acceptance counters of draft rounds
         self.structured = structured  # StructuredOutputManager: grammar bitmasks
         self.eos = list(eos_token_ids)
         self.vocab_size = vocab_size
@@ -59,7 +87,10 @@ class Sampler:
             if n:
                 out.prompt[i] = self._prompt_logprobs(logits[rows : rows + n], s)
                 rows += n
-            if s.samples:
+            if s.samples and s.num_drafts:
+                self._verify(logits[rows : rows + 1 + s.num_drafts], i, s, out)
+                rows += 1 + s.num_drafts
+            elif s.samples:
                 idx.append(i)
                 row_ids.append(rows)
                 rows += 1
@@ -101,6 +132,27 @@ class Sampler:
         for i, t in zip(idx, tokens):
             out.tokens[i] = t
 
+    def _verify(self, logits: torch.Tensor, i: int, s: ScheduledSeq, out: SamplerOutput) -> None:
+        """Draft round of one sequence: rows ``0..d`` are conditioned on drafts ``0..j-1``."""
+        from deepinfer_core.spec_decode.verify import verify_greedy, verify_sampled
+
+        seq, d = s.seq, s.num_drafts
+        drafts = seq.spec_token_ids[:d]
+        views = [_DraftRow(seq, drafts[:j]) for j in range(d + 1)]
+        keys = [seq.grammar_key]
+        x = self._process(logits, views, keys, {seq.grammar_key: drafts} if seq.grammar_key else None)
+        if seq.params.greedy:
+            tokens, accepted = verify_greedy(self.ops, x, drafts)
+        else:
+            tokens, accepted = verify_sampled(self.ops, x, drafts, seq.params, seq.generator(x.device))
+        if self.spec_stats is not None:
+            self.spec_stats.record(d, accepted)
+        out.spec[i] = tokens
+        if seq.params.logprobs is not None:
+            lp = torch.log_softmax(logits[: len(tokens)].float(), dim=-1)
+            tops = [_with_top(lp[j], t, seq.params.logprobs) for j, t in enumerate(tokens)]
+            out.spec_logprobs[i] = [(top[0][1], top) for top in tops]
+
     def _random(self, x: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         dev = x.device
         p = [s.params for s in seqs]
@@ -113,8 +165,15 @@ class Sampler:
         probs = self.ops.probs(x, st)
         return self.ops.sample(probs, [s.generator(dev) for s in seqs]).tolist()
 
-    def _process(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Logit bias, min_tokens masking and penalties; returns new logits (float32)."""
+    def _process(
+        self,
+        logits: torch.Tensor,
+        seqs: list[Sequence],
+        keys: list[str | None] | None = None,
+        drafts: dict[str, list[int]] | None = None,
+    ) -> torch.Tensor:
+        """Logit bias, min_tokens masking and penalties; returns new logits (float32). ``keys`` and
+        ``drafts``: grammar keys owning the rows when they are draft rows (see ``fill_bitmask``)."""
         x = logits.float()
         touched = False
         for i, s in enumerate(seqs):
@@ -130,7 +189,7 @@ class Sampler:
                     if banned:
                         x[i, list(banned)] = float("-inf")
         if self.structured is not None and len(self.structured):
-            mask = self.structured.fill_bitmask([s.grammar_key for s in seqs])
+            mask = self.structured.fill_bitmask(keys or [s.grammar_key for s in seqs], drafts)
             if mask is not None:
                 masked = self.ops.apply_bitmask(x, mask.to(x.device))
                 # The grammar wins over min_tokens: where it allows only a stop token that min_tokens

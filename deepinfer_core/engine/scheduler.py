@@ -34,6 +34,8 @@ class ScheduledSeq:
     #: prompt positions ``p`` whose next-token distribution is wanted (prompt logprobs), a range
     prompt_logprob_start: int = 0
     prompt_logprob_end: int = 0
+    #: draft tokens (``seq.spec_token_ids[:num_drafts]``) computed after the last token, to be verified
+    num_drafts: int = 0
 
     @property
     def end(self) -> int:
@@ -55,8 +57,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, lookahead: int = 0
+    ):
         self.kv = kv
+        #: positions past a draft round's rows the proposer writes state at (MTP's chained drafts)
+        self.lookahead = lookahead
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -83,8 +89,8 @@ class Scheduler:
         i, allocate = 0, self.kv.allocate
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(len(seq.token_ids) - seq.num_computed, budget)
-            while not allocate(seq, n):
+            n = min(len(seq.token_ids) + len(seq.spec_token_ids) - seq.num_computed, budget)
+            while not allocate(seq, n + (self.lookahead if seq.spec_token_ids else 0)):
                 victim = self.running.pop()
                 self._preempt(victim, out)
                 if victim is seq:
@@ -116,7 +122,8 @@ class Scheduler:
 
     def _scheduled(self, seq: Sequence, n: int) -> ScheduledSeq:
         start = seq.num_computed
-        s = ScheduledSeq(seq, start, n, start + n == len(seq.token_ids))
+        drafts = max(0, start + n - len(seq.token_ids))
+        s = ScheduledSeq(seq, start, n, start + n - drafts == len(seq.token_ids), num_drafts=drafts)
         if seq.params.prompt_logprobs is not None and seq.wants_prompt_logprobs:
             # position p's logits give prompt token p+1's logprob; skip positions already collected
             done = len(seq.request.prompt_logprobs or ()) - 1
@@ -133,6 +140,7 @@ class Scheduler:
     def _reset(self, seq: Sequence) -> None:
         self.kv.free(seq)
         seq.num_computed = 0
+        seq.spec_token_ids = []
 
     def update(self, out: SchedulerOutput, finished: list[Sequence]) -> None:
         """After the step: advance computed counts, offer new full blocks to the prefix cache, and
@@ -140,7 +148,12 @@ class Scheduler:
         bs, commit = self.kv.block_size, self.kv.commit
         for s in out.scheduled:
             seq = s.seq
-            seq.num_computed = end = s.start + s.num_tokens
+            end = s.start + s.num_tokens
+            if s.num_drafts:  # verified rows: those whose input tokens were accepted
+                end = min(end, len(seq.token_ids) - 1)
+            if s.samples and seq.spec_token_ids:
+                seq.spec_token_ids = []
+            seq.num_computed = end
             if end // bs > seq.num_committed_blocks:  # a block was completed
                 commit(seq)
         if finished:

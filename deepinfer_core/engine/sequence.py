@@ -82,6 +82,8 @@ class Sequence:
         self.sampling_seed = (seed * 7919 + sample_index) & 0x7FFF_FFFF_FFFF_FFFF
         self._generator: torch.Generator | None = None
         self.grammar_key: str | None = None  # its key in the StructuredOutputManager when constrained
+        #: draft tokens to verify in the next step (speculative decoding); never part of ``token_ids``
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -28,4 +28,6 @@ class Backends:
 
     def describe(self) -> dict[str, str]:
         """``{concern: implementing class}``, for ``deepinfer plugins`` and logs."""
-        return {f.name: type(getattr(self, f.name)).__qualname__ for f in fields(self) if f.name != "platform"}
+        return {
+            f.name: type(getattr(self, f.name)).__qualname__ for f in fields(self) if f.name != "platform"
+        }

@@ -22,7 +22,9 @@ class DenseOps(ABC):
         cast back to ``x.dtype``. ``weight=None`` is the unweighted variant."""
 
     @abstractmethod
-    def rope(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    def rope(
+        self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False
+    ) -> torch.Tensor:
         """Interleaved RoPE on the *trailing* ``2 * len(inv_freq)`` channels of ``x [T, H, D]``.
 
         Pairs are consecutive channels ``(2i, 2i+1)`` of the rope slice, angle ``positions[t] * inv_freq[i]``.
@@ -50,12 +52,20 @@ class DenseOps(ABC):
         """
 
     @abstractmethod
-    def hc_post(self, y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    def hc_post(
+        self, y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    ) -> torch.Tensor:
         """mHC exit: ``out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * residual[t, j]`` -> ``[T, N, D]``."""
 
     @abstractmethod
     def hc_head(
-        self, x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float, norm_eps: float
+        self,
+        x: torch.Tensor,
+        fn: torch.Tensor,
+        base: torch.Tensor,
+        scale: torch.Tensor,
+        hc_eps: float,
+        norm_eps: float,
     ) -> torch.Tensor:
         """Final stream collapse: ``pre = sigmoid(norm(x) @ fn.T * scale + base) + eps``; ``sum_n pre[n] x[n]`` -> ``[T, D]``."""
 

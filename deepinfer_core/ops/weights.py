@@ -7,7 +7,7 @@ that stays quantized in memory; ops dequantize it block by block (reference) or 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 
@@ -40,7 +40,7 @@ class QuantizedWeight:
         return self.shape[1]
 
 
-Weight = Union[torch.Tensor, QuantizedWeight]
+Weight = torch.Tensor | QuantizedWeight
 
 
 @dataclass
