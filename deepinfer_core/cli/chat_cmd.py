@@ -16,7 +16,7 @@ def run(ns: argparse.Namespace) -> int:
     llm = make_llm(ns)
     params = SamplingParams(**sampling_kwargs(ns))
     messages: list[dict] = [{"role": "system", "content": ns.system}] if ns.system else []
-    turns = [ns.message] if ns.message else None
+    turns = list(ns.message) if ns.message else None
     while True:
         if turns is not None:
             if not turns:
