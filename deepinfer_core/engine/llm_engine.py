@@ -25,6 +25,8 @@ from deepinfer_core.kv.budget import choose_block_size, plan_kv
 from deepinfer_core.kv.kv_manager import KVCacheManager
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.spec_decode import SpecStats, build_proposer
+from deepinfer_core.spec_decode.rounds import draft_round
 from deepinfer_core.structured import StructuredOutputManager
 
 
@@ -36,11 +38,12 @@ class LLMEngine:
         backends: Backends,
         tokenizer: Any = None,
         structured_backends: Mapping[str, Any] | None = None,
-        proposers: list[str] = (),
+        proposers: Mapping[str, Any] | None = None,
     ):
         self.config, self.model, self.backends, self.tokenizer = config, model, backends, tokenizer
         self.max_model_len = _max_model_len(config, model)
-        _check_speculative(config, proposers)
+        self.proposer = build_proposer(config.speculative_config, proposers or {}, model, config)
+        self.spec_stats = SpecStats()
         specs = model.cache_specs()
         block_size = choose_block_size(specs, config.block_size)
         budget = config.kv_cache_memory_bytes
@@ -50,7 +53,8 @@ class LLMEngine:
             specs, block_size, budget, self.max_model_len, config.max_num_seqs, config.max_num_batched_tokens
         )
         self.kv = KVCacheManager(specs, block_size, self.kv_layout.num_blocks, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        lookahead = self.proposer.extra_lookahead() if self.proposer else 0
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, lookahead)
         self.runner = ModelRunner(model, backends, self.kv_layout)
         self.structured = StructuredOutputManager(
             structured_backends or {},
@@ -59,7 +63,9 @@ class LLMEngine:
             model.vocab_size,
             model.eos_token_ids,
         )
-        self.sampler = Sampler(backends.sampling, model.eos_token_ids, model.vocab_size, self.structured)
+        self.sampler = Sampler(
+            backends.sampling, model.eos_token_ids, model.vocab_size, self.structured, self.spec_stats
+        )
         self.inputs = InputProcessor(tokenizer, model.vocab_size, self.max_model_len, self.structured)
         self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len, self.structured)
         self.requests: dict[str, Request] = {}
@@ -67,6 +73,8 @@ class LLMEngine:
         self._pending_aborts: set[str] = set()
         self._lock = threading.Lock()
         self.num_prompt_tokens = self.num_generation_tokens = self.num_requests = 0
+        if self.proposer is not None:
+            self.proposer.bind(self)
 
     @classmethod
     def from_config(cls, config: EngineConfig, runtime: Any = None) -> LLMEngine:
@@ -81,7 +89,7 @@ class LLMEngine:
             rt.backends,
             tokenizer,
             rt.registry.structured_backends,
-            list(rt.registry.proposers),
+            rt.registry.proposers,
         )
 
     # ------------------------------------------------------------------ requests
@@ -135,6 +143,8 @@ class LLMEngine:
         finished = self.outputs.append(sched, samples)
         self.scheduler.update(sched, finished)
         self._post_step(sched)
+        if self.proposer is not None:
+            draft_round(self.proposer, sched, self.scheduler.running, self.max_model_len)
         return aborted + self._collect(finished)
 
     def _post_step(self, sched: SchedulerOutput) -> None:
@@ -142,7 +152,8 @@ class LLMEngine:
         it in the prefix cache."""
         for s in sched.scheduled:
             req = s.seq.request
-            self.num_generation_tokens += s.samples
+            if s.samples:  # one token, or a draft round's accepted drafts + one
+                self.num_generation_tokens += len(s.seq.token_ids) - s.end + s.num_drafts
             if s.samples and s.seq.sample_index == 0 and req.n > 1 and not req.siblings_spawned:
                 req.siblings_spawned = True
                 for i in range(req.n - 1, 0, -1):
@@ -185,7 +196,7 @@ class LLMEngine:
             )
         return []
 
-    def get_stats(self) -> dict[str, int]:
+    def get_stats(self) -> dict[str, Any]:
         return {
             "num_requests": self.num_requests,
             "num_prompt_tokens": self.num_prompt_tokens,
@@ -193,8 +204,7 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": self.kv.stats.queries,
             "prefix_cache_hits": self.kv.stats.hits,
-            "spec_num_draft_tokens": 0,
-            "spec_num_accepted_tokens": 0,
+            **self.spec_stats.as_dict(),
         }
 
 
@@ -207,19 +217,3 @@ def _max_model_len(config: EngineConfig, model: CausalLM) -> int:
             f"max_model_len={config.max_model_len} is invalid: the model supports at most {limit} positions"
         )
     return config.max_model_len
-
-
-def _check_speculative(config: EngineConfig, proposers: list[str]) -> None:
-    spec = config.speculative_config
-    if not spec:
-        return
-    method = spec.get("method")
-    if method not in proposers:
-        raise ConfigError(
-            f"speculative_config.method={method!r} is invalid: installed proposers: {sorted(proposers) or 'none'} "
-            "(speculative decoding needs the deepinfer-spec-decode plugin)"
-        )
-    raise ConfigError(
-        f"speculative_config.method={method!r}: the proposer is installed, but this engine version does not run "
-        "speculative decoding yet"
-    )

@@ -3,6 +3,14 @@ of the context's suffix. Needs no draft weights; its drafts are one-hot (q = 1 o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from deepinfer_core.config import ConfigError
+from deepinfer_core.spec_decode import Proposer
+
+if TYPE_CHECKING:
+    from deepinfer_core.engine.sequence import Sequence
+
 
 def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to ``k`` draft tokens for the sequence ``tokens`` (prompt + output so far).
@@ -23,3 +31,24 @@ def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int
                 if follow:
                     return follow
     return []
+
+
+class NgramProposer(Proposer):
+    """``{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}``."""
+
+    def __init__(self, k: int, min_n: int, max_n: int):
+        if not 1 <= min_n <= max_n:
+            raise ConfigError(
+                f"speculative_config: need 1 <= prompt_lookup_min ({min_n}) <= prompt_lookup_max ({max_n})"
+            )
+        self.num_speculative_tokens, self.min_n, self.max_n = k, min_n, max_n
+
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
+        return [ngram_propose(s.token_ids, k, self.min_n, self.max_n) for s, k in zip(seqs, limits)]
+
+
+def make_ngram(model: Any, spec: dict[str, Any], config: Any) -> NgramProposer:
+    k = spec["num_speculative_tokens"]
+    min_n = spec.get("prompt_lookup_min", 1)
+    max_n = spec.get("prompt_lookup_max", max(min_n, 4))
+    return NgramProposer(k, min_n, max_n)

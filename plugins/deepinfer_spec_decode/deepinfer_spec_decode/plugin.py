@@ -1,10 +1,18 @@
-"""Hook implementations of the ``spec_decode`` plugin (entry point ``spec_decode``).
-
-The proposers register here as they are built (issue: speculative decoding). Until then the plugin
-loads, declares its API version and registers nothing, so ``speculative_config`` fails with
-"no proposer registered".
-"""
+"""Hook implementations of the ``spec_decode`` plugin (entry point ``spec_decode``): the ``"ngram"``
+and ``"mtp"`` proposers. Verification lives in the core sampler (``deepinfer_core.spec_decode.verify``)
+on ``backends.sampling.rejection_sample``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from deepinfer_core import hookimpl
+
 DEEPINFER_PLUGIN_API = "1.0"
+
+
+@hookimpl
+def deepinfer_register_proposers(register: Callable[[str, Callable[..., Any]], None]) -> None:
+    register("ngram", "deepinfer_spec_decode.ngram:make_ngram")
+    # register("mtp", "deepinfer_spec_decode.mtp:make_mtp")

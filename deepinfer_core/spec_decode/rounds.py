@@ -1,0 +1,40 @@
+"""Draft round bookkeeping: which sequences get drafts after a step, and how many."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deepinfer_core.engine.scheduler import SchedulerOutput
+    from deepinfer_core.engine.sequence import Sequence
+    from deepinfer_core.spec_decode.proposer import Proposer
+
+
+def draft_limit(seq: Sequence, k: int, max_model_len: int, lookahead: int = 0) -> int:
+    """Drafts ``seq`` may carry: a round emits up to ``drafts + 1`` tokens, which must fit ``max_tokens``
+    and ``max_model_len`` (positions written by a lookahead proposer included)."""
+    return min(
+        k,
+        seq.max_tokens - seq.num_output_tokens - 1,
+        max_model_len - len(seq.token_ids) - 1 - lookahead,
+    )
+
+
+def draft_round(
+    proposer: Proposer, sched: SchedulerOutput, running: list[Sequence], max_model_len: int
+) -> None:
+    """After a step: let the proposer see it, then store drafts on every decoding running sequence
+    (all tokens but the last computed); the others keep none."""
+    proposer.observe(sched)
+    k, extra = proposer.num_speculative_tokens, proposer.extra_lookahead()
+    seqs, limits = [], []
+    for seq in running:
+        seq.spec_token_ids = []
+        if seq.num_computed == len(seq.token_ids) - 1 and seq.finish_reason is None:
+            limit = draft_limit(seq, k, max_model_len, extra)
+            if limit > 0:
+                seqs.append(seq)
+                limits.append(limit)
+    if seqs:
+        for seq, limit, drafts in zip(seqs, limits, proposer.propose(seqs, limits)):
+            seq.spec_token_ids = list(drafts[:limit])
