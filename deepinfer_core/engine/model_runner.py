@@ -34,6 +34,10 @@ class ModelRunner:
             for s in model.cache_specs()
         }
         self.groups = sorted(layout.num_blocks)
+        #: keep the last step's batch and hidden rows (MTP drafting reads them); set by the proposer
+        self.keep_hidden = False
+        self.last_batch: ForwardBatch | None = None
+        self.last_hidden: torch.Tensor | None = None
 
     def prepare(self, sched: SchedulerOutput) -> ForwardBatch:
         scheduled = sched.scheduled
@@ -99,6 +103,8 @@ class ModelRunner:
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Forward pass; returns float32 logits ``[len(batch.logits_indices), vocab]``."""
         hidden = self.model.forward(batch, self.kv)
+        if self.keep_hidden:
+            self.last_batch, self.last_hidden = batch, hidden
         if batch.logits_indices.numel() == 0:
             return torch.empty(0, self.model.vocab_size, dtype=torch.float32, device=self.device)
         return self.model.compute_logits(hidden[batch.logits_indices]).float()

@@ -15,4 +15,4 @@ DEEPINFER_PLUGIN_API = "1.0"
 @hookimpl
 def deepinfer_register_proposers(register: Callable[[str, Callable[..., Any]], None]) -> None:
     register("ngram", "deepinfer_spec_decode.ngram:make_ngram")
-    # register("mtp", "deepinfer_spec_decode.mtp:make_mtp")
+    register("mtp", "deepinfer_spec_decode.mtp:make_mtp")
