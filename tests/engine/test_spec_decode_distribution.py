@@ -1,0 +1,90 @@
+"""Speculative sampling leaves the output distribution unchanged: on a toy model with an 8-token
+vocabulary, the joint distribution of the two tokens verified in one n-gram draft round matches plain
+sampling (two-sample chi-square, disjoint fixed seeds), and a verifier with the classic bug (on rejection,
+resample from ``p`` instead of the residual) fails the same test."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+import deepinfer_core.spec_decode.verify as verify
+from deepinfer_core import SamplingParams
+from deepinfer_core.config import load_config
+from deepinfer_core.engine.llm import LLM
+from deepinfer_core.engine.llm_engine import LLMEngine
+from deepinfer_spec_decode.ngram import make_ngram
+
+from .conftest import toy_backends
+from .toy_model import ToyHybridLM
+
+VOCAB = 8
+PROMPT = {"prompt_token_ids": [0, 1, 2, 3, 4, 5, 6, 7] * 2 + [0]}  # every token recurs: always drafts
+SAMPLES = 2400
+TEMPERATURE = 3.0  # the toy logits are peaked; spread them over many cells
+
+
+def _llm(spec: bool) -> LLM:
+    config = load_config(
+        environ={},
+        kv_cache_memory_bytes=32 << 20,
+        max_model_len=64,
+        max_num_seqs=256,
+        max_num_batched_tokens=4096,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+        if spec
+        else None,
+    )
+    model = ToyHybridLM(vocab_size=VOCAB, max_pos=64, seed=2)
+    return LLM.from_engine(LLMEngine(config, model, toy_backends(), None, proposers={"ngram": make_ngram}))
+
+
+def _pairs(spec: bool, seed0: int) -> tuple[collections.Counter, dict]:
+    """Tokens 2 and 3 of ``SAMPLES`` samples: after token 1 the round drafts exactly those two."""
+    llm = _llm(spec)
+    params = [
+        SamplingParams(max_tokens=4, temperature=TEMPERATURE, seed=seed0 + i, n=200, ignore_eos=True)
+        for i in range(SAMPLES // 200)
+    ]
+    outs = llm.generate([PROMPT] * len(params), params, use_tqdm=False)
+    pairs = collections.Counter(tuple(c.token_ids[1:3]) for o in outs for c in o.outputs)
+    return pairs, llm.get_stats()
+
+
+def _chi2_pvalue(a: collections.Counter, b: collections.Counter) -> float:
+    cells = sorted(set(a) | set(b))
+    stat = sum((a[c] - b[c]) ** 2 / (a[c] + b[c]) for c in cells)
+    return float(chi2.sf(stat, len(cells) - 1))
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return _pairs(False, seed0=10_000)[0]
+
+
+def test_two_token_distribution_with_speculation_matches_plain_sampling(plain):
+    spec, stats = _pairs(True, seed0=0)
+    # the rounds do verify drafts, and both outcomes happen
+    assert stats["spec_num_draft_tokens"] >= SAMPLES
+    assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_draft_tokens"]
+    assert _chi2_pvalue(spec, plain) > 1e-3
+
+
+def test_a_biased_verifier_fails_the_same_test(plain, monkeypatch):
+    def biased(ops, x, drafts, params, generator):
+        p = torch.softmax(x.float() / params.temperature, dim=-1)
+        out = []
+        for j in range(x.shape[0]):
+            if j < len(drafts) and float(torch.rand((), generator=generator)) < float(p[j, drafts[j]]):
+                out.append(drafts[j])
+                continue
+            out.append(int(ops.sample(p[j : j + 1], [generator])[0]))  # bug: not the residual
+            break
+        return out, len(out) - 1
+
+    monkeypatch.setattr(verify, "verify_sampled", biased)
+    spec, _ = _pairs(True, seed0=0)
+    assert _chi2_pvalue(spec, plain) < 1e-3

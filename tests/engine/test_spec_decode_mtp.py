@@ -1,0 +1,181 @@
+"""MTP speculative decoding on a tiny random DeepSeek-V4 checkpoint with random ``mtp.0.*`` weights (CSA and
+HCA layers, window 8, compression 4 / 16), CPU, float32: greedy output is unchanged for k = 1..4 (modules
+reused in turn past the checkpoint's one), under small token budgets and preemption; every first draft is
+the MTP module's prediction over the full context (the catch-up covers every verified position); rejected
+rounds leave exactly the cache state of a run that never drafted."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from deepinfer_core import LLM, SamplingParams
+from deepinfer_core.config import ConfigError
+from deepinfer_core.kv.budget import group_block_bytes, min_blocks
+from deepinfer_core.testing.kv_harness import PagedKVHarness
+
+try:  # the model tests' tiny-checkpoint builder, whether or not tests/ is a package
+    from ..models.deepseek_v4.test_mtp import MTPReference
+    from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf, save_deepseek
+except ImportError:
+    from models.deepseek_v4.test_mtp import MTPReference
+    from models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf, save_deepseek
+
+VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    hf = build_hf(Schedule("engine", (CSA, HCA)), seed=0)
+    extra = MTPReference(hf).deepseek_tensors()
+    return str(save_deepseek(hf, tmp_path_factory.mktemp("v4mtp"), extra=extra))
+
+
+@pytest.fixture(scope="module")
+def ckpt_no_mtp(tmp_path_factory):
+    hf = build_hf(Schedule("engine", (CSA, HCA)), seed=0)
+    return str(save_deepseek(hf, tmp_path_factory.mktemp("v4")))
+
+
+def _llm(path: str, k: int | None = None, **kw) -> LLM:
+    kw.setdefault("kv_cache_memory_bytes", 64 << 20)
+    kw.setdefault("max_model_len", 256)
+    if k is not None:
+        kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k}
+    return LLM(path, **kw)
+
+
+def _prompts() -> list[dict]:
+    rng = random.Random(11)
+    # lengths around the window (8) and the compression ratios (4, 16)
+    return [{"prompt_token_ids": [rng.randrange(2, VOCAB) for _ in range(n)]} for n in (1, 7, 15, 16, 33)]
+
+
+PARAMS = [
+    SamplingParams(max_tokens=m, temperature=0.0, logprobs=2, ignore_eos=True) for m in (19, 12, 18, 17, 9)
+]
+
+
+def _same(a, b, atol: float = 1e-5) -> None:
+    for x, y in zip(a, b, strict=True):
+        cx, cy = x.outputs[0], y.outputs[0]
+        assert cx.token_ids == cy.token_ids
+        for px, py in zip(cx.logprobs, cy.logprobs, strict=True):
+            assert px.keys() == py.keys()
+            assert max(abs(px[t].logprob - py[t].logprob) for t in px) <= atol
+
+
+@pytest.fixture(scope="module")
+def plain(ckpt):
+    return _llm(ckpt, enable_prefix_caching=False).generate(_prompts(), PARAMS, use_tqdm=False)
+
+
+def _no_leaks(llm: LLM) -> None:
+    for pool in llm.engine.kv.pools.values():
+        assert pool.num_in_use == 0
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_mtp_greedy_output_is_unchanged(ckpt, plain, k):
+    llm = _llm(ckpt, k, max_num_batched_tokens=64)
+    _same(plain, llm.generate(_prompts(), PARAMS, use_tqdm=False))
+    s = llm.get_stats()
+    assert s["spec_num_draft_tokens"] > 0
+    assert len(s["spec_acceptance_per_position"]) == k
+    _no_leaks(llm)
+
+
+def test_mtp_under_a_small_token_budget_and_preemption(ckpt, plain):
+    probe = _llm(ckpt, 3, max_num_batched_tokens=16)
+    specs, bs = probe.engine.model.cache_specs(), probe.engine.kv_layout.block_size
+    need = min_blocks(specs, bs, 256, 16)
+    budget = sum(need[g] * b for g, b in group_block_bytes(specs, bs).items())
+    llm = _llm(ckpt, 3, max_num_batched_tokens=16, kv_cache_memory_bytes=budget)
+    _same(plain, llm.generate(_prompts(), PARAMS, use_tqdm=False))
+    assert llm.get_stats()["num_preemptions"] > 0
+    _no_leaks(llm)
+
+
+def test_first_draft_is_the_mtp_prediction_over_the_full_context(ckpt):
+    """Record each first draft; recompute MTP module 0 over the final sequence on fresh pools: the draft
+    after ``L`` tokens must be the argmax at position ``L - 2`` (it saw every earlier position)."""
+    llm = _llm(ckpt, 1, max_num_batched_tokens=12)
+    prop = llm.engine.proposer
+    seen: list[tuple[list[int], int]] = []
+    original = prop.propose
+
+    def spy(seqs, limits):
+        drafts = original(seqs, limits)
+        seen.extend((list(s.token_ids), d[0]) for s, d in zip(seqs, drafts) if d)
+        return drafts
+
+    prop.propose = spy
+    prompts = _prompts()[2:4]
+    outs = llm.generate(prompts, PARAMS[2:4], use_tqdm=False)
+    model = llm.engine.model
+    for p, o in zip(prompts, outs):
+        ids = p["prompt_token_ids"] + o.outputs[0].token_ids
+        h = PagedKVHarness(model.cache_specs(), block_size=16, num_blocks=64)
+        s = h.add_sequence()
+        with torch.inference_mode():
+            streams = model.forward(h.step({s: ids}), h.pools)
+            batch = h.step({s: ids[1:]}, positions_from={s: 0})
+            want = model.mtp_compute_logits(0, model.mtp_forward(0, batch, streams[:-1], h.pools))
+        mine = [(t, d) for t, d in seen if ids[: len(t)] == t]
+        assert len(mine) >= 5
+        for toks, draft in mine:
+            assert draft == int(torch.argmax(want[len(toks) - 2]))
+
+
+def _visible_state(engine, seq) -> dict[str, torch.Tensor]:
+    """Every main-model cache entry a next step may read: the window before ``num_computed`` and every
+    closed compressed entry."""
+    out, bs, n = {}, engine.kv.block_size, seq.num_computed
+    window = engine.kv.windows.get("window") or 0
+    for spec in engine.model.cache_specs():
+        if spec.name.startswith("mtp."):
+            continue
+        pool, table, epb = (
+            engine.runner.kv[spec.name],
+            seq.block_tables[spec.group],
+            bs // spec.tokens_per_entry,
+        )
+        if spec.group == "window":
+            entries = range(max(0, n - window), n)
+        else:
+            entries = range(n // spec.tokens_per_entry)
+        rows = [pool[table[e * spec.tokens_per_entry // bs], e % epb] for e in entries]
+        out[spec.name] = torch.stack(rows) if rows else torch.empty(0)
+    return out
+
+
+def test_rounds_with_every_draft_rejected_leave_the_state_of_a_run_without_drafts(ckpt):
+    spec, ref = _llm(ckpt, 4), _llm(ckpt)
+    prompt = _prompts()[4]
+    sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    for llm in (spec, ref):
+        llm.engine.add_request(llm.engine.inputs.process(prompt, sp)[0], "r")
+    compared = 0
+    while spec.engine.has_unfinished():
+        before = spec.get_stats()["spec_num_draft_tokens"]
+        spec.engine.step()
+        ref.engine.step()
+        s = spec.get_stats()
+        rejected_round = s["spec_num_draft_tokens"] > before and s["spec_num_accepted_tokens"] == 0
+        if not spec.engine.requests or not rejected_round:
+            continue
+        a, b = (llm.engine.requests["r"].seqs[0] for llm in (spec, ref))
+        assert a.num_computed == b.num_computed and a.token_ids == b.token_ids
+        va, vb = _visible_state(spec.engine, a), _visible_state(ref.engine, b)
+        for name in va:
+            torch.testing.assert_close(va[name], vb[name], rtol=0, atol=1e-6, msg=name)
+        compared += 1
+    assert compared >= 5
+    assert spec.get_stats()["spec_num_accepted_tokens"] == 0
+
+
+def test_mtp_without_mtp_weights_fails_at_construction(ckpt_no_mtp):
+    with pytest.raises(ConfigError, match="no mtp"):
+        _llm(ckpt_no_mtp, 2)
