@@ -24,7 +24,12 @@ class LLM:
         if model is not None:
             kwargs["model"] = model
         config = load_config(**kwargs)
-        self.engine = LLMEngine.from_config(config)
+        if config.data_parallel_size > 1:
+            from deepinfer_core.distributed.dp_engine import DPEngine
+
+            self.engine = DPEngine.from_config(config)  # spawns (or, under torchrun, joins) the DP ranks
+        else:
+            self.engine = LLMEngine.from_config(config)
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:
@@ -63,6 +68,8 @@ class LLM:
         """Complete every prompt (a string or ``{"prompt_token_ids": [...]}``); results in input order.
         Everything is validated before anything is scheduled."""
         items = self.engine.inputs.process(prompts, sampling_params, add_special_tokens)
+        if self.engine.config.data_parallel_size > 1:
+            return self.engine.generate(items)
         ids = [self.engine.add_request(it) for it in items]
         try:
             return self._run(ids, use_tqdm)

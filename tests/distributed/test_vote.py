@@ -38,6 +38,12 @@ def _worker(rank: int, world: int, port: int, script: list, result_dir: str) -> 
         lines.append(f"FAILED after {time.monotonic() - t0:.1f}s: {e}")
     with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
         f.write("\n".join(lines))
+    # rank 0 hosts the store the others diagnose through: it leaves last
+    survivors = sum("die" not in s for s in script)
+    store.add("deepinfer/test/finished", 1)
+    if rank == 0:
+        while store.add("deepinfer/test/finished", 0) < survivors:
+            time.sleep(0.01)
     os._exit(0)
 
 

@@ -8,6 +8,7 @@ import torch
 from deepinfer_core.models.deepseek_v4.config import HASH_MOE, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.moe import EPRouting
 from deepinfer_core.ops.weights import ExpertWeights
 
 
@@ -32,6 +33,9 @@ class MoE(Module):
         self.experts = [Expert(d, cfg.moe_intermediate_size) for _ in range(e)]
         self.shared_experts = Expert(d, cfg.moe_intermediate_size * cfg.n_shared_experts)
         self.routed: ExpertWeights | None = None
+        #: set by :mod:`deepinfer_core.distributed.ep` under expert parallelism (``routed`` then holds
+        #: this rank's slots only)
+        self.ep: EPRouting | None = None
 
     def post_load(self) -> None:
         ex = self.experts
@@ -53,6 +57,21 @@ class MoE(Module):
             weights, ids = ops.moe.route_topk(
                 logits, self.bias.value, cfg.num_experts_per_tok, cfg.scoring_func, cfg.routed_scaling_factor
             )
-        routed = ops.moe.experts(x, ids, weights, self.routed, cfg.swiglu_limit)
+        if self.ep is None:
+            routed = ops.moe.experts(x, ids, weights, self.routed, cfg.swiglu_limit)
+        else:
+            routed = self._expert_parallel(x, ids, weights, ops)
         s = self.shared_experts
         return routed + ops.dense.swiglu_mlp(x, s.w1.value, s.w3.value, s.w2.value, cfg.swiglu_limit)
+
+    def _expert_parallel(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ops: Backends
+    ) -> torch.Tensor:
+        """Dispatch (token, expert) pairs to the ranks holding the experts, run them there unweighted,
+        combine back with the routing weights. Runs on idle ranks too (``T = 0``): the all-to-alls meet."""
+        ep = self.ep
+        ep.load += torch.bincount(ids.reshape(-1).long().cpu(), minlength=ep.load.numel())
+        d = ops.moe.dispatch(x, ids, ep, ops.comm)
+        ones = torch.ones((d.x.shape[0], 1), dtype=torch.float32, device=d.x.device)
+        y = ops.moe.experts(d.x, d.ids[:, None], ones, self.routed, self.cfg.swiglu_limit)
+        return ops.moe.combine(y, ids, weights, d, ep, ops.comm)

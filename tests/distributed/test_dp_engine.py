@@ -1,0 +1,123 @@
+"""The engine across processes on gloo: DP attention + EP MoE give the single-process outputs exactly
+(idle ranks running empty batches, EPLB rebalancing mid-generation), and a killed rank is named."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from deepinfer_core import LLM, SamplingParams
+from deepinfer_core.distributed.vote import RankFailureError
+
+from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
+
+VOCAB = 320
+KW = dict(kv_cache_memory_bytes=32 << 20, max_model_len=512, max_num_batched_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    """Layer 0 hash-routed, layer 1 top-k routed; 8 experts, top-2."""
+    path = tmp_path_factory.mktemp("v4dp")
+    build_hf(Schedule("dp", (CSA, HCA)), seed=0).save_pretrained(path)
+    return str(path)
+
+
+def _prompts(n: int = 7, seed: int = 3) -> list[dict]:
+    rng = random.Random(seed)
+    lens = [1, 40, 5, 17, 90, 3, 24, 9][:n]
+    return [{"prompt_token_ids": [rng.randrange(2, VOCAB) for _ in range(k)]} for k in lens]
+
+
+def _params(n: int = 7) -> list[SamplingParams]:
+    # uneven lengths: ranks finish at different steps and then idle
+    return [
+        SamplingParams(
+            max_tokens=[2, 9, 4, 6, 3, 8, 5, 2][i],
+            temperature=0.0,
+            logprobs=2,
+            prompt_logprobs=1 if i == 3 else None,
+            ignore_eos=True,
+        )
+        for i in range(n)
+    ]
+
+
+def _same(a, b, atol: float = 1e-5) -> None:
+    for x, y in zip(a, b, strict=True):
+        cx, cy = x.outputs[0], y.outputs[0]
+        assert cx.token_ids == cy.token_ids
+        for px, py in zip(cx.logprobs, cy.logprobs, strict=True):
+            assert px.keys() == py.keys()
+            assert max(abs(px[t].logprob - py[t].logprob) for t in px) <= atol
+        if x.prompt_logprobs is not None:
+            for px, py in zip(x.prompt_logprobs[1:], y.prompt_logprobs[1:], strict=True):
+                assert max(abs(px[t].logprob - py[t].logprob) for t in px) <= atol
+
+
+@pytest.fixture(scope="module")
+def single(ckpt):
+    llm = LLM(ckpt, **KW)
+    return llm.generate(_prompts(), _params(), use_tqdm=False), llm.generate(
+        _prompts()[:1], _params()[:1], use_tqdm=False
+    )
+
+
+def test_dp2_ep2_with_eplb_mid_generation_matches_one_process(ckpt, single):
+    llm = LLM(
+        ckpt,
+        data_parallel_size=2,
+        expert_parallel=True,
+        eplb={"num_redundant_experts": 2, "interval_steps": 3},
+        **KW,
+    )
+    try:
+        _same(single[0], llm.generate(_prompts(), _params(), use_tqdm=False))
+        stats = llm.get_stats()
+        assert stats["eplb_rebalances"] >= 2  # placements changed while sequences were running
+        assert stats["eplb_imbalance_after"] <= stats["eplb_imbalance_before"]
+        assert stats["dp_idle_steps"] > 0  # a rank ran empty batches while the other worked
+        assert stats["num_requests"] == 7
+        # one prompt: rank 1 has nothing to do in every step
+        _same(single[1], llm.generate(_prompts()[:1], _params()[:1], use_tqdm=False))
+        assert llm.get_stats()["dp_idle_steps"] >= 2
+    finally:
+        llm.engine.close()
+
+
+def test_dp4_ep4_matches_one_process(ckpt, single):
+    llm = LLM(ckpt, data_parallel_size=4, expert_parallel=True, **KW)
+    try:
+        _same(single[0], llm.generate(_prompts(), _params(), use_tqdm=False))
+        assert [m.routed.num_local_experts for m in llm.engine.rank.ep.layers] == [2, 2]
+    finally:
+        llm.engine.close()
+
+
+def test_a_killed_rank_is_named_by_the_others_within_the_timeout(ckpt, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_DIST_TIMEOUT_S", "8")
+    llm = LLM(ckpt, data_parallel_size=3, expert_parallel=True, eplb={"num_redundant_experts": 1}, **KW)
+    eng = llm.engine
+    victim = eng.ctx.procs[0]  # rank 1
+    real_step, calls = eng.rank.engine.step, []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.join()
+        return real_step()
+
+    eng.rank.engine.step = step
+    t0 = time.monotonic()
+    with pytest.raises(RankFailureError, match=r"failed rank\(s\): \[1\]"):
+        llm.generate(_prompts(), _params(), use_tqdm=False)
+    survivor = eng.ctx.procs[1]  # rank 2
+    survivor.join(30)
+    assert survivor.exitcode == 1
+    assert "failed rank(s): [1]" in eng.ctx.store.get("deepinfer/diagnosis/2").decode()
+    assert time.monotonic() - t0 < 40
