@@ -192,3 +192,32 @@ def test_configuration_errors_are_clear():
         spec_llm(ngram(2, lo=3, hi=2))
     with pytest.raises(ConfigError, match="no mtp"):
         spec_llm({"method": "mtp", "num_speculative_tokens": 2})
+
+
+def test_prefix_cache_never_sees_draft_tokens_and_block_references_stay_exact():
+    """Each step: the KV manager's references equal the live tables, committed blocks lie below the
+    computed length, and every sequence's block hashes are those of its verified tokens; a second engine
+    pass over the same prompts reuses the cache and emits the same tokens."""
+    llm = spec_llm(ngram(4), max_num_batched_tokens=24)
+    engine, prompts = llm.engine, _prompts()
+    for i, p in enumerate(prompts):
+        engine.add_request(engine.inputs.process(p, _greedy())[0], str(i))
+    outs = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            outs[o.request_id] = o
+        live = list(engine.scheduler.running) + list(engine.scheduler.waiting)
+        engine.kv.check(live)
+        bs = engine.kv.block_size
+        for seq in live:
+            assert seq.num_committed_blocks <= seq.num_computed // bs
+            toks = seq.token_ids
+            fresh = []
+            for j in range(len(seq.block_hashes)):
+                fresh.append(hash((fresh[-1] if fresh else 0x5EED_DEE9, tuple(toks[j * bs : (j + 1) * bs]))))
+            assert seq.block_hashes == fresh
+    assert engine.get_stats()["spec_num_accepted_tokens"] > 0
+    again = llm.generate(prompts, _greedy(), use_tqdm=False)
+    assert engine.get_stats()["prefix_cache_hits"] > 0
+    _same([outs[str(i)] for i in range(len(prompts))], again)
+    _no_leaks(llm)

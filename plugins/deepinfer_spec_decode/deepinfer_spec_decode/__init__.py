@@ -1,1 +1,1 @@
-"""DeepInfer speculative decoding: proposers (MTP, n-gram) and the verifier."""
+"""DeepInfer speculative decoding: the MTP and n-gram proposers (see ``docs/spec_decode.md``)."""

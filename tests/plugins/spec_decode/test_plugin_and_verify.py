@@ -1,0 +1,70 @@
+"""The spec_decode plugin registers its proposers through the hook; the verification rules on fixed
+distributions (greedy prefix acceptance, one-hot rejection sampling frequencies)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from deepinfer_core.config import ConfigError
+from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps
+from deepinfer_core.plugins.registry import build_registry
+from deepinfer_core.sampling_params import SamplingParams
+from deepinfer_core.spec_decode import Proposer, build_proposer
+from deepinfer_core.spec_decode.verify import verify_greedy, verify_sampled
+from deepinfer_spec_decode import plugin
+from deepinfer_spec_decode.mtp import MTPProposer
+from deepinfer_spec_decode.ngram import NgramProposer
+
+OPS = ReferenceSamplingOps()
+
+
+class _Model:
+    num_mtp_layers = 2
+
+
+def test_plugin_declares_the_api_and_registers_ngram_and_mtp_through_the_hook():
+    assert plugin.DEEPINFER_PLUGIN_API == "1.0"
+    reg = build_registry(allow=["spec_decode"])
+    assert {"ngram", "mtp"} <= set(reg.proposers)
+    assert reg.proposers.owners["ngram"] == reg.proposers.owners["mtp"]
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    p = build_proposer(spec, reg.proposers, _Model(), None)
+    assert isinstance(p, NgramProposer) and isinstance(p, Proposer)
+    assert (p.num_speculative_tokens, p.min_n, p.max_n) == (3, 2, 5)
+    m = build_proposer({"method": "mtp", "num_speculative_tokens": 8}, reg.proposers, _Model(), None)
+    assert isinstance(m, MTPProposer) and m.num_modules == 2
+
+
+def test_no_plugin_means_a_clear_error():
+    reg = build_registry(allow=[])
+    with pytest.raises(ConfigError, match="deepinfer-spec-decode plugin"):
+        build_proposer({"method": "ngram", "num_speculative_tokens": 2}, reg.proposers, _Model(), None)
+
+
+def test_greedy_accepts_the_matching_prefix_and_adds_the_target_token():
+    x = torch.full((4, 6), -1.0)
+    for row, tok in enumerate([2, 3, 5, 1]):
+        x[row, tok] = 1.0
+    assert verify_greedy(OPS, x, [2, 3, 4]) == ([2, 3, 5], 2)
+    assert verify_greedy(OPS, x, [2, 3, 5]) == ([2, 3, 5, 1], 3)
+    assert verify_greedy(OPS, x, [0, 3, 5]) == ([2], 0)
+
+
+def test_one_hot_rejection_sampling_frequencies():
+    """Draft 0 is accepted with probability p(0); the emitted first token is distributed as p."""
+    p = torch.tensor([0.5, 0.3, 0.2])
+    x = torch.log(p)[None].repeat(2, 1)
+    params = SamplingParams(temperature=1.0)
+    g = torch.Generator().manual_seed(0)
+    n, first, accepted = 6000, collections.Counter(), 0
+    for _ in range(n):
+        toks, a = verify_sampled(OPS, x, [0], params, g)
+        assert len(toks) == a + 1
+        first[toks[0]] += 1
+        accepted += a
+    assert abs(accepted / n - 0.5) < 0.03
+    for t, pt in enumerate(p.tolist()):
+        assert abs(first[t] / n - pt) < 0.03
