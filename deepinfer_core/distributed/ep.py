@@ -9,7 +9,7 @@ all-to-all, so the same code runs over gloo, NCCL or HCCL.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -155,8 +155,9 @@ class ExpertParallel:
     """One rank's EP state: the current placement, load statistics and periodic rebalancing.
 
     ``eplb`` is the config dict: ``num_redundant_experts`` (default 0), ``interval_steps`` (0: never
-    rebalance), and optionally ``num_groups`` / ``num_nodes`` (the hierarchical policy applies when the
-    groups divide over the nodes; otherwise the global one)."""
+    rebalance), and optionally ``num_groups`` (expert groups kept inside a node, default 1) and
+    ``num_nodes`` (default: torchrun's host count). The hierarchical policy applies when the groups divide
+    over the nodes, otherwise the global one."""
 
     def __init__(self, model: object, rank: int, world: int, comm: CommOps, eplb: dict | None, group=None):
         eplb = dict(eplb or {})
@@ -171,7 +172,7 @@ class ExpertParallel:
         self.num_logical = self.layers[0].routed.num_local_experts if self.layers else 0
         self.interval = int(eplb.get("interval_steps", 0))
         self.num_groups = int(eplb.get("num_groups", 1))
-        self.num_nodes = int(eplb.get("num_nodes", 1))
+        self.num_nodes = int(eplb.get("num_nodes", _num_nodes(world)))
         self.placement = initial_placement(
             len(self.layers),
             self.num_logical,
@@ -211,5 +212,8 @@ class ExpertParallel:
         self.stats.history.append((before, after))
         return new
 
-    def layers_iter(self) -> Iterator:
-        return iter(self.layers)
+
+def _num_nodes(world: int) -> int:
+    """Hosts in the job: torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``, 1 for spawned ranks."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return max(1, world // local) if world % local == 0 else 1

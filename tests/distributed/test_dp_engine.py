@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -121,3 +122,33 @@ def test_a_killed_rank_is_named_by_the_others_within_the_timeout(ckpt, monkeypat
     assert survivor.exitcode == 1
     assert "failed rank(s): [1]" in eng.ctx.store.get("deepinfer/diagnosis/2").decode()
     assert time.monotonic() - t0 < 40
+
+
+def test_cli_generate_with_data_parallel_and_expert_parallel(ckpt, single, tmp_path, capsys):
+    from deepinfer_core.cli.main import main
+
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("\n".join(json.dumps(p) for p in _prompts()[:3]))
+    argv = [
+        "generate",
+        "--model",
+        ckpt,
+        "--input-file",
+        str(f),
+        "--data-parallel-size",
+        "2",
+        "--expert-parallel",
+    ]
+    argv += [
+        "--max-tokens",
+        "2",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--json",
+        "--kv-cache-memory-bytes",
+        str(32 << 20),
+    ]
+    assert main(argv) == 0
+    recs = json.loads(capsys.readouterr().out)
+    assert [r["outputs"][0]["token_ids"] for r in recs] == [o.outputs[0].token_ids[:2] for o in single[0][:3]]
