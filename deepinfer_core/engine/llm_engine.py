@@ -53,8 +53,7 @@ class LLMEngine:
             specs, block_size, budget, self.max_model_len, config.max_num_seqs, config.max_num_batched_tokens
         )
         self.kv = KVCacheManager(specs, block_size, self.kv_layout.num_blocks, config.enable_prefix_caching)
-        lookahead = self.proposer.extra_lookahead() if self.proposer else 0
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, lookahead)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(model, backends, self.kv_layout)
         self.structured = StructuredOutputManager(
             structured_backends or {},

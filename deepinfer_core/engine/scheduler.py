@@ -57,12 +57,8 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(
-        self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, lookahead: int = 0
-    ):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.kv = kv
-        #: positions past a draft round's rows the proposer writes state at (MTP's chained drafts)
-        self.lookahead = lookahead
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -90,7 +86,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(len(seq.token_ids) + len(seq.spec_token_ids) - seq.num_computed, budget)
-            while not allocate(seq, n + (self.lookahead if seq.spec_token_ids else 0)):
+            while not allocate(seq, n):
                 victim = self.running.pop()
                 self._preempt(victim, out)
                 if victim is seq:

@@ -35,16 +35,14 @@ class Proposer(ABC):
         """Called once by the engine after it is built (runner, KV manager); proposers that keep state
         in the engine's KV pools (MTP) take what they need here."""
 
-    def extra_lookahead(self) -> int:
-        """Positions past the verified rows this proposer writes state at (KV blocks must cover them)."""
-        return 0
-
     def observe(self, sched: SchedulerOutput) -> None:  # noqa: B027 - optional hook
         """Called after every target step, before :meth:`propose` (MTP catches its caches up here)."""
 
     @abstractmethod
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
-        """Drafts for each sequence in ``seqs``, at most ``limits[i]`` (<= k) tokens for sequence ``i``."""
+        """Drafts for each sequence in ``seqs``, at most ``limits[i]`` (<= k) tokens for sequence ``i``.
+        A proposer that writes state past the computed length (MTP's chained steps) allocates the blocks
+        for it with ``kv.allocate(seq, limit)``; the verify step reuses them."""
 
 
 def build_proposer(

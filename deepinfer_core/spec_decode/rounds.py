@@ -10,14 +10,10 @@ if TYPE_CHECKING:
     from deepinfer_core.spec_decode.proposer import Proposer
 
 
-def draft_limit(seq: Sequence, k: int, max_model_len: int, lookahead: int = 0) -> int:
+def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
     """Drafts ``seq`` may carry: a round emits up to ``drafts + 1`` tokens, which must fit ``max_tokens``
-    and ``max_model_len`` (positions written by a lookahead proposer included)."""
-    return min(
-        k,
-        seq.max_tokens - seq.num_output_tokens - 1,
-        max_model_len - len(seq.token_ids) - 1 - lookahead,
-    )
+    and ``max_model_len``."""
+    return min(k, seq.max_tokens - seq.num_output_tokens - 1, max_model_len - len(seq.token_ids) - 1)
 
 
 def draft_round(
@@ -26,12 +22,12 @@ def draft_round(
     """After a step: let the proposer see it, then store drafts on every decoding running sequence
     (all tokens but the last computed); the others keep none."""
     proposer.observe(sched)
-    k, extra = proposer.num_speculative_tokens, proposer.extra_lookahead()
+    k = proposer.num_speculative_tokens
     seqs, limits = [], []
     for seq in running:
         seq.spec_token_ids = []
         if seq.num_computed == len(seq.token_ids) - 1 and seq.finish_reason is None:
-            limit = draft_limit(seq, k, max_model_len, extra)
+            limit = draft_limit(seq, k, max_model_len)
             if limit > 0:
                 seqs.append(seq)
                 limits.append(limit)

@@ -179,3 +179,20 @@ def test_rounds_with_every_draft_rejected_leave_the_state_of_a_run_without_draft
 def test_mtp_without_mtp_weights_fails_at_construction(ckpt_no_mtp):
     with pytest.raises(ConfigError, match="no mtp"):
         _llm(ckpt_no_mtp, 2)
+
+
+def test_mtp_seeded_sampling_with_n_samples_and_prefix_cache_emits_the_plain_tokens(ckpt):
+    rng = random.Random(5)
+    prompts = [{"prompt_token_ids": [rng.randrange(2, VOCAB) for _ in range(n)]} for n in (70, 15, 140)]
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.9, top_k=40, seed=3, n=2, ignore_eos=True, logprobs=1),
+        SamplingParams(max_tokens=7, temperature=1.0, seed=4, n=3, ignore_eos=True, repetition_penalty=1.2),
+        SamplingParams(max_tokens=9, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True),
+    ]
+    base = _llm(ckpt, enable_prefix_caching=False).generate(prompts, params, use_tqdm=False)
+    llm = _llm(ckpt, 2, max_num_batched_tokens=24)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(base, outs):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert llm.get_stats()["prefix_cache_hits"] > 0
+    _no_leaks(llm)
