@@ -97,14 +97,16 @@ class RankEngine:
         except Exception:  # noqa: BLE001 - the store dies with rank 0
             return RankFailureError(
                 f"data-parallel rank {me}: failed rank(s): [0] (the rendezvous store on rank 0 is unreachable) "
-                f"at step {self.voter.step}: {exc}"
+                f"at step {self.voter.step}: {exc}",
+                [0],
             )
         if not peer:
             return exc
         failed = self._failed_ranks(store, me, world)
         return RankFailureError(
             f"data-parallel rank {me}: failed rank(s): {failed} (died, timed out or raised) at step "
-            f"{self.voter.step}; {type(exc).__name__}: {str(exc)[:300]}"
+            f"{self.voter.step}; {type(exc).__name__}: {str(exc)[:300]}",
+            failed,
         )
 
     def _failed_ranks(self, store: dist.Store, me: int, world: int) -> list[int]:
@@ -175,6 +177,12 @@ class DPEngine:
         self.ctx.store.set(f"deepinfer/cmd/{self._cmd}", pickle.dumps(("run", shares)))
         try:
             done = self.rank.run(shares[0])
+        except RankFailureError as exc:
+            for r in exc.ranks:  # a hung rank would never exit on its own
+                if 0 < r <= len(self.ctx.procs):
+                    self.ctx.procs[r - 1].kill()
+            self.close(force=True)
+            raise
         except BaseException:
             self.close(force=True)
             raise

@@ -21,7 +21,11 @@ VOTE_FIELDS = 4
 
 
 class RankFailureError(RuntimeError):
-    """Another rank died or timed out; the message names it."""
+    """Another rank died or timed out; the message names it (and ``ranks`` lists it, when known)."""
+
+    def __init__(self, message: str, ranks: list[int] | None = None):
+        super().__init__(message)
+        self.ranks = list(ranks or [])
 
 
 @dataclass(frozen=True)

@@ -99,29 +99,40 @@ def test_dp4_ep4_matches_one_process(ckpt, single):
         llm.engine.close()
 
 
-def test_a_killed_rank_is_named_by_the_others_within_the_timeout(ckpt, monkeypatch):
-    monkeypatch.setenv("DEEPINFER_DIST_TIMEOUT_S", "8")
-    llm = LLM(ckpt, data_parallel_size=3, expert_parallel=True, eplb={"num_redundant_experts": 1}, **KW)
+def _fail_rank_1_at_step_3(llm, sig: int) -> None:
+    """Rank 0 sends ``sig`` to rank 1 right before its third step (SIGKILL: dies; SIGSTOP: hangs)."""
     eng = llm.engine
-    victim = eng.ctx.procs[0]  # rank 1
-    real_step, calls = eng.rank.engine.step, []
+    victim, real_step, calls = eng.ctx.procs[0], eng.rank.engine.step, []
 
     def step():
         calls.append(1)
         if len(calls) == 3:
-            os.kill(victim.pid, signal.SIGKILL)
-            victim.join()
+            os.kill(victim.pid, sig)
+            if sig == signal.SIGKILL:
+                victim.join()
         return real_step()
 
     eng.rank.engine.step = step
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "hangs"])
+def test_a_failed_rank_is_named_by_the_others_within_the_timeout(ckpt, monkeypatch, sig):
+    monkeypatch.setenv("DEEPINFER_DIST_TIMEOUT_S", "5")
+    llm = LLM(ckpt, data_parallel_size=3, expert_parallel=True, eplb={"num_redundant_experts": 1}, **KW)
+    eng = llm.engine
+    _fail_rank_1_at_step_3(llm, sig)
     t0 = time.monotonic()
-    with pytest.raises(RankFailureError, match=r"failed rank\(s\): \[1\]"):
+    with pytest.raises(RankFailureError, match=r"failed rank\(s\): \[1\]") as info:
         llm.generate(_prompts(), _params(), use_tqdm=False)
+    assert info.value.ranks == [1]
     survivor = eng.ctx.procs[1]  # rank 2
     survivor.join(30)
     assert survivor.exitcode == 1
     assert "failed rank(s): [1]" in eng.ctx.store.get("deepinfer/diagnosis/2").decode()
-    assert time.monotonic() - t0 < 40
+    assert not eng.ctx.procs[0].is_alive()
+    assert time.monotonic() - t0 < 30  # timeout 5 s + grace 3 s + exits
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate(_prompts()[:1], _params()[:1], use_tqdm=False)
 
 
 def test_cli_generate_with_data_parallel_and_expert_parallel(ckpt, single, tmp_path, capsys):
