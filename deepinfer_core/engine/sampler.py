@@ -9,6 +9,7 @@ the log-softmax of the *raw* logits, before any of that processing.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,23 @@ def _with_top(lp: torch.Tensor, token: int, k: int) -> RawLogprobs:
     return _ranked(lp, [token] + [t for t in top if t != token])
 
 
+def _tensors(seqs: list[Any], device: torch.device | None = None) -> SamplingTensors:
+    p = [s.params for s in seqs]
+    return SamplingTensors(
+        temperature=torch.tensor([q.temperature for q in p], dtype=torch.float32, device=device),
+        top_k=torch.tensor([q.top_k for q in p], dtype=torch.int64, device=device),
+        top_p=torch.tensor([q.top_p for q in p], dtype=torch.float32, device=device),
+        min_p=torch.tensor([q.min_p for q in p], dtype=torch.float32, device=device),
+    )
+
+
+def _rows_of(x: torch.Tensor, offsets: list[int], members: list[int]) -> tuple[torch.Tensor, list[int]]:
+    """The rows of sequences ``members`` (``offsets``: row spans of all of them) and their new spans."""
+    rows = [r for b in members for r in range(offsets[b], offsets[b + 1])]
+    sizes = [offsets[b + 1] - offsets[b] for b in members]
+    return (x if len(rows) == len(x) else x[rows]), list(itertools.accumulate(sizes, initial=0))
+
+
 class Sampler:
     def __init__(
         self,
@@ -81,14 +99,14 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, sched: SchedulerOutput) -> SamplerOutput:
         out = SamplerOutput([None] * len(sched.scheduled))
-        rows, idx, row_ids = 0, [], []
+        rows, idx, row_ids, spec = 0, [], [], []
         for i, s in enumerate(sched.scheduled):
             n = s.prompt_logprob_end - s.prompt_logprob_start
             if n:
                 out.prompt[i] = self._prompt_logprobs(logits[rows : rows + n], s)
                 rows += n
             if s.samples and s.num_drafts:
-                self._verify(logits[rows : rows + 1 + s.num_drafts], i, s, out)
+                spec.append((i, rows))
                 rows += 1 + s.num_drafts
             elif s.samples:
                 idx.append(i)
@@ -97,6 +115,8 @@ class Sampler:
         if idx:
             x = logits if len(row_ids) == len(logits) else logits[row_ids]
             self._sample_rows(x, [sched.scheduled[i].seq for i in idx], idx, out)
+        if spec:
+            self._verify(logits, spec, sched, out)
         return out
 
     def _prompt_logprobs(self, logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, RawLogprobs]]:
@@ -132,37 +152,51 @@ class Sampler:
         for i, t in zip(idx, tokens):
             out.tokens[i] = t
 
-    def _verify(self, logits: torch.Tensor, i: int, s: ScheduledSeq, out: SamplerOutput) -> None:
-        """Draft round of one sequence: rows ``0..d`` are conditioned on drafts ``0..j-1``."""
-        from deepinfer_core.spec_decode.verify import verify_greedy, verify_sampled
+    def _verify(
+        self, logits: torch.Tensor, items: list[tuple[int, int]], sched: SchedulerOutput, out
+    ) -> None:
+        """Draft rounds: sequence ``i`` owns logits rows ``start .. start + d``, row ``j`` conditioned on
+        its drafts ``0..j-1``; all rounds are processed and verified together."""
+        from deepinfer_core.spec_decode import verify
 
-        seq, d = s.seq, s.num_drafts
-        drafts = seq.spec_token_ids[:d]
-        views = [_DraftRow(seq, drafts[:j]) for j in range(d + 1)]
-        keys = [seq.grammar_key]
-        x = self._process(logits, views, keys, {seq.grammar_key: drafts} if seq.grammar_key else None)
-        if seq.params.greedy:
-            tokens, accepted = verify_greedy(self.ops, x, drafts)
-        else:
-            tokens, accepted = verify_sampled(self.ops, x, drafts, seq.params, seq.generator(x.device))
-        if self.spec_stats is not None:
-            self.spec_stats.record(d, accepted)
-        out.spec[i] = tokens
-        if seq.params.logprobs is not None:
-            lp = torch.log_softmax(logits[: len(tokens)].float(), dim=-1)
-            tops = [_with_top(lp[j], t, seq.params.logprobs) for j, t in enumerate(tokens)]
-            out.spec_logprobs[i] = [(top[0][1], top) for top in tops]
+        seqs, drafts, rows, views, keys = [], [], [], [], []
+        for i, start in items:
+            seq = sched.scheduled[i].seq
+            d = seq.spec_token_ids[: sched.scheduled[i].num_drafts]
+            seqs.append(seq)
+            drafts.append(d)
+            rows.extend(range(start, start + len(d) + 1))
+            views.extend(_DraftRow(seq, d[:j]) for j in range(len(d) + 1))
+            keys.append(seq.grammar_key or f"\0spec/{seq.seq_id}")  # unknown keys: all-ones rows
+        raw = logits[rows]
+        x = self._process(raw, views, keys, dict(zip(keys, drafts)))
+        offsets = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))
+        tokens: list[list[int]] = [[] for _ in seqs]
+        greedy = [b for b, q in enumerate(seqs) if q.params.greedy]
+        rand = [b for b, q in enumerate(seqs) if not q.params.greedy]
+        if greedy:
+            part, offs = _rows_of(x, offsets, greedy)
+            for b, t in zip(greedy, verify.verify_greedy(self.ops, part, offs, [drafts[b] for b in greedy])):
+                tokens[b] = t
+        if rand:
+            part, offs = _rows_of(x, offsets, rand)
+            rows_params = [views[r] for b in rand for r in range(offsets[b], offsets[b + 1])]
+            p = self.ops.probs(part, _tensors(rows_params, x.device))
+            gens = [seqs[b].generator(x.device) for b in rand]
+            for b, t in zip(rand, verify.verify_sampled(self.ops, p, offs, [drafts[b] for b in rand], gens)):
+                tokens[b] = t
+        for b, ((i, _), seq) in enumerate(zip(items, seqs)):
+            if self.spec_stats is not None:
+                self.spec_stats.record(len(drafts[b]), len(tokens[b]) - 1)
+            out.spec[i] = tokens[b]
+            if seq.params.logprobs is not None:
+                lp = torch.log_softmax(raw[offsets[b] : offsets[b] + len(tokens[b])].float(), dim=-1)
+                tops = [_with_top(lp[j], t, seq.params.logprobs) for j, t in enumerate(tokens[b])]
+                out.spec_logprobs[i] = [(top[0][1], top) for top in tops]
 
     def _random(self, x: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         dev = x.device
-        p = [s.params for s in seqs]
-        st = SamplingTensors(
-            temperature=torch.tensor([q.temperature for q in p], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([q.top_k for q in p], dtype=torch.int64, device=dev),
-            top_p=torch.tensor([q.top_p for q in p], dtype=torch.float32, device=dev),
-            min_p=torch.tensor([q.min_p for q in p], dtype=torch.float32, device=dev),
-        )
-        probs = self.ops.probs(x, st)
+        probs = self.ops.probs(x, _tensors(seqs, dev))
         return self.ops.sample(probs, [s.generator(dev) for s in seqs]).tolist()
 
     def _process(

@@ -15,39 +15,48 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
+from deepinfer_core.ops.sampling import SamplingOps
 
 
-def verify_greedy(ops: SamplingOps, x: torch.Tensor, drafts: list[int]) -> tuple[list[int], int]:
-    """-> (emitted tokens, number of accepted drafts); ``len(emitted) == accepted + 1``."""
+def verify_greedy(
+    ops: SamplingOps, x: torch.Tensor, offsets: list[int], drafts: list[list[int]]
+) -> list[list[int]]:
+    """Sequence ``b`` owns rows ``offsets[b] .. offsets[b] + len(drafts[b])`` of ``x``; returns its emitted
+    tokens: the accepted drafts, then the argmax of the row after them."""
     target = ops.argmax(x).tolist()
-    a = 0
-    while a < len(drafts) and drafts[a] == target[a]:
-        a += 1
-    return target[: a + 1], a
+    out = []
+    for off, d in zip(offsets, drafts):
+        a = 0
+        while a < len(d) and d[a] == target[off + a]:
+            a += 1
+        out.append(target[off : off + a + 1])
+    return out
 
 
 def verify_sampled(
-    ops: SamplingOps, x: torch.Tensor, drafts: list[int], params: object, generator: torch.Generator
-) -> tuple[list[int], int]:
+    ops: SamplingOps,
+    probs: torch.Tensor,
+    offsets: list[int],
+    drafts: list[list[int]],
+    generators: list[torch.Generator],
+) -> list[list[int]]:
     """Rejection sampling for one-hot drafts, realised by coupling: row ``j``'s token is drawn from
-    ``p_j`` with the sequence's generator exactly as a non-speculative step would draw it; draft ``j`` is
-    accepted iff the draw equals it (probability ``p_j(d) = min(1, p/q)`` for ``q`` one-hot), and on
-    rejection the draw itself is the token (``p_j`` conditioned on ``!= d``: ``normalize(max(0, p - q))``).
-    After the last accepted draft the next row's draw is the bonus token. One draw per emitted token,
-    so a seeded request emits the same tokens with or without speculation, whatever the batching."""
-    rows, dev = x.shape[0], x.device
-    st = SamplingTensors(
-        temperature=torch.full((rows,), float(params.temperature), dtype=torch.float32, device=dev),
-        top_k=torch.full((rows,), int(params.top_k), dtype=torch.int64, device=dev),
-        top_p=torch.full((rows,), float(params.top_p), dtype=torch.float32, device=dev),
-        min_p=torch.full((rows,), float(params.min_p), dtype=torch.float32, device=dev),
-    )
-    p = ops.probs(x, st)
-    out: list[int] = []
-    for j in range(rows):
-        t = int(ops.sample(p[j : j + 1], [generator])[0])
-        out.append(t)
-        if j == len(drafts) or t != drafts[j]:
-            break
-    return out, len(out) - 1
+    ``p_j`` (``probs`` rows, laid out as in :func:`verify_greedy`) with the sequence's generator exactly
+    as a non-speculative step would draw it; draft ``j`` is accepted iff the draw equals it (probability
+    ``p_j(d) = min(1, p/q)`` for one-hot ``q``), and on rejection the draw itself is the token (``p_j``
+    conditioned on ``!= d``, i.e. ``normalize(max(0, p - q))``). After the last accepted draft the next
+    row's draw is the bonus token. One draw per emitted token, so a seeded request emits the same tokens
+    with or without speculation, whatever the batching. Depth ``j`` of every sequence still accepting is
+    drawn in one ``ops.sample`` call."""
+    out: list[list[int]] = [[] for _ in drafts]
+    active, j = list(range(len(drafts))), 0
+    while active:
+        rows = [offsets[b] + j for b in active]
+        drawn = ops.sample(probs[rows], [generators[b] for b in active]).tolist()
+        still = []
+        for b, t in zip(active, drawn):
+            out[b].append(t)
+            if j < len(drafts[b]) and t == drafts[b][j]:
+                still.append(b)
+        active, j = still, j + 1
+    return out

@@ -74,16 +74,19 @@ def test_two_token_distribution_with_speculation_matches_plain_sampling(plain):
 
 
 def test_a_biased_verifier_fails_the_same_test(plain, monkeypatch):
-    def biased(ops, x, drafts, params, generator):
-        p = torch.softmax(x.float() / params.temperature, dim=-1)
+    def biased(ops, probs, offsets, drafts, generators):
         out = []
-        for j in range(x.shape[0]):
-            if j < len(drafts) and float(torch.rand((), generator=generator)) < float(p[j, drafts[j]]):
-                out.append(drafts[j])
-                continue
-            out.append(int(ops.sample(p[j : j + 1], [generator])[0]))  # bug: not the residual
-            break
-        return out, len(out) - 1
+        for off, d, g in zip(offsets, drafts, generators):
+            toks = []
+            for j in range(len(d) + 1):
+                p = probs[off + j]
+                if j < len(d) and float(torch.rand((), generator=g)) < float(p[d[j]]):
+                    toks.append(d[j])
+                    continue
+                toks.append(int(ops.sample(p[None], [g])[0]))  # bug: not the residual
+                break
+            out.append(toks)
+        return out
 
     monkeypatch.setattr(verify, "verify_sampled", biased)
     spec, _ = _pairs(True, seed0=0)

@@ -11,7 +11,6 @@ import torch
 from deepinfer_core.config import ConfigError
 from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps
 from deepinfer_core.plugins.registry import build_registry
-from deepinfer_core.sampling_params import SamplingParams
 from deepinfer_core.spec_decode import Proposer, build_proposer
 from deepinfer_core.spec_decode.verify import verify_greedy, verify_sampled
 from deepinfer_spec_decode import plugin
@@ -48,23 +47,27 @@ def test_greedy_accepts_the_matching_prefix_and_adds_the_target_token():
     x = torch.full((4, 6), -1.0)
     for row, tok in enumerate([2, 3, 5, 1]):
         x[row, tok] = 1.0
-    assert verify_greedy(OPS, x, [2, 3, 4]) == ([2, 3, 5], 2)
-    assert verify_greedy(OPS, x, [2, 3, 5]) == ([2, 3, 5, 1], 3)
-    assert verify_greedy(OPS, x, [0, 3, 5]) == ([2], 0)
+    xs = torch.cat([x, x, x[:2]])
+    got = verify_greedy(OPS, xs, [0, 4, 8], [[2, 3, 4], [2, 3, 5], [0]])
+    assert got == [[2, 3, 5], [2, 3, 5, 1], [2]]
 
 
 def test_one_hot_rejection_sampling_frequencies():
-    """Draft 0 is accepted with probability p(0); the emitted first token is distributed as p."""
+    """Draft 0 is accepted with probability p(0); the emitted first token is distributed as p; a
+    second sequence in the same call draws from its own generator only."""
     p = torch.tensor([0.5, 0.3, 0.2])
-    x = torch.log(p)[None].repeat(2, 1)
-    params = SamplingParams(temperature=1.0)
-    g = torch.Generator().manual_seed(0)
+    probs = p[None].repeat(4, 1)
+    g, other = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
     n, first, accepted = 6000, collections.Counter(), 0
     for _ in range(n):
-        toks, a = verify_sampled(OPS, x, [0], params, g)
-        assert len(toks) == a + 1
+        toks, _ = verify_sampled(OPS, probs, [0, 2], [[0], [1]], [g, other])
         first[toks[0]] += 1
-        accepted += a
+        accepted += len(toks) - 1
     assert abs(accepted / n - 0.5) < 0.03
     for t, pt in enumerate(p.tolist()):
         assert abs(first[t] / n - pt) < 0.03
+    # the same generator state alone gives the same tokens as in the batch
+    a, b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    alone = verify_sampled(OPS, probs[:2], [0], [[0]], [a])
+    batched = verify_sampled(OPS, probs, [0, 2], [[0], [2]], [b, torch.Generator().manual_seed(9)])
+    assert alone[0] == batched[0]
