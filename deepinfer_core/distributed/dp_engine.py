@@ -194,12 +194,12 @@ class DPEngine:
         return [done[str(i)] for i in range(len(items))]
 
     def get_stats(self) -> dict[str, Any]:
-        """Counters summed over ranks (other values from rank 0) plus the EPLB imbalance (max/mean GPU
+        """Integer counters summed over ranks (means and lists from rank 0) plus the EPLB imbalance (max/mean GPU
         load of the last window) before and after the last rebalance."""
         total: dict[str, Any] = dict(self._stats.get(0, {}))
         for r, stats in self._stats.items():
             for k, v in stats.items():
-                if r and isinstance(v, (int, float)) and isinstance(total.get(k), (int, float)):
+                if r and _is_count(v) and _is_count(total.get(k)):
                     total[k] += v
         ep = self.rank.ep
         if ep is not None:
@@ -234,6 +234,10 @@ class DPEngine:
             self.close()
         except Exception:  # noqa: BLE001, S110 - interpreter shutdown
             pass
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def assign_by_load(

@@ -134,3 +134,15 @@ def test_rebalancing_moves_weights_between_ranks_and_cuts_imbalance(tmp_path):
     assert abs(before - imbalance(gpu_loads(load, rebalance(torch.ones(2, 8), 10, 1, 1, 2), 2))) < 1e-4
     # layer 0: the hot expert 7 has no replica at first (932 vs 66 tokens); layer 1: 402 vs 304
     assert round(before, 3) == 1.503 and round(after, 3) == 1.111  # 26% lower
+
+
+def test_requests_go_to_the_least_loaded_rank_in_input_order():
+    from deepinfer_core.distributed.dp_engine import assign_by_load
+
+    def item(n_prompt: int, max_tokens: int, n: int = 1):
+        return SimpleNamespace(token_ids=[0] * n_prompt, params=SimpleNamespace(max_tokens=max_tokens, n=n))
+
+    items = [item(100, 10), item(5, 5), item(5, 5), item(20, 5, n=2), item(1, 1)]
+    shares = assign_by_load(items, 2, 512)
+    assert [[rid for rid, _ in s] for s in shares] == [["0"], ["1", "2", "3", "4"]]
+    assert [[rid for rid, _ in s] for s in assign_by_load(items[1:3], 3, 512)] == [["0"], ["1"], []]
