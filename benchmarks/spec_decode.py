@@ -10,7 +10,8 @@ Methods: ``ngram`` on repetitive text (code with repeated lines, a repeated list
 ``mtp`` when the checkpoint has MTP modules (``num_nextn_predict_layers > 0``, e.g. a trained demo model).
 Greedy output is checked to equal the plain run for every configuration.
 
-Usage: ``python benchmarks/spec_decode.py [--model PATH] [--ks 1 2 4 8] [--max-tokens 96]``
+Usage: ``python benchmarks/spec_decode.py [--model PATH] [--ks 1 2 4 8] [--max-tokens 96]
+[--methods ngram mtp]``
 (no ``--model``: the built-in demo checkpoint).
 """
 
@@ -62,11 +63,12 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--methods", nargs="+", default=["ngram", "mtp"], help="mtp runs only with MTP weights")
     args = ap.parse_args()
 
     base = run(args.model, None, args.max_tokens)
     probe = LLM(args.model, max_model_len=64) if args.model else LLM(max_model_len=64)
-    methods = ["ngram"] + (["mtp"] if probe.engine.model.num_mtp_layers else [])
+    methods = [m for m in args.methods if m != "mtp" or probe.engine.model.num_mtp_layers]
     del probe
     print(
         f"model: {args.model or 'built-in demo'}; {len(PROMPTS)} prompts alone, greedy, {args.max_tokens} tokens"
