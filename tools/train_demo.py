@@ -25,6 +25,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import shutil
 import sysconfig
 import time
@@ -280,13 +281,27 @@ def train(data: Path, out: Path, device: str = "cuda") -> None:
             break
     elapsed = time.time() - t0
     heldout = evaluate(model, mtp, torch.load(data / "heldout.pt"), mask, device)
-    export(
-        model,
-        mtp,
-        data,
-        out,
-        {"steps_done": step + 1, "train_seconds": elapsed, "log": log, "heldout_gpu": heldout},
-    )
+    record = {"steps_done": step + 1, "train_seconds": elapsed, "log": log, "heldout_gpu": heldout}
+    save_raw(model, mtp, out, record)
+    if os.environ.get("DEEPINFER_RAW_ONLY") != "1":
+        export(model, mtp, data, out, record)
+
+
+def save_raw(model, mtp, out: Path, record: dict) -> None:
+    """Trained tensors as plain safetensors files under 16 MB each (transformers names; small tensors stay
+    float32), so a machine without the engine's dependencies can hand them back for :func:`export`."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    state = {f"main.{k}": v for k, v in model.state_dict().items()} | {
+        f"mtp.{k}": v for k, v in mtp.state_dict().items()
+    }
+    state = {k: (v.detach().bfloat16() if v.is_floating_point() and v.numel() > 100_000 else v.detach()).cpu().contiguous()
+             for k, v in state.items()}  # fmt: skip
+    embed = {k: v for k, v in state.items() if "embed_tokens" in k or "lm_head" in k}
+    save_file(embed, str(out / "raw-embed.safetensors"))
+    save_file({k: v for k, v in state.items() if k not in embed}, str(out / "raw-rest.safetensors"))
+    (out / "raw-record.json").write_text(json.dumps(record))
 
 
 @torch.no_grad()
@@ -325,6 +340,26 @@ def export(model, mtp, data: Path, out: Path, record: dict) -> None:
     (out / "training.json").write_text(json.dumps(record, indent=1))
 
 
+def export_raw(raw: Path, data: Path, out: Path) -> None:
+    """Rebuild the model from :func:`save_raw`'s files (on the CPU) and :func:`export` it."""
+    from safetensors.torch import load_file
+
+    _, model, mtp = build(torch.device("cpu"))
+    state = load_file(str(raw / "raw-embed.safetensors")) | load_file(str(raw / "raw-rest.safetensors"))
+    for prefix, module in (("main.", model), ("mtp.", mtp)):
+        own = {
+            k[len(prefix) :]: v.float() if v.is_floating_point() else v
+            for k, v in state.items()
+            if k.startswith(prefix)
+        }
+        missing, unexpected = module.load_state_dict(own, strict=False)
+        if missing or unexpected:
+            raise SystemExit(
+                f"raw checkpoint does not fit the model: missing {missing}, unexpected {unexpected}"
+            )
+    export(model, mtp, data, out, json.loads((raw / "raw-record.json").read_text()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -336,11 +371,20 @@ def main() -> None:
     t.add_argument("--steps", type=int, default=None, help="override the step count (smoke runs)")
     t.add_argument("--batch", type=int, default=None, help="override the batch size (smoke runs)")
     t.add_argument("--device", default="cuda")
+    t.add_argument("--time-cap", type=float, default=None, help="stop after this many seconds of training")
+    x = sub.add_parser("export-raw", help="export the raw tensors a GPU run handed back")
+    x.add_argument("--raw", type=Path, required=True)
+    x.add_argument("--data", type=Path, required=True)
+    x.add_argument("--out", type=Path, required=True)
     ns = ap.parse_args()
-    if ns.cmd == "prepare":
+    if ns.cmd == "export-raw":
+        export_raw(ns.raw, ns.data, ns.out)
+    elif ns.cmd == "prepare":
         prepare(ns.out)
     else:
-        TRAIN.update({k: v for k, v in (("steps", ns.steps), ("batch", ns.batch)) if v})
+        TRAIN.update(
+            {k: v for k, v in (("steps", ns.steps), ("batch", ns.batch), ("time_cap_s", ns.time_cap)) if v}
+        )
         train(ns.data, ns.out, ns.device)
 
 

@@ -53,8 +53,12 @@ def load_tokenizer(path: Path, skip: bool) -> Any:
     """The checkpoint's tokenizer, or None when it ships none (token-id prompts only)."""
     if skip or not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    if (path / "tokenizer.json").is_file():
+        # Read tokenizer.json directly: AutoTokenizer would parse config.json through transformers' own
+        # config class, which rejects valid DeepSeek configs (e.g. compress ratios other than 4 and 128).
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
     return AutoTokenizer.from_pretrained(str(path))
 
 

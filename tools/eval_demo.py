@@ -1,0 +1,50 @@
+"""Held-out loss and bits per byte of the demo model's BF16, FP8 and FP4-expert variants, through the engine.
+
+    python tools/eval_demo.py [--files 8] [--chars 4000]
+
+The held-out files are the ones ``tools/train_demo.py prepare`` set aside (sha1(path) % 20 == 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+from deepinfer_core import LLM
+from deepinfer_core.demo import DEMO_DIR, DEMO_FP8_DIR
+from deepinfer_core.evaluation import heldout_score
+from deepinfer_core.quant.convert import quantize_checkpoint
+
+
+def heldout_texts(n: int, chars: int) -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rels = sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*.py") if "site-packages" not in p.parts
+    )
+    held = [r for r in rels if int(hashlib.sha1(r.encode()).hexdigest(), 16) % 20 == 0]
+    return [(root / r).read_text(encoding="utf-8", errors="replace")[:chars] for r in held[:n]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--chars", type=int, default=4000)
+    ns = ap.parse_args()
+    texts = heldout_texts(ns.files, ns.chars)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp4 = quantize_checkpoint(DEMO_DIR, Path(tmp) / "fp4", experts="fp4")
+        for name, path in (("bf16", DEMO_DIR), ("fp8", DEMO_FP8_DIR), ("fp8+fp4 experts", fp4)):
+            t0 = time.perf_counter()
+            llm = LLM(str(path), kv_cache_memory_bytes=64 << 20)
+            s = heldout_score(llm, texts)
+            print(json.dumps({"variant": name, "tokens": s.tokens, "bytes": s.bytes, "loss": round(s.loss, 4),
+                              "bits_per_byte": round(s.bits_per_byte, 4), "seconds": round(time.perf_counter() - t0, 1)}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
