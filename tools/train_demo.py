@@ -281,7 +281,13 @@ def train(data: Path, out: Path, device: str = "cuda") -> None:
             break
     elapsed = time.time() - t0
     heldout = evaluate(model, mtp, torch.load(data / "heldout.pt"), mask, device)
-    record = {"steps_done": step + 1, "train_seconds": elapsed, "log": log, "heldout_gpu": heldout}
+    record = {
+        "steps_done": step + 1,
+        "train_seconds": elapsed,
+        "log": log,
+        "heldout_gpu": heldout,
+        "train": dict(TRAIN),
+    }
     save_raw(model, mtp, out, record)
     if os.environ.get("DEEPINFER_RAW_ONLY") != "1":
         export(model, mtp, data, out, record)
@@ -334,9 +340,8 @@ def export(model, mtp, data: Path, out: Path, record: dict) -> None:
         save_file(state, str(shard))
     for f in (data / "tokenizer").iterdir():
         shutil.copy(f, out / f.name)
-    record.update(
-        {"model": MODEL, "train": TRAIN, "seed": SEED, "data": json.loads((data / "data.json").read_text())}
-    )
+    record.setdefault("train", dict(TRAIN))
+    record.update({"model": MODEL, "seed": SEED, "data": json.loads((data / "data.json").read_text())})
     (out / "training.json").write_text(json.dumps(record, indent=1))
 
 
