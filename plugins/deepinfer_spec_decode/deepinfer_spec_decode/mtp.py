@@ -17,13 +17,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from deepinfer_core.config import ConfigError
-from deepinfer_core.engine.forward_batch import ForwardBatch
-from deepinfer_core.engine.sequence import SeqStatus
-from deepinfer_core.spec_decode import Proposer
+from deepinfer_core.spec_decode import ForwardBatch, Proposer, SeqStatus
 
 if TYPE_CHECKING:
-    from deepinfer_core.engine.scheduler import SchedulerOutput
-    from deepinfer_core.engine.sequence import Sequence
+    from deepinfer_core.spec_decode import SchedulerOutput, Sequence
 
 
 class MTPProposer(Proposer):

@@ -9,7 +9,7 @@ from deepinfer_core.config import ConfigError
 from deepinfer_core.spec_decode import Proposer
 
 if TYPE_CHECKING:
-    from deepinfer_core.engine.sequence import Sequence
+    from deepinfer_core.spec_decode import Sequence
 
 
 def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
