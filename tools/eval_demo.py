@@ -30,12 +30,45 @@ def heldout_texts(n: int, chars: int) -> list[str]:
     return [(root / r).read_text(encoding="utf-8", errors="replace")[:chars] for r in held[:n]]
 
 
+def mtp_acceptance(texts: list[str], k: int, prompt_tokens: int = 128, max_tokens: int = 48) -> dict:
+    """Greedy generation from held-out prompts with MTP drafting; the engine's acceptance counters."""
+    from deepinfer_core import SamplingParams
+
+    llm = LLM(
+        str(DEMO_DIR),
+        kv_cache_memory_bytes=64 << 20,
+        speculative_config={"method": "mtp", "num_speculative_tokens": k},
+    )
+    tok = llm.get_tokenizer()
+    prompts = [
+        {"prompt_token_ids": [tok.bos_token_id, *tok(t, add_special_tokens=False).input_ids[:prompt_tokens]]}
+        for t in texts
+    ]
+    llm.generate(
+        prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
+    st = llm.get_stats()
+    return {
+        "k": k,
+        "draft_tokens": st["spec_num_draft_tokens"],
+        "accepted_tokens": st["spec_num_accepted_tokens"],
+        "acceptance_rate": round(st["spec_num_accepted_tokens"] / max(1, st["spec_num_draft_tokens"]), 4),
+        "mean_acceptance_length": round(st["spec_mean_acceptance_length"], 3),
+        "acceptance_per_position": [round(x, 3) for x in st["spec_acceptance_per_position"]],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--chars", type=int, default=4000)
+    ap.add_argument("--mtp", action="store_true", help="measure MTP acceptance for k = 1, 2, 3 instead")
     ns = ap.parse_args()
     texts = heldout_texts(ns.files, ns.chars)
+    if ns.mtp:
+        for k in (1, 2, 3):
+            print(json.dumps(mtp_acceptance(texts, k)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         fp4 = quantize_checkpoint(DEMO_DIR, Path(tmp) / "fp4", experts="fp4")
         for name, path in (("bf16", DEMO_DIR), ("fp8", DEMO_FP8_DIR), ("fp8+fp4 experts", fp4)):
