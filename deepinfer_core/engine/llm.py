@@ -49,7 +49,7 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    def get_stats(self) -> dict[str, int]:
+    def get_stats(self) -> dict[str, Any]:
         return self.engine.get_stats()
 
     def abort(self, request_id: str) -> None:
