@@ -16,12 +16,8 @@ from deepinfer_core.config import ConfigError
 from deepinfer_core.kv.budget import group_block_bytes, min_blocks
 from deepinfer_core.testing.kv_harness import PagedKVHarness
 
-try:  # the model tests' tiny-checkpoint builder, whether or not tests/ is a package
-    from ..models.deepseek_v4.test_mtp import MTPReference
-    from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf, save_deepseek
-except ImportError:
-    from models.deepseek_v4.test_mtp import MTPReference
-    from models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf, save_deepseek
+from ..models.deepseek_v4.test_mtp import MTPReference
+from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf, save_deepseek
 
 VOCAB = 320
 

@@ -13,10 +13,7 @@ from deepinfer_core import LLM, SamplingParams
 from deepinfer_core.kv.budget import group_block_bytes, min_blocks
 from deepinfer_core.sampling_params import InvalidParameterError
 
-try:  # the model tests' tiny-checkpoint builder, whether or not tests/ is a package
-    from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
-except ImportError:
-    from models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
+from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
 
 VOCAB = 320
 
