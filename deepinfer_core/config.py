@@ -43,7 +43,10 @@ class EngineConfig(BaseModel):
     speculative_config: dict[str, Any] | None = None
     structured_outputs_backend: Literal["auto", "xgrammar", "llguidance"] = "xgrammar"
     skip_tokenizer_init: bool = False
-    enforce_eager: bool = False
+    enforce_eager: bool = Field(False, description="never capture decode steps as graphs")
+    max_cudagraph_capture_size: int = Field(
+        256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"
+    )
     batch_invariant: bool = Field(
         True, description="row results independent of batch composition (reference ops)"
     )

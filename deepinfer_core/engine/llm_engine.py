@@ -54,7 +54,8 @@ class LLMEngine:
         )
         self.kv = KVCacheManager(specs, block_size, self.kv_layout.num_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(model, backends, self.kv_layout)
+        graph_bs = 0 if config.enforce_eager else min(config.max_cudagraph_capture_size, config.max_num_seqs)
+        self.runner = ModelRunner(model, backends, self.kv_layout, self.max_model_len, graph_bs)
         self.structured = StructuredOutputManager(
             structured_backends or {},
             config.structured_outputs_backend,

@@ -43,6 +43,17 @@ class CausalLM(ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` rows (as returned by :meth:`forward`) -> logits ``[L, vocab_size]`` float32."""
 
+    #: :meth:`forward` with a :meth:`plan` in static mode has only static shapes and no host synchronisation,
+    #: so a platform may capture decode steps as graphs
+    supports_graphs: bool = False
+
+    def plan(self, batch: ForwardBatch, context_bucket: int | None = None) -> object | None:
+        """Host-side tables for ``batch`` (which is still on the host), moved to the device with it and read
+        by :meth:`forward` as ``batch.plan``; ``None`` (the default): the model needs none. With
+        ``context_bucket`` (only asked of models that set :attr:`supports_graphs`) the tables' shapes must
+        depend only on the row count and the bucket, every context in the batch being below it."""
+        return None
+
     def mtp_forward(
         self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: dict[str, torch.Tensor]
     ) -> torch.Tensor:

@@ -10,6 +10,8 @@ import torch
 
 class MemoryOps(ABC):
     device: torch.device
+    #: :meth:`capture_graph` captures (the engine then runs decode steps with static shapes and replays)
+    supports_graphs: bool = False
 
     @abstractmethod
     def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:

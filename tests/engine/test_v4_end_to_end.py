@@ -129,3 +129,51 @@ def test_v4_checkpoint_without_tokenizer_serves_token_ids_only(v4):
         llm.generate(["hello"], use_tqdm=False)
     with pytest.raises(InvalidParameterError, match="stop strings need a tokenizer"):
         llm.generate([{"prompt_token_ids": [3]}], SamplingParams(stop=["x"]), use_tqdm=False)
+
+
+def _decode_heavy() -> tuple[list[dict], list[SamplingParams]]:
+    """Requests that finish at different steps (the batch shrinks through buckets 8, 4, 2, 1) and cross
+    the 256-token context bucket while decoding."""
+    rng = random.Random(3)
+    lens, steps = (1, 17, 40, 250, 5, 64), (24, 3, 10, 16, 30, 7)
+    prompts = [{"prompt_token_ids": [rng.randrange(2, VOCAB) for _ in range(n)]} for n in lens]
+    params = [
+        SamplingParams(max_tokens=m, temperature=0.0 if i % 2 else 0.8, seed=i, logprobs=1, ignore_eos=True)
+        for i, m in enumerate(steps)
+    ]
+    return prompts, params
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["static", "replayed"])
+def test_v4_static_decode_steps_match_dynamic_ones(v4, monkeypatch, capture):
+    """Decode steps with static shapes (rows padded to a batch bucket, candidate tables to a context bucket,
+    unused compression entries written to the scratch block) give the dynamic steps' tokens and logprobs.
+
+    ``replayed``: a stand-in for graph capture whose replay re-runs the captured closure over the captured
+    buffers, so every later step reaches the model only through the runner's input copies; an input the
+    forward reads but the runner does not copy would replay a stale step and fail this test."""
+    prompts, params = _decode_heavy()
+    dynamic = _llm(v4[1], max_num_batched_tokens=512).generate(prompts, params, use_tqdm=False)
+    llm = _llm(v4[1], max_num_batched_tokens=512)
+    runner = llm.engine.runner
+    counts = {"captures": 0, "replays": 0}
+    if capture:
+
+        def capture_graph(fn):
+            fn()  # warm-up, like the CUDA path
+            counts["captures"] += 1
+
+            def replay():
+                counts["replays"] += 1
+                fn()
+
+            return replay
+
+        monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
+    runner.static_decode(8, capture=capture)
+    _same(dynamic, llm.generate(prompts, params, use_tqdm=False))
+    if capture:
+        assert counts["captures"] == len(runner.graphs)
+        assert {key[0] for key in runner.graphs} == {1, 2, 4, 8}
+        assert {key[1] for key in runner.graphs} == {256, 512}
+        assert counts["replays"] > 3 * counts["captures"]

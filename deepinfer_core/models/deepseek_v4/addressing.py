@@ -8,6 +8,13 @@ the ``compressed`` group at block ``block_tables["compressed"][b, e*r // block_s
 
 Causality: query ``p`` sees window tokens ``max(0, p-W+1) .. p`` and compressed entries ``e < (p+1) // r``;
 the window of entry ``e`` closes at token ``p = e*r + r - 1``, i.e. when ``(p + 1) % r == 0``.
+
+The tables are built where the batch lives. The model runner builds them on the host (``ModelRunner.prepare``
+calls :meth:`DeepseekV4ForCausalLM.plan`) and moves them to the device with :meth:`StepAddressing.to`, so the
+forward pass itself never synchronises with the host. In *static* mode (CUDA-graph replay) every shape
+depends only on the row count and a context bucket: each row has one (possibly unused) compression entry
+per kind and ``context_bucket // r`` candidate columns; unused entries write to slot ``-1``, the last slot
+of each pool, which the model runner keeps as a scratch block that no request owns.
 """
 
 from __future__ import annotations
@@ -32,18 +39,55 @@ class Compression:
 
 
 class StepAddressing:
-    """Slot tables of one :class:`ForwardBatch`, computed once and shared by every layer."""
+    """Slot tables of one :class:`ForwardBatch`, computed once and shared by every layer.
 
-    def __init__(self, batch: ForwardBatch, sliding_window: int):
+    ``kinds``: the ``(ratio, overlap)`` compressions to build now (the rest are built on first use);
+    ``context_bucket``: static mode, candidate tables ``context_bucket // ratio`` wide and one entry row
+    per token (see the module docstring)."""
+
+    def __init__(
+        self,
+        batch: ForwardBatch,
+        sliding_window: int,
+        kinds: tuple[tuple[int, bool], ...] = (),
+        context_bucket: int | None = None,
+    ):
         self.batch = batch
         self.block_size = batch.block_size
+        self.context_bucket = context_bucket
         self.req = batch.request_index()
         self.positions = batch.positions.long()
         self.token_slots = self.slots("window", self.req, self.positions, 1)
-        offsets = torch.arange(sliding_window, dtype=torch.int64) - (sliding_window - 1)
+        offsets = torch.arange(sliding_window, dtype=torch.int64, device=self.positions.device) - (
+            sliding_window - 1
+        )
         win_pos = self.positions[:, None] + offsets[None, :]
         self.window_slots = self.slots("window", self.req[:, None].expand_as(win_pos), win_pos, 1)
-        self._compressions: dict[tuple[int, bool], Compression] = {}
+        self._compressions: dict[tuple[int, bool], Compression] = {k: self._build(*k) for k in kinds}
+
+    def to(self, device: torch.device) -> StepAddressing:
+        """A copy with every table on ``device`` (all compressions must be built already)."""
+        out = object.__new__(StepAddressing)
+        out.batch, out.block_size, out.context_bucket = None, self.block_size, self.context_bucket
+        out.req = self.req.to(device)
+        out.positions = self.positions.to(device)
+        out.token_slots = self.token_slots.to(device)
+        out.window_slots = self.window_slots.to(device)
+        out._compressions = {
+            k: Compression(
+                *(t.to(device) for t in (c.entry_slots, c.entry_positions, c.src_slots, c.cand_slots))
+            )
+            for k, c in self._compressions.items()
+        }
+        return out
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every table, in a fixed order (graph replay copies them into the captured buffers)."""
+        out = [self.positions, self.token_slots, self.window_slots]
+        for key in sorted(self._compressions):
+            c = self._compressions[key]
+            out += [c.entry_slots, c.entry_positions, c.src_slots, c.cand_slots]
+        return out
 
     def slots(self, group: str, req: torch.Tensor, pos: torch.Tensor, tokens_per_entry: int) -> torch.Tensor:
         """Slot of the entry holding position ``pos`` (``-1`` where ``pos < 0``); raises if a needed block is absent."""
@@ -69,24 +113,35 @@ class StepAddressing:
     def compression(self, ratio: int, overlap: bool) -> Compression:
         key = (ratio, overlap)
         if key not in self._compressions:
+            if self.batch is None:
+                raise RuntimeError(f"compression {key} was not planned on the host (StepAddressing kinds)")
             self._compressions[key] = self._build(ratio, overlap)
         return self._compressions[key]
 
     def _build(self, ratio: int, overlap: bool) -> Compression:
         pos, req = self.positions, self.req
-        closing = torch.nonzero((pos + 1) % ratio == 0).flatten()
-        c_req = req[closing]
-        entry = (pos[closing] + 1) // ratio - 1
-        first = entry * ratio
+        dev = pos.device
+        closes = (pos + 1) % ratio == 0
+        if self.context_bucket is None:
+            rows = torch.nonzero(closes).flatten()
+        else:  # one entry row per token; rows that close nothing address slot -1 (scratch)
+            rows = torch.arange(pos.shape[0], device=dev)
+        c_req = req[rows]
+        entry = (pos[rows] + 1) // ratio - 1
+        live = closes[rows] & (entry >= 0)
+        first = torch.where(live, entry * ratio, -1)
         entry_slots = self.slots("compressed", c_req, first, ratio)
         span = 2 * ratio if overlap else ratio
-        src_pos = (first - (ratio if overlap else 0))[:, None] + torch.arange(span, dtype=torch.int64)[
-            None, :
-        ]
+        start = first - (ratio if overlap else 0)
+        src_pos = start[:, None] + torch.arange(span, dtype=torch.int64, device=dev)[None, :]
+        src_pos = torch.where(live[:, None], src_pos, -1)
         src_slots = self.slots("window", c_req[:, None].expand_as(src_pos), src_pos, 1)
         n_visible = (pos + 1) // ratio
-        width = int(n_visible.max()) if pos.numel() else 0
-        cols = torch.arange(width, dtype=torch.int64)[None, :].expand(pos.shape[0], width)
+        if self.context_bucket is None:
+            width = int(n_visible.max()) if pos.numel() else 0
+        else:
+            width = self.context_bucket // ratio
+        cols = torch.arange(width, dtype=torch.int64, device=dev)[None, :].expand(pos.shape[0], width)
         cand_pos = torch.where(cols < n_visible[:, None], cols * ratio, -1)
         cand_slots = self.slots("compressed", req[:, None].expand_as(cand_pos), cand_pos, ratio)
-        return Compression(entry_slots, first, src_slots, cand_slots)
+        return Compression(entry_slots, first.clamp(min=0), src_slots, cand_slots)

@@ -74,7 +74,8 @@ class Compressor(Module):
         src = state[comp.src_slots.clamp(min=0)]  # [E, L, 2, coff * D]
         empty = (comp.src_slots < 0)[..., None]
         src_kv = src[:, :, 0].masked_fill(empty, 0.0)
-        src_score = src[:, :, 1].masked_fill(empty, float("-inf"))
+        # a row with no source at all (an unused static-mode entry, written to scratch) gets finite scores
+        src_score = src[:, :, 1].masked_fill(empty & ~empty.all(dim=1, keepdim=True), float("-inf"))
         if self.overlap:
             r, d = self.ratio, self.head_dim
             src_kv = torch.cat([src_kv[:, :r, :d], src_kv[:, r:, d:]], dim=1)

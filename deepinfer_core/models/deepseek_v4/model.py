@@ -16,7 +16,7 @@ from deepinfer_core.models.base import CausalLM
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.block import Block, MTPBlock
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointReader
-from deepinfer_core.models.deepseek_v4.config import DeepseekV4Config
+from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.loader import count_mtp_modules, load_weights, read_config
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
 from deepinfer_core.ops.backends import Backends
@@ -68,11 +68,21 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
             raise ValueError(
                 f"layer_range={batch.layer_range}: V4 runs from layer 0 (its input is the embedding)"
             )
-        addr = StepAddressing(batch, self.cfg.sliding_window)
+        addr = batch.plan if batch.plan is not None else StepAddressing(batch, self.cfg.sliding_window)
         h = self._embed(batch.input_ids)[:, None, :].expand(-1, self.cfg.hc_mult, -1).contiguous()
         for block in self.layers[lo:hi]:
             h = block.forward(h, batch.input_ids, addr, kv, self.backends)
         return h
+
+    supports_graphs = True
+
+    def plan(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepAddressing:
+        """The step's slot tables, built where ``batch`` lives (the host) with every host-side check; the
+        runner moves them to the device with the batch. ``context_bucket``: static shapes for graph replay."""
+        kinds = {
+            (block.attn.ratio, block.attn.kind == CSA) for block in self.layers if block.attn.kind != SLIDING
+        }
+        return StepAddressing(batch, self.cfg.sliding_window, tuple(sorted(kinds)), context_bucket)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [L, hc_mult, hidden]`` rows of :meth:`forward` -> ``[L, vocab]`` float32."""

@@ -20,8 +20,11 @@ def kv_budget(free: int, total: int, gpu_memory_utilization: float, model_bytes:
 
 
 class CudaMemoryOps(MemoryOps):
+    supports_graphs = True
+
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
+        self._pool = None  # one memory pool shared by every captured graph (they never run concurrently)
 
     def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:
         torch.cuda.synchronize(self.device)
@@ -46,7 +49,9 @@ class CudaMemoryOps(MemoryOps):
             for _ in range(2):
                 fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._pool):
             fn()
         return graph.replay
