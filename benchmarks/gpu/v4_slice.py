@@ -1,0 +1,756 @@
+"""End-to-end checks and the V4-Flash-shaped slice benchmark for ``cuda_sm100``, in one run on one GPU.
+
+Run from the repository root (the plugins are passed to the runtime directly, no install needed):
+
+    PYTHONPATH=.:plugins/deepinfer_cuda_sm100:plugins/deepinfer_structured:tests/.. \\
+        python benchmarks/gpu/v4_slice.py [--sections greedy slice peer mask] [--layers 4] [--out DIR]
+
+Sections (each runs on its own; a failure is printed and the next one runs):
+
+- ``greedy``: tiny random-weight V4 checkpoints (the test suite's oracle schedules, written by transformers)
+  generated greedily by the reference backend on the CPU in float32 and by ``cuda_sm100`` in float32
+  (eager and with CUDA graphs) and bfloat16, all prompts in one batch. float32 must give the same tokens;
+  bfloat16 reports the token agreement and the largest logprob difference. Also checks that a replayed
+  decode step makes no host synchronisation (``torch.cuda.set_sync_debug_mode("error")``).
+- ``slice``: V4-Flash's dimensions with ``--layers`` layers (sliding, CSA, HCA, CSA, ...), random weights in
+  DeepSeek's formats (FP8 e4m3 128x128 for attention and shared experts, FP4 e2m1 routed experts, BF16
+  embedding and head) loaded through the real checkpoint loader. Decode steps (forward + logits, graphs
+  and eager) at batch 1/16/64/256 and context 4k/32k over KV pools laid out as the engine lays them out;
+  prefill of one 8k prompt. Bytes and FLOPs per step come from a stated model (below); the ceilings, copy
+  bandwidth and BF16 matmul rate, are measured at the start of the same run.
+- ``peer``: the same slice in transformers' ``DeepseekV4ForCausalLM`` (BF16 weights), decode at context
+  4k for the same batches (cache prefilled for one prompt, then replicated per row).
+- ``mask``: structured-output mask time per decode step (xgrammar / llguidance fill on this host, copy,
+  and the plugin's bitmask kernel) at batch 1/32/128 over the 129,280-token vocabulary, as a share of the
+  slice's measured decode step at context 4k.
+
+Byte model of a decode step (what must cross HBM at least once): every non-routed-expert weight, the
+head,
+the routed experts a uniform router touches in expectation (``E * (1 - (1 - k/E)^B)`` per layer), the
+``B`` embedding rows, and per row the KV it reads: the 128-token window, on CSA layers the indexer keys of
+every compressed entry plus the 512 selected entries, on HCA layers every compressed entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+RESULTS: dict = {}
+#: ``--smoke``: the slice section at toy sizes on the CPU reference backend (checks this script itself)
+SMOKE = "--smoke" in sys.argv
+
+
+def log(*a) -> None:
+    print(*a, flush=True)
+
+
+# ----------------------------------------------------------------------------------------- ceilings
+
+
+def ceilings(dev) -> dict[str, float]:
+    import triton
+
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=5, rep=50)
+    copy_bw = 2 * n / (ms * 1e-3)
+    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
+    ms = triton.testing.do_bench(lambda: x @ x, warmup=5, rep=50)
+    mm = 2 * 8192**3 / (ms * 1e-3)
+    a = b = x = None
+    torch.cuda.empty_cache()
+    return {"copy_bytes_per_s": copy_bw, "bf16_matmul_flops": mm}
+
+
+# ----------------------------------------------------------------------------------------- runtime
+
+
+def cuda_runtime(config):
+    import deepinfer_cuda_sm100.plugin as cuda_plugin
+    import deepinfer_structured.plugin as structured_plugin
+    from deepinfer_core.runtime import build_runtime
+
+    return build_runtime(config, extra_plugins=[cuda_plugin, structured_plugin])
+
+
+def make_llm(path: str, backend: str, **kw):
+    from deepinfer_core.config import load_config
+    from deepinfer_core.engine.llm import LLM
+    from deepinfer_core.engine.llm_engine import LLMEngine
+
+    config = load_config(environ={}, model=path, backend=backend, **kw)
+    rt = cuda_runtime(config) if backend == "cuda_sm100" else None
+    return LLM.from_engine(LLMEngine.from_config(config, rt))
+
+
+# ----------------------------------------------------------------------------------------- greedy
+
+
+def section_greedy(args) -> None:
+    import random
+    import tempfile
+
+    from deepinfer_core import SamplingParams
+    from tests.models.deepseek_v4.tiny import CSA, HCA, SWA, Schedule, build_hf
+
+    schedules = [
+        Schedule("csa_hca", (CSA, HCA)),
+        Schedule("swa_csa_hca_hc4", (SWA, CSA, HCA), hc_mult=4, extra={"index_topk": 8}),
+    ]
+    out = {}
+    for sch in schedules:
+        path = tempfile.mkdtemp(prefix=f"v4_{sch.name}_")
+        build_hf(sch, seed=1).save_pretrained(path)
+        rng = random.Random(5)
+        vocab = 320
+        prompts = [
+            {"prompt_token_ids": [rng.randrange(2, vocab) for _ in range(n)]}
+            for n in (1, 7, 33, 130, 300, 64)
+        ]
+        sp = SamplingParams(max_tokens=24, temperature=0.0, logprobs=1, ignore_eos=True)
+        kw = dict(max_model_len=512, kv_cache_memory_bytes=256 << 20, max_num_batched_tokens=256)
+        ref = make_llm(path, "reference", dtype="float32", **kw).generate(prompts, sp, use_tqdm=False)
+        row = {}
+        for name, extra in (
+            ("cuda_f32_eager", dict(dtype="float32", enforce_eager=True)),
+            ("cuda_f32_graphs", dict(dtype="float32")),
+            ("cuda_bf16_graphs", dict(dtype="bfloat16")),
+        ):
+            llm = make_llm(path, "reference" if SMOKE else "cuda_sm100", **kw, **extra)
+            got = llm.generate(prompts, sp, use_tqdm=False)
+            same = total = 0
+            lp_diff = 0.0
+            for r, g in zip(ref, got, strict=True):
+                rt, gt = r.outputs[0].token_ids, g.outputs[0].token_ids
+                total += len(rt)
+                for j, (a, b) in enumerate(zip(rt, gt, strict=True)):
+                    if a != b:
+                        break
+                    same += 1
+                    lp_diff = max(
+                        lp_diff,
+                        abs(r.outputs[0].logprobs[j][a].logprob - g.outputs[0].logprobs[j][b].logprob),
+                    )
+            row[name] = {
+                "tokens_equal_prefix": f"{same}/{total}",
+                "all_equal": same == total,
+                "max_logprob_diff_on_equal_prefix": lp_diff,
+                "graphs_captured": sorted(map(list, llm.engine.runner.graphs)),
+            }
+            log(sch.name, name, row[name])
+            if name == "cuda_f32_graphs" and not SMOKE:
+                row["sync_free_replay"] = sync_check(llm, prompts[0])
+                log(sch.name, "sync_free_replay", row["sync_free_replay"])
+        out[sch.name] = row
+    RESULTS["greedy"] = out
+
+
+def sync_check(llm, prompt) -> str:
+    """Run one more request; on a replayed decode step, make every host synchronisation an error."""
+    from deepinfer_core import SamplingParams
+
+    runner = llm.engine.runner
+    run = runner.run
+    seen = {"replayed": 0}
+
+    def checked(batch):
+        if batch.graph_key is not None and batch.graph_key in runner.graphs:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                out = run(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            seen["replayed"] += 1
+            return out
+        return run(batch)
+
+    runner.run = checked
+    try:
+        llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    except RuntimeError as e:
+        return f"FAILED: {e}"
+    finally:
+        runner.run = run
+    return f"ok: {seen['replayed']} replayed steps without a host synchronisation"
+
+
+# ----------------------------------------------------------------------------------------- the slice
+
+FLASH = dict(
+    vocab_size=129280,
+    hidden_size=4096,
+    num_attention_heads=64,
+    num_key_value_heads=1,
+    head_dim=512,
+    q_lora_rank=1024,
+    qk_rope_head_dim=64,
+    o_groups=8,
+    o_lora_rank=1024,
+    sliding_window=128,
+    index_n_heads=64,
+    index_head_dim=128,
+    index_topk=512,
+    n_routed_experts=256,
+    n_shared_experts=1,
+    num_experts_per_tok=6,
+    moe_intermediate_size=2048,
+    scoring_func="sqrtsoftplus",
+    routed_scaling_factor=1.5,
+    swiglu_limit=10.0,
+    hc_mult=4,
+    hc_sinkhorn_iters=20,
+    hc_eps=1e-6,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    compress_rope_theta=160000.0,
+    rope_scaling={
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    max_position_embeddings=65536,
+    num_nextn_predict_layers=0,
+    eos_token_id=1,
+    bos_token_id=0,
+    tie_word_embeddings=False,
+)
+RATIOS = [0, 4, 128, 4, 128, 4, 0, 4]  # sliding, CSA, HCA, CSA, ...
+
+
+TOY = dict(
+    vocab_size=512,
+    hidden_size=128,
+    num_attention_heads=4,
+    head_dim=64,
+    q_lora_rank=64,
+    qk_rope_head_dim=16,
+    o_groups=2,
+    o_lora_rank=32,
+    index_n_heads=4,
+    index_head_dim=32,
+    index_topk=8,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=64,
+)
+
+
+def slice_raw(layers: int, hash_layers: int = 2) -> dict:
+    return {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        **FLASH,
+        **(TOY if SMOKE else {}),
+        "num_hidden_layers": layers,
+        "compress_ratios": RATIOS[:layers] + [0],
+        "num_hash_layers": min(hash_layers, layers),
+    }
+
+
+class RandomReader:
+    """A checkpoint reader over random tensors in DeepSeek's formats, made on the GPU on demand."""
+
+    def __init__(self, model, device, experts: str = "fp4"):
+        from deepinfer_core.quant.convert import FP8_LINEARS, ROUTED_EXPERT
+
+        self.path, self.device, self.g = "<random>", device, torch.Generator(device).manual_seed(0)
+        self.slots = dict(model.named_slots())
+        self.meta: dict[str, tuple[str, tuple[int, ...], str]] = {}
+        for name, s in self.slots.items():
+            if s.kind == "linear" and ROUTED_EXPERT.match(name) and experts == "fp4":
+                self._pair(name, "fp4", s.shape)
+            elif s.kind == "linear" and (FP8_LINEARS.match(name) or ROUTED_EXPERT.match(name)):
+                self._pair(name, "fp8", s.shape)
+            else:
+                dt = {"float32": "F32", "index": "I64"}.get(s.kind, "BF16")
+                self.meta[name] = (dt, tuple(s.shape), "plain")
+
+    def _pair(self, name, fmt, shape):
+        out_f, in_f = shape
+        base = name[: -len(".weight")]
+        if fmt == "fp8":
+            self.meta[name] = ("F8_E4M3", (out_f, in_f), "fp8")
+            self.meta[f"{base}.scale"] = ("F32", (-(-out_f // 128), -(-in_f // 128)), "fp8_scale")
+        else:
+            self.meta[name] = ("U8", (out_f, in_f // 2), "fp4")
+            self.meta[f"{base}.scale"] = ("F8_E8M0", (out_f, in_f // 32), "fp4_scale")
+
+    def keys(self):
+        return list(self.meta)
+
+    def file_of(self, key):
+        return "random.safetensors"
+
+    def info(self, key):
+        dt, shape, _ = self.meta[key]
+        return dt, shape
+
+    def get(self, key) -> torch.Tensor:
+        dt, shape, kind = self.meta[key]
+        d, g = self.device, self.g
+        if kind == "fp8":
+            return torch.randn(shape, device=d, generator=g).to(torch.float8_e4m3fn)
+        if kind == "fp8_scale":
+            in_f = self.meta[key[: -len(".scale")] + ".weight"][1][1]
+            return torch.full(shape, in_f**-0.5, device=d)
+        if kind == "fp4":
+            return torch.randint(0, 256, shape, device=d, generator=g, dtype=torch.uint8)
+        if kind == "fp4_scale":
+            in_f = 2 * self.meta[key[: -len(".scale")] + ".weight"][1][1]
+            e = round(math.log2(0.5 * in_f**-0.5))
+            return torch.full(shape, 2.0**e, device=d).to(torch.float8_e8m0fnu)
+        if dt == "I64":  # hash routing table: k distinct experts per token
+            n_exp = self.slots[key].shape[1]
+            n_routed = int(self.slots[key.replace("tid2eid", "weight")].shape[0])
+            rows = torch.rand(shape[0], n_routed, device=d, generator=g).argsort(dim=1)[:, :n_exp]
+            return rows
+        t = torch.randn(shape, device=d, generator=g)
+        leaf = key.rsplit(".", 1)[-1]
+        if len(shape) == 1 and ("norm" in key or leaf == "scale" or key.endswith("_scale")):
+            return torch.ones(shape, device=d)
+        if len(shape) >= 2 and dt == "F32":
+            return t * 0.05
+        if dt == "BF16":
+            return (t * shape[-1] ** -0.5).to(torch.bfloat16)
+        return t * 0.1
+
+
+def build_slice(layers: int, backends, dtype=torch.bfloat16):
+    from deepinfer_core.models.deepseek_v4.config import DeepseekV4Config
+    from deepinfer_core.models.deepseek_v4.loader import load_weights
+    from deepinfer_core.models.deepseek_v4.model import DeepseekV4ForCausalLM
+
+    cfg = DeepseekV4Config.from_dict(slice_raw(layers))
+    model = DeepseekV4ForCausalLM(cfg, backends, dtype)
+    load_weights(model, RandomReader(model, backends.memory.device), dtype, backends.memory.device)
+    return model
+
+
+def weight_bytes(model) -> dict[str, float]:
+    """Bytes of the routed experts (per expert per layer), of the embedding, and of everything else."""
+    from deepinfer_core.ops.weights import QuantizedWeight
+
+    def nbytes(v) -> int:
+        if isinstance(v, QuantizedWeight):
+            return v.data.numel() * v.data.element_size() + v.scale.numel() * v.scale.element_size()
+        if isinstance(v, torch.Tensor):
+            return v.numel() * v.element_size()
+        if isinstance(v, (list, tuple)):
+            return sum(nbytes(x) for x in v)
+        return 0
+
+    expert = other = embed = 0
+    for name, s in model.named_slots():
+        b = nbytes(s.value)
+        if ".ffn.experts." in name:
+            expert += b
+        elif name == "embed.weight":
+            embed += b
+        else:
+            other += b
+    n_moe = model.cfg.num_hidden_layers * model.cfg.n_routed_experts
+    return {"per_expert": expert / n_moe, "other": other, "embed_row": embed / model.cfg.vocab_size}
+
+
+def kv_bytes_per_row(cfg, ctx: int, elt: int = 2) -> float:
+    total = 0.0
+    for r in cfg.compress_ratios[: cfg.num_hidden_layers]:
+        total += cfg.sliding_window * cfg.head_dim * elt
+        if r == 4:
+            n = ctx // 4
+            total += n * cfg.index_head_dim * elt + min(cfg.index_topk, n) * cfg.head_dim * elt
+        elif r:
+            total += (ctx // r) * cfg.head_dim * elt
+    return total
+
+
+def decode_bytes(cfg, wb, batch: int, ctx: int) -> float:
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    touched = e * (1 - (1 - k / e) ** batch)
+    return (
+        wb["other"]
+        + cfg.num_hidden_layers * touched * wb["per_expert"]
+        + batch * wb["embed_row"]
+        + batch * kv_bytes_per_row(cfg, ctx)
+    )
+
+
+def prefill_flops(cfg, tokens: int) -> float:
+    """2 x multiply-adds: weights active per token, attention over window + selected / all entries, indexer."""
+    h, d, hid = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
+    attn_w = (
+        hid * cfg.q_lora_rank
+        + cfg.q_lora_rank * h * d
+        + hid * d
+        + cfg.o_groups * cfg.o_lora_rank * (h * d // cfg.o_groups)
+        + hid * cfg.o_groups * cfg.o_lora_rank
+    )
+    ffn_w = 3 * hid * cfg.moe_intermediate_size * (cfg.num_experts_per_tok + cfg.n_shared_experts)
+    per_layer = 2 * tokens * (attn_w + ffn_w)
+    total = 0.0
+    for r in cfg.compress_ratios[: cfg.num_hidden_layers]:
+        total += per_layer + 4 * tokens * h * d * cfg.sliding_window
+        if r == 4:
+            total += 2 * tokens * cfg.q_lora_rank * cfg.index_n_heads * cfg.index_head_dim
+            total += 2 * tokens * (tokens // 4) / 2 * cfg.index_n_heads * cfg.index_head_dim
+            total += 4 * tokens * h * d * cfg.index_topk
+        elif r:
+            total += 4 * tokens * h * d * (tokens // r) / 2
+    return total  # (the logits of the last row only: negligible)
+
+
+class SliceRunner:
+    """The engine's ModelRunner over the slice, with KV pools for ``max_batch`` rows of ``max_ctx`` tokens;
+    decode batches are built by hand (block tables as the KV manager would hand them out)."""
+
+    def __init__(self, model, backends, max_batch: int, max_ctx: int, graphs: bool):
+        from deepinfer_core.engine.model_runner import ModelRunner
+        from deepinfer_core.kv.budget import KVLayout, choose_block_size, group_block_bytes
+
+        specs = model.cache_specs()
+        self.bs = choose_block_size(specs, 128)
+        self.win_blocks = 3
+        self.cmp_blocks = -(-max_ctx // self.bs)
+        num = {"window": max_batch * self.win_blocks, "compressed": max_batch * self.cmp_blocks}
+        layout = KVLayout(self.bs, num, group_block_bytes(specs, self.bs))
+        self.runner = ModelRunner(model, backends, layout, max_ctx, max_batch if graphs else 0)
+        if SMOKE:
+            self.runner.static_decode(max_batch, capture=False)
+        self.model, self.device = model, backends.memory.device
+
+    def batch(self, batch: int, ctx: int, graph: bool):
+        from deepinfer_core.engine.forward_batch import ForwardBatch
+        from deepinfer_core.engine.model_runner import GRAPH_BATCH_SIZES, MIN_CONTEXT_BUCKET
+
+        p = ctx - 1
+        ncol = p // self.bs + 1
+        win = torch.full((batch, ncol), -1, dtype=torch.int64)
+        for c in range(max(0, ncol - self.win_blocks), ncol):
+            win[:, c] = torch.arange(batch) * self.win_blocks + (c % self.win_blocks)
+        cmp = torch.arange(batch)[:, None] * self.cmp_blocks + torch.arange(ncol)[None, :]
+        rows = batch
+        key = None
+        if graph:
+            rows = next(b for b in GRAPH_BATCH_SIZES if b >= batch)
+            rows = min(rows, self.runner.graph_batch_sizes[-1])
+            pad = rows - batch
+            win = torch.cat([win, torch.full((pad, ncol), -1, dtype=torch.int64)])
+            cmp = torch.cat([cmp, torch.full((pad, ncol), -1, dtype=torch.int64)])
+            key = (rows, min(max(MIN_CONTEXT_BUCKET, 1 << p.bit_length()), self.runner.max_model_len))
+        pos = torch.tensor([p] * batch + [-1] * (rows - batch))
+        fb = ForwardBatch(
+            input_ids=torch.randint(2, self.model.vocab_size, (rows,)),
+            positions=pos,
+            query_start_loc=torch.arange(rows + 1),
+            context_lens=pos + 1,
+            block_tables={"window": win, "compressed": cmp},
+            block_size=self.bs,
+            logits_indices=torch.arange(rows),
+        )
+        if key is not None:
+            fb.graph_key, fb.num_real_rows = key, batch
+        fb.plan = self.model.plan(fb, key[1] if key else None)
+        return fb
+
+    def prefill_batch(self, tokens: int):
+        from deepinfer_core.engine.forward_batch import ForwardBatch
+
+        ncol = -(-tokens // self.bs)
+        # the whole prompt's window state is written in one step: it needs a window block per column
+        win = torch.arange(ncol)[None, :]
+        cmp = torch.arange(ncol)[None, :]
+        fb = ForwardBatch(
+            input_ids=torch.randint(2, self.model.vocab_size, (tokens,)),
+            positions=torch.arange(tokens),
+            query_start_loc=torch.tensor([0, tokens]),
+            context_lens=torch.tensor([tokens]),
+            block_tables={"window": win, "compressed": cmp},
+            block_size=self.bs,
+            logits_indices=torch.tensor([tokens - 1]),
+        )
+        fb.plan = self.model.plan(fb, None)
+        return fb
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_call(fn, reps: int = 20) -> float:
+    """Median milliseconds of ``fn`` (synchronised), after 3 warm-up calls."""
+    if SMOKE:
+        reps = 1
+    for _ in range(1 if SMOKE else 3):
+        fn()
+    sync()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def section_slice(args) -> None:
+    from deepinfer_core.config import load_config
+    from deepinfer_core.runtime import build_runtime
+
+    if SMOKE:
+        dev = torch.device("cpu")
+        ceil = RESULTS.setdefault("ceilings", {"copy_bytes_per_s": 1e10, "bf16_matmul_flops": 1e11})
+        rt = build_runtime(load_config(environ={}, backend="reference"))
+    else:
+        dev = torch.device("cuda")
+        ceil = RESULTS.setdefault("ceilings", ceilings(dev))
+        rt = cuda_runtime(load_config(environ={}, backend="cuda_sm100"))
+    log("ceilings", ceil)
+    t0 = time.perf_counter()
+    model = build_slice(args.layers, rt.backends)
+    sync()
+    wb = weight_bytes(model)
+    log(f"slice built in {time.perf_counter() - t0:.1f} s", wb)
+    cfg = model.cfg
+    out = {
+        "layers": args.layers,
+        "compress_ratios": cfg.compress_ratios[: cfg.num_hidden_layers],
+        "decode": [],
+    }
+    max_b, max_ctx = max(args.batches), max(args.contexts)
+    sr = SliceRunner(model, rt.backends, max_b, max_ctx, graphs=True)
+    log(f"KV pools {sum(t.numel() * t.element_size() for t in sr.runner.kv.values()) / 1e9:.1f} GB")
+    for ctx in args.contexts:
+        for b in args.batches:
+            row = {"batch": b, "context": ctx}
+            for mode in ("graph", "eager"):
+                if mode == "eager" and b > 64:
+                    continue
+                try:
+                    fb = sr.batch(b, ctx, graph=mode == "graph").to(dev)
+                    if mode == "eager":
+                        fb.graph_key = None
+                    ms = time_call(lambda fb=fb: sr.runner.run(fb), reps=10 if b >= 64 else 20)
+                    row[f"{mode}_ms"] = ms
+                except Exception as e:  # noqa: BLE001 - report and go on
+                    row[f"{mode}_error"] = f"{type(e).__name__}: {e}"[:300]
+                    log(traceback.format_exc()[-2000:])
+            byts = decode_bytes(cfg, wb, b, ctx)
+            row["bytes"] = byts
+            row["roofline_ms"] = byts / ceil["copy_bytes_per_s"] * 1e3
+            if "graph_ms" in row:
+                row["pct_roofline"] = 100 * row["roofline_ms"] / row["graph_ms"]
+                row["tok_per_s"] = b / row["graph_ms"] * 1e3
+            log(row)
+            out["decode"].append(row)
+    try:
+        tokens = args.prefill
+        fb = sr.prefill_batch(tokens).to(dev)
+        ms = time_call(lambda: sr.runner.run(fb), reps=3)
+        fl = prefill_flops(cfg, tokens)
+        out["prefill"] = {
+            "tokens": tokens,
+            "ms": ms,
+            "flops": fl,
+            "tflops": fl / ms / 1e9,
+            "pct_matmul": 100 * fl / (ms * 1e-3) / ceil["bf16_matmul_flops"],
+            "tok_per_s": tokens / ms * 1e3,
+        }
+        log("prefill", out["prefill"])
+    except Exception as e:  # noqa: BLE001
+        out["prefill_error"] = f"{type(e).__name__}: {e}"[:300]
+        log(traceback.format_exc()[-2000:])
+    RESULTS["slice"] = out
+    sr = model = None
+    if not SMOKE:
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------------- peer
+
+
+def section_peer(args) -> None:
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    dev = torch.device("cuda")
+    kinds = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+    n = args.layers
+    f = FLASH
+    cfg = DeepseekV4Config(
+        vocab_size=f["vocab_size"],
+        hidden_size=f["hidden_size"],
+        moe_intermediate_size=f["moe_intermediate_size"],
+        num_hidden_layers=n,
+        num_attention_heads=f["num_attention_heads"],
+        head_dim=f["head_dim"],
+        q_lora_rank=f["q_lora_rank"],
+        qk_rope_head_dim=f["qk_rope_head_dim"],
+        num_experts_per_tok=f["num_experts_per_tok"],
+        n_routed_experts=f["n_routed_experts"],
+        layer_types=[kinds[r] for r in RATIOS[:n]],
+        hc_mult=f["hc_mult"],
+        compress_rates={kinds[4]: 4, kinds[128]: 128},
+        mlp_layer_types=["hash_moe"] * 2 + ["moe"] * (n - 2),
+        sliding_window=f["sliding_window"],
+        o_groups=f["o_groups"],
+        o_lora_rank=f["o_lora_rank"],
+        index_n_heads=f["index_n_heads"],
+        index_head_dim=f["index_head_dim"],
+        index_topk=f["index_topk"],
+        max_position_embeddings=f["max_position_embeddings"],
+    )
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(dev):
+        model = DeepseekV4ForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+    log(f"transformers slice: {params / 1e9:.1f}B parameters")
+    out = {"params": params, "decode": []}
+    ctx = 4096
+    with torch.no_grad():
+        ids = torch.randint(2, cfg.vocab_size, (1, ctx - 1), device=dev)
+        pre = model(input_ids=ids, use_cache=True)
+        base = pre.past_key_values
+        for b in args.batches:
+            row = {"batch": b, "context": ctx}
+            try:
+                import copy
+
+                cache = copy.deepcopy(base)
+                cache.reorder_cache(torch.zeros(b, dtype=torch.long, device=dev))
+                tok = torch.randint(2, cfg.vocab_size, (b, 1), device=dev)
+
+                def step(tok=tok, cache=cache):
+                    model(input_ids=tok, past_key_values=cache, use_cache=True)
+
+                # each call appends one position; 13 calls move the context by 13 tokens (0.3%)
+                row["ms"] = time_call(step, reps=10)
+                row["tok_per_s"] = b / row["ms"] * 1e3
+                cache = None
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+                log(traceback.format_exc()[-2000:])
+            torch.cuda.empty_cache()
+            log("peer", row)
+            out["decode"].append(row)
+    RESULTS["peer"] = out
+    model = None
+    torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------------- mask
+
+
+def section_mask(args) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import structured as sb  # benchmarks/structured.py
+
+    from deepinfer_core.structured import StructuredOutputManager
+    from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps
+
+    dev = torch.device("cuda")
+    tok = sb.v4_tokenizer()
+    ops = CudaSamplingOps()
+    step_ms = {
+        r["batch"]: r.get("graph_ms")
+        for r in RESULTS.get("slice", {}).get("decode", [])
+        if r["context"] == 4096
+    }
+    out = []
+    for name in ("xgrammar", "llguidance"):
+        try:
+            backend = sb.make_backend(name, tok)
+        except Exception as e:  # noqa: BLE001
+            out.append({"backend": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        for b in (1, 32, 128):
+            manager = StructuredOutputManager({"b": lambda *a, _b=backend, **k: _b}, "b", tok, sb.V, [sb.EOS])
+            ids = [f"r{i}" for i in range(b)]
+            for rid in ids:
+                manager.validate_and_compile(rid, sb.WORKLOADS["json schema"])
+            logits = torch.randn(b, sb.V, device=dev)
+            gen = torch.Generator().manual_seed(0)
+            fills, applies = [], []
+            for step in range(25):
+                t0 = time.perf_counter()
+                mask = manager.fill_bitmask(ids)
+                t1 = time.perf_counter()
+                ops.apply_bitmask(logits, mask.to(dev, non_blocking=True))
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                if step >= 5:
+                    fills.append((t1 - t0) * 1e3)
+                    applies.append((t2 - t1) * 1e3)
+                for rid, t in zip(ids, sb.pick_tokens(mask, gen), strict=True):
+                    if manager.accept(rid, [t]):
+                        manager.free(rid)
+                        manager.validate_and_compile(rid, sb.WORKLOADS["json schema"])
+            fills.sort()
+            applies.sort()
+            row = {
+                "backend": name,
+                "batch": b,
+                "fill_ms": fills[len(fills) // 2],
+                "copy_apply_ms": applies[len(applies) // 2],
+            }
+            ref = step_ms.get(b)
+            if ref:
+                row["step_ms"] = ref
+                row["pct_of_step"] = 100 * (row["fill_ms"] + row["copy_apply_ms"]) / ref
+            log("mask", row)
+            out.append(row)
+    RESULTS["mask"] = out
+
+
+# ----------------------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sections", nargs="+", default=["greedy", "slice", "mask", "peer"])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 32, 64, 128, 256])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
+    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (slice section only)")
+    args = ap.parse_args()
+    RESULTS["meta"] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (smoke)",
+        "torch": torch.__version__,
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "argv": sys.argv,
+    }
+    log(RESULTS["meta"])
+    for s in args.sections:
+        t0 = time.perf_counter()
+        try:
+            globals()[f"section_{s}"](args)
+        except Exception:  # noqa: BLE001 - one section's failure must not hide the others
+            log(f"section {s} failed:\n{traceback.format_exc()[-3000:]}")
+            RESULTS.setdefault("errors", {})[s] = traceback.format_exc()[-1500:]
+        log(f"section {s}: {time.perf_counter() - t0:.1f} s")
+        with open(os.path.join(args.out, "v4_slice.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
