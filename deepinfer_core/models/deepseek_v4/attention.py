@@ -146,6 +146,9 @@ class Attention(Module):
             self.indexer = Indexer(cfg, ratio, name=f"{name}.indexer")
         self.inv_freq = layer_inv_freq(cfg, compressed=kind != SLIDING)
 
+    def post_load(self) -> None:
+        self.inv_freq = self.inv_freq.to(self.attn_sink.value.device)  # RoPE frequencies beside the weights
+
     def _split_groups(self, w: Weight) -> list[Weight]:
         """``wo_a`` as one ``[o_lora_rank, in/groups]`` weight per output group (FP8 stays FP8 when the
         group boundary falls on a 128-row scale block; otherwise it is dequantized once at load)."""
