@@ -45,6 +45,7 @@ class _Graph:
     replay: Callable[[], object]
     inputs: list[torch.Tensor]  # captured input buffers, in ``_graph_inputs`` order
     outputs: list[torch.Tensor]  # the last is the logits buffer [bucket, vocab] that replays refill
+    batch: ForwardBatch  # the captured batch: every tensor the graph reads must outlive it
 
 
 class ModelRunner:
@@ -189,7 +190,7 @@ class ModelRunner:
         runs repeat this step's writes with the same values, so they change no state)."""
         out: list[torch.Tensor] = []
         replay = self.backends.memory.capture_graph(lambda: out.append(self._forward(batch)))
-        return _Graph(replay, self._graph_inputs(batch), out)
+        return _Graph(replay, self._graph_inputs(batch), out, batch)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.forward(batch, self.kv)
