@@ -508,6 +508,29 @@ def time_call(fn, reps: int = 20) -> float:
     return ts[len(ts) // 2]
 
 
+def profile_step(sr, batch: int, ctx: int, dev) -> dict:
+    """GPU time per kernel of an eager decode step (the graph replays the same kernels back to back)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fb = sr.batch(batch, ctx, graph=False).to(dev)
+    sr.runner.run(fb)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            sr.runner.run(fb)
+        sync()
+    rows = sorted(
+        ((e.key, e.self_device_time_total / 5 / 1e3, e.count // 5) for e in prof.key_averages()),
+        key=lambda r: -r[1],
+    )
+    total = sum(r[1] for r in rows)
+    top = [{"kernel": k[:90], "ms": round(ms, 4), "calls": n} for k, ms, n in rows[:14]]
+    log(f"profile batch {batch} ctx {ctx}: kernel time {total:.3f} ms per step")
+    for r in top:
+        log("   ", r)
+    return {"kernel_ms_per_step": total, "launches_per_step": sum(r[2] for r in rows), "top": top}
+
+
 def section_slice(args) -> None:
     from deepinfer_core.config import load_config
     from deepinfer_core.runtime import build_runtime
@@ -558,6 +581,8 @@ def section_slice(args) -> None:
                 row["tok_per_s"] = b / row["graph_ms"] * 1e3
             log(row)
             out["decode"].append(row)
+    if args.profile:
+        out["profile"] = {b: profile_step(sr, b, args.contexts[0], dev) for b in args.profile}
     try:
         tokens = args.prefill
         fb = sr.prefill_batch(tokens).to(dev)
@@ -587,10 +612,10 @@ def section_slice(args) -> None:
 def section_peer(args) -> None:
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
-    dev = torch.device("cuda")
+    dev = torch.device("cpu" if SMOKE else "cuda")
     kinds = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
     n = args.layers
-    f = FLASH
+    f = {**FLASH, **(TOY if SMOKE else {})}
     cfg = DeepseekV4Config(
         vocab_size=f["vocab_size"],
         hidden_size=f["hidden_size"],
@@ -621,7 +646,7 @@ def section_peer(args) -> None:
     params = sum(p.numel() for p in model.parameters())
     log(f"transformers slice: {params / 1e9:.1f}B parameters")
     out = {"params": params, "decode": []}
-    ctx = 4096
+    ctx = 4096 if not SMOKE else 300
     with torch.no_grad():
         ids = torch.randint(2, cfg.vocab_size, (1, ctx - 1), device=dev)
         pre = model(input_ids=ids, use_cache=True)
@@ -645,12 +670,14 @@ def section_peer(args) -> None:
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
                 log(traceback.format_exc()[-2000:])
-            torch.cuda.empty_cache()
+            if not SMOKE:
+                torch.cuda.empty_cache()
             log("peer", row)
             out["decode"].append(row)
     RESULTS["peer"] = out
     model = None
-    torch.cuda.empty_cache()
+    if not SMOKE:
+        torch.cuda.empty_cache()
 
 
 # ----------------------------------------------------------------------------------------- mask
@@ -728,6 +755,7 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--profile", type=int, nargs="*", default=[], help="batches to profile per kernel")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (slice section only)")
     args = ap.parse_args()
     RESULTS["meta"] = {
