@@ -515,12 +515,15 @@ def profile_step(sr, batch: int, ctx: int, dev) -> dict:
     fb = sr.batch(batch, ctx, graph=False).to(dev)
     sr.runner.run(fb)
     sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU if SMOKE else ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             sr.runner.run(fb)
         sync()
     rows = sorted(
-        ((e.key, e.self_device_time_total / 5 / 1e3, e.count // 5) for e in prof.key_averages()),
+        (
+            (e.key, (e.self_cpu_time_total if SMOKE else e.self_device_time_total) / 5 / 1e3, e.count // 5)
+            for e in prof.key_averages()
+        ),
         key=lambda r: -r[1],
     )
     total = sum(r[1] for r in rows)
