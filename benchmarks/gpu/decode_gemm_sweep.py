@@ -80,11 +80,11 @@ def main() -> None:
                 key = f"fp8 M={m}"
                 best.setdefault(key, {}).setdefault(c, []).append(pct)
     moe = CudaMoEOps()
-    E, I, H, K = 256, 2048, 4096, 6
+    E, INTER, H, K = 256, 2048, 4096, 6
     ew = ExpertWeights(
-        [fp4(I, H) for _ in range(E)],
-        [fp4(I, H) for _ in range(E)],
-        [fp4(H, I) for _ in range(E)],
+        [fp4(INTER, H) for _ in range(E)],
+        [fp4(INTER, H) for _ in range(E)],
+        [fp4(H, INTER) for _ in range(E)],
         list(range(E)),
     )
     per_expert = nbytes(ew.w1[0]) * 3
