@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -169,14 +169,38 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    #: programs per output tile along K (float32 partials, then a fixed-order sum: deterministic)
+    split_k: int = 1
 
 
-def gemm_config(rows_per_expert: float, n: int, k: int, fmt: str, gated: bool) -> GemmConfig:
+def gemm_config(
+    rows_per_expert: float, n: int, k: int, fmt: str, gated: bool, active: tuple[int, int] | None = None
+) -> GemmConfig:
     """Grouped expert GEMM (and the quantized dense linear, one expert).
 
     ``block_k`` never exceeds 128, so an FP8 K step lies in one 128-wide scale block, and is a
-    multiple of 64, so an FP4 step holds whole 32-value scale groups.
+    multiple of 64, so an FP4 step holds whole 32-value scale groups. ``active``: ``(rows, experts
+    holding them)``, at most; when the row tiles they make are too few programs to keep every SM
+    streaming weights (decode), K is split (:func:`split_k`).
     """
+    cfg = _gemm_tiles(rows_per_expert, fmt, gated)
+    if active is not None:
+        rows, experts = active
+        tiles = experts * _cdiv(_cdiv(rows, max(experts, 1)), cfg.block_m)
+        cfg = replace(cfg, split_k=split_k(tiles * _cdiv(n, cfg.block_n), k, cfg.block_k))
+    return cfg
+
+
+def split_k(programs: int, k: int, block_k: int) -> int:
+    """K slices per output tile so that about four programs per SM stream weights, each slice at
+    least 512 deep (decode GEMMs have a few row tiles and long K)."""
+    want = 4 * num_sms()
+    if programs >= want:
+        return 1
+    return max(1, min(want // max(programs, 1), k // max(512, block_k)))
+
+
+def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool) -> GemmConfig:
     if arch() == "interpreter":
         return GemmConfig(16, 32, 64, 4, 1)
     # H200 sweep (NOTES.md v2): dequantising formats want 64+ row tiles (wgmma) even at decode,

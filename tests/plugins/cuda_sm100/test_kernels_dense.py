@@ -114,3 +114,20 @@ def test_swiglu_mlp_matches_reference(ops, gen, fmt, limit):
     w2 = _weight(gen, fmt, 128, 96 if fmt != "fp4_e2m1" else 96)
     got = ops.swiglu_mlp(dev(x), *(_to_dev(w) for w in (w1, w3, w2)), limit)
     assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, limit)) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
+def test_linear_and_mlp_with_split_k_match_reference(ops, gen, fmt, monkeypatch):
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+
+    orig = dispatch.gemm_config
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: replace(orig(*a, **k), split_k=4))
+    # K = 320: three slices of two 64-wide steps, the last one partial
+    x = rand(gen, 3, 320, dtype=torch.bfloat16)
+    w = _weight(gen, fmt, 160, 320)
+    assert rel_err(ops.linear(dev(x), _to_dev(w)), REF.linear(x, w)) < BOUND[torch.bfloat16]
+    w1, w3, w2 = _weight(gen, fmt, 128, 320), _weight(gen, fmt, 128, 320), _weight(gen, fmt, 320, 128)
+    got = ops.swiglu_mlp(dev(x), *(_to_dev(v) for v in (w1, w3, w2)), 0.5)
+    assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]

@@ -89,9 +89,10 @@ def _grouped_gemm_kernel(
     w_tab, s_tab, up_tab, up_s_tab,
     tile_expert_ptr, tile_start_ptr, tile_end_ptr,
     N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
+    ws_ptr, R, k_per_split,
     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr, DOT_T: tl.constexpr,
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)
@@ -115,7 +116,9 @@ def _grouped_gemm_kernel(
         up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
         acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ks = tl.arange(0, BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = tl.program_id(2) * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k0 + ks[None, :],
                     mask=rm[:, None] & (k0 + ks < K)[None, :], other=0.0).to(DOT_T)  # fmt: skip
         acc = _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K,
@@ -123,6 +126,14 @@ def _grouped_gemm_kernel(
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
                              BLOCK_K, BLOCK_N)  # fmt: skip
+    if SPLIT_K > 1:  # float32 partial sums by sorted row; _splitk_epilogue_kernel finishes
+        part = ws_ptr + (tl.program_id(2) * (2 if GATED else 1)) * R * N
+        off = rows[:, None].to(tl.int64) * N + n[None, :]
+        wm = rm[:, None] & nm[None, :]
+        tl.store(part + off, acc, mask=wm)
+        if GATED:
+            tl.store(part + R * N + off, acc2, mask=wm)
+        return
     if GATED:
         if limit > 0:
             acc = tl.minimum(acc, limit)
@@ -214,6 +225,35 @@ def tile_schedule(local_ids: torch.Tensor, num_experts: int, block_m: int):
     return order, torch.where(used, ex, -1), t_start, t_end
 
 
+@triton.jit
+def _splitk_epilogue_kernel(
+    ws_ptr, c_ptr, c_idx_ptr, row_w_ptr, R, N, stride_cm, limit,
+    SPLIT_K: tl.constexpr, GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Sum the ``SPLIT_K`` partials of sorted row ``program_id(0)`` in a fixed order (deterministic), then
+    the epilogue of :func:`_grouped_gemm_kernel`: SwiGLU, row weight, scatter, cast."""
+    r = tl.program_id(0)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
+    stride = (2 if GATED else 1) * R * N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for s in range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * stride + r * N + n, mask=nm, other=0.0)
+        if GATED:
+            acc2 += tl.load(ws_ptr + s * stride + R * N + r * N + n, mask=nm, other=0.0)
+    if GATED:
+        if limit > 0:
+            acc = tl.minimum(acc, limit)
+            acc2 = tl.minimum(tl.maximum(acc2, -limit), limit)
+        acc = acc * tl.sigmoid(acc) * acc2
+    if HAS_ROW_W:
+        acc = acc * tl.load(row_w_ptr + r)
+    c_row = tl.load(c_idx_ptr + r) if HAS_C_IDX else r
+    tl.store(c_ptr + c_row.to(tl.int64) * stride_cm + n, acc.to(c_ptr.dtype.element_ty), mask=nm)
+
+
 def grouped_gemm(
     a: torch.Tensor,
     table: WeightTable,
@@ -231,16 +271,33 @@ def grouped_gemm(
     clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given."""
     tile_expert, tile_start, tile_end = sched
     first = gate_table if gate_table is not None else table
-    grid = (tile_expert.numel(), triton.cdiv(table.n, cfg.block_n))
+    gated = gate_table is not None
+    split = max(1, min(cfg.split_k, triton.cdiv(table.k, cfg.block_k)))
+    k_per_split = triton.cdiv(triton.cdiv(table.k, split), cfg.block_k) * cfg.block_k
+    split = triton.cdiv(table.k, k_per_split)
+    rows = a_idx.numel() if a_idx is not None else a.shape[0]  # rows of the sorted problem
+    ws = out
+    if split > 1:  # zeros: rows no tile covers (experts of other ranks) must sum to 0
+        ws = torch.zeros((split, 2 if gated else 1, rows, table.n), dtype=torch.float32, device=a.device)
+    grid = (tile_expert.numel(), triton.cdiv(table.n, cfg.block_n), split)
     _grouped_gemm_kernel[grid](
         a, a_idx if a_idx is not None else tile_start, out, c_idx if c_idx is not None else tile_start,
         row_w if row_w is not None else out,
         first.ptrs, first.scale_ptrs, table.ptrs, table.scale_ptrs,
         tile_expert, tile_start, tile_end,
         table.n, table.k, a.stride(0), out.stride(0), table.stride_wn, table.stride_sn, table.stride_sk, limit,
+        ws, rows, k_per_split,
         FMT=table.fmt, W_T=_TL[table.w_dtype], S_T=_TL[table.s_dtype], DOT_T=dot_dtype(a.dtype),
-        GATED=gate_table is not None, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
+        GATED=gated, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
         HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if split > 1 and rows:
+        bn = min(1024, triton.next_power_of_2(table.n))
+        _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](
+            ws, out, c_idx if c_idx is not None else tile_start, row_w if row_w is not None else out,
+            rows, table.n, out.stride(0), limit,
+            SPLIT_K=split, GATED=gated, HAS_C_IDX=c_idx is not None, HAS_ROW_W=row_w is not None,
+            BLOCK_N=bn, num_warps=4,
+        )  # fmt: skip
     return out

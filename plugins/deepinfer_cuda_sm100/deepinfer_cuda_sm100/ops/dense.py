@@ -8,6 +8,8 @@ Triton GEMM does not beat for dense shapes.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from deepinfer_core.ops.dense import DenseOps
@@ -31,7 +33,8 @@ class CudaDenseOps(DenseOps):
         out = torch.empty((x2.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
         if x2.shape[0] == 0:
             return out.view(*lead, -1)
-        cfg = dispatch.gemm_config(x2.shape[0], table.n, table.k, weight.format, gated=False)
+        T = x2.shape[0]
+        cfg = dispatch.gemm_config(T, table.n, table.k, weight.format, gated=False, active=(T, 1))
         gg.grouped_gemm(x2, table, single_expert_schedule(x2.shape[0], cfg.block_m, x.device), out, cfg)
         return out.view(*lead, -1)
 
@@ -61,13 +64,11 @@ class CudaDenseOps(DenseOps):
         if T == 0:
             return out
         fmt = w1.format if isinstance(w1, QuantizedWeight) else "plain"
-        cfg_up = dispatch.gemm_config(T, t1.n, t1.k, fmt, gated=True)
+        cfg_up = dispatch.gemm_config(T, t1.n, t1.k, fmt, gated=True, active=(T, 1))
         sched = single_expert_schedule(T, cfg_up.block_m, x.device)
         gg.grouped_gemm(x, t3, sched, h, cfg_up, gate_table=t1, limit=limit)
         fmt2 = w2.format if isinstance(w2, QuantizedWeight) else "plain"
-        cfg_dn = dispatch.gemm_config(T, t2.n, t2.k, fmt2, gated=False)
-        cfg_dn = type(cfg_dn)(
-            cfg_up.block_m, cfg_dn.block_n, cfg_dn.block_k, cfg_dn.num_warps, cfg_dn.num_stages
-        )
+        cfg_dn = dispatch.gemm_config(T, t2.n, t2.k, fmt2, gated=False, active=(T, 1))
+        cfg_dn = replace(cfg_dn, block_m=cfg_up.block_m)
         gg.grouped_gemm(h, t2, sched, out, cfg_dn)
         return out

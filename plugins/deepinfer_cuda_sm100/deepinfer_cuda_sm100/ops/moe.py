@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from deepinfer_core.ops.moe import MoEOps
@@ -57,11 +59,10 @@ class CudaMoEOps(MoEOps):
         flat = ids.reshape(-1)
         known = (flat >= 0) & (flat < p.lut.numel())
         local = torch.where(known, p.lut[flat.clamp(0, p.lut.numel() - 1)], -1)
-        cfg_up = dispatch.gemm_config(T * k / E, p.w1.n, p.w1.k, p.fmt, gated=True)
-        cfg_dn = dispatch.gemm_config(T * k / E, p.w2.n, p.w2.k, p.fmt2, gated=False)
-        cfg_dn = type(cfg_dn)(
-            cfg_up.block_m, cfg_dn.block_n, cfg_dn.block_k, cfg_dn.num_warps, cfg_dn.num_stages
-        )
+        active = (T * k, min(E, T * k))  # rows, and experts holding them at most
+        cfg_up = dispatch.gemm_config(T * k / E, p.w1.n, p.w1.k, p.fmt, gated=True, active=active)
+        cfg_dn = dispatch.gemm_config(T * k / E, p.w2.n, p.w2.k, p.fmt2, gated=False, active=active)
+        cfg_dn = replace(cfg_dn, block_m=cfg_up.block_m)
         order, *sched = gg.tile_schedule(local, E, cfg_up.block_m)
         h = torch.empty((T * k, p.w1.n), dtype=x.dtype, device=x.device)
         gg.grouped_gemm(
