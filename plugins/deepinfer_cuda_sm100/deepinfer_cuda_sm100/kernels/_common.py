@@ -26,5 +26,15 @@ def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
 
 
+@triton.jit
+def mma(a, b, acc, DOT_T: tl.constexpr):
+    """``tl.dot(a, b, acc)``; float32 operands multiply in full float32 (``ieee``), not Triton's default
+    TF32, so the float32 engine path follows the float32 reference."""
+    if DOT_T == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(int(n)))

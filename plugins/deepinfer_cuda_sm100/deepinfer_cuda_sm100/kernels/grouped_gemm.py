@@ -31,7 +31,7 @@ import triton.language as tl
 
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma
 
 FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
 
@@ -80,7 +80,7 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
 def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
               FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N)
-    return tl.dot(a, tl.trans(w), acc)
+    return mma(a, tl.trans(w), acc, DOT_T)
 
 
 @triton.jit

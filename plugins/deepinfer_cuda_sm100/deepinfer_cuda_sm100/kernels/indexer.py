@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype, pow2
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pow2
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def _indexer_score_kernel(
         k = tl.load(
             key_ptr + slot[:, None] * stride_key + d[None, :], mask=valid[:, None] & dm[None, :], other=0.0
         )
-        s = tl.dot(k.to(DOT_T), tl.trans(q))
+        s = mma(k.to(DOT_T), tl.trans(q), None, DOT_T)
         score = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
         score = tl.where(valid, score, float("-inf"))
         tl.store(out_ptr + t * stride_ot + c0 + cols, score, mask=cm)

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype, pow2
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pow2
 
 LOG2E = 1.4426950408889634
 
@@ -33,13 +33,13 @@ def _attend(q, pool_ptr, slots_ptr, n_slots, stride_pool, d, dmask, m_i, l_i, ac
             other=0.0,
         )
         k = k.to(DOT_T)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = mma(q, tl.trans(k), None, DOT_T) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), k)
+        acc = acc * alpha[:, None] + mma(p.to(DOT_T), k, None, DOT_T)
         m_i = m_new
     return m_i, l_i, acc
 
