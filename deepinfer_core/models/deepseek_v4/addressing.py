@@ -14,7 +14,10 @@ calls :meth:`DeepseekV4ForCausalLM.plan`) and moves them to the device with :met
 forward pass itself never synchronises with the host. In *static* mode (CUDA-graph replay) every shape
 depends only on the row count and a context bucket: each row has one (possibly unused) compression entry
 per kind and ``context_bucket // r`` candidate columns; unused entries write to slot ``-1``, the last slot
-of each pool, which the model runner keeps as a scratch block that no request owns.
+of each pool, which the model runner keeps as a scratch block that no request owns. The candidate tables
+(``rows x context_bucket / ratio``, megabytes at long contexts) are not built on the host in static mode:
+the host checks that every block they need is present, and :meth:`StepAddressing.to` builds them on the
+device from the block table (tensor ops only, no synchronisation).
 """
 
 from __future__ import annotations
@@ -66,19 +69,27 @@ class StepAddressing:
         self._compressions: dict[tuple[int, bool], Compression] = {k: self._build(*k) for k in kinds}
 
     def to(self, device: torch.device) -> StepAddressing:
-        """A copy with every table on ``device`` (all compressions must be built already)."""
+        """A copy with every table on ``device`` (all compressions must be built already); deferred
+        candidate tables are built there."""
         out = object.__new__(StepAddressing)
         out.batch, out.block_size, out.context_bucket = None, self.block_size, self.context_bucket
         out.req = self.req.to(device)
         out.positions = self.positions.to(device)
         out.token_slots = self.token_slots.to(device)
         out.window_slots = self.window_slots.to(device)
-        out._compressions = {
-            k: Compression(
-                *(t.to(device) for t in (c.entry_slots, c.entry_positions, c.src_slots, c.cand_slots))
+        table = self.batch.block_tables["compressed"].to(device) if self.batch is not None else None
+        out._compressions = {}
+        for (ratio, overlap), c in self._compressions.items():
+            cand = c.cand_slots
+            if cand is None:  # deferred (static mode): build it where it is used
+                width = self.context_bucket // ratio
+                cand = candidate_slots(table, out.req, out.positions, ratio, width, self.block_size)
+            out._compressions[(ratio, overlap)] = Compression(
+                c.entry_slots.to(device),
+                c.entry_positions.to(device),
+                c.src_slots.to(device),
+                cand.to(device),
             )
-            for k, c in self._compressions.items()
-        }
         return out
 
     def tensors(self) -> list[torch.Tensor]:
@@ -137,11 +148,42 @@ class StepAddressing:
         src_pos = torch.where(live[:, None], src_pos, -1)
         src_slots = self.slots("window", c_req[:, None].expand_as(src_pos), src_pos, 1)
         n_visible = (pos + 1) // ratio
-        if self.context_bucket is None:
-            width = int(n_visible.max()) if pos.numel() else 0
-        else:
-            width = self.context_bucket // ratio
+        if self.context_bucket is not None:
+            self._check_candidate_blocks(n_visible * ratio)
+            return Compression(entry_slots, first.clamp(min=0), src_slots, None)  # built by to()
+        width = int(n_visible.max()) if pos.numel() else 0
         cols = torch.arange(width, dtype=torch.int64, device=dev)[None, :].expand(pos.shape[0], width)
         cand_pos = torch.where(cols < n_visible[:, None], cols * ratio, -1)
         cand_slots = self.slots("compressed", req[:, None].expand_as(cand_pos), cand_pos, ratio)
         return Compression(entry_slots, first.clamp(min=0), src_slots, cand_slots)
+
+    def _check_candidate_blocks(self, covered: torch.Tensor) -> None:
+        """Every ``compressed`` block holding a position below ``covered[t]`` (row ``t``'s visible entries)
+        is present: the check :meth:`slots` makes on a full candidate table, made per block."""
+        table = self.batch.block_tables["compressed"]
+        need = (covered + self.block_size - 1) // self.block_size  # block columns row t reads
+        if bool((need > table.shape[1]).any()):
+            raise RuntimeError(
+                f"block_tables['compressed'] has {table.shape[1]} columns; a row needs {int(need.max())}"
+            )
+        cols = torch.arange(table.shape[1], dtype=torch.int64)[None, :]
+        missing = (cols < need[:, None]) & (table[self.req] < 0)
+        if bool(missing.any()):
+            t, col = (int(i) for i in torch.nonzero(missing)[0])
+            raise RuntimeError(
+                f"no 'compressed' block for position {col * self.block_size} of request {int(self.req[t])}: "
+                "state still needed by this step was released"
+            )
+
+
+def candidate_slots(
+    table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, ratio: int, width: int, block_size: int
+) -> torch.Tensor:
+    """``[T, width]`` compressed-pool slots of the entries query ``t`` may attend (``e < (pos+1)//ratio``),
+    ``-1`` padding, from the ``compressed`` block table; tensor ops only (no checks, no synchronisation)."""
+    cols = torch.arange(width, dtype=torch.int64, device=pos.device)[None, :]
+    valid = cols < ((pos + 1) // ratio)[:, None]
+    cand_pos = torch.where(valid, cols * ratio, 0)
+    block = table[req[:, None], cand_pos // block_size]
+    epb = block_size // ratio
+    return torch.where(valid, block * epb + (cand_pos // ratio) % epb, -1)

@@ -1,0 +1,59 @@
+"""Static-mode slot tables (graph replay): the same slots as dynamic mode, padded; the candidate tables
+are built from the block table by ``to()``; a missing block is still refused on the host."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_core.engine.forward_batch import ForwardBatch
+from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
+
+BS = 16
+KINDS = ((4, True), (16, False))
+
+
+def _batch(positions: list[int], cmp_tables: list[list[int]]) -> ForwardBatch:
+    n = len(positions)
+    width = max(len(t) for t in cmp_tables)
+    cmp = torch.tensor([t + [-1] * (width - len(t)) for t in cmp_tables])
+    win = torch.arange(n)[:, None] * 8 + torch.arange(width)[None, :]  # every window block present
+    pos = torch.tensor(positions)
+    return ForwardBatch(
+        input_ids=torch.zeros(n, dtype=torch.int64),
+        positions=pos,
+        query_start_loc=torch.arange(n + 1),
+        context_lens=pos + 1,
+        block_tables={"window": win, "compressed": cmp},
+        block_size=BS,
+        logits_indices=torch.arange(n),
+    )
+
+
+def test_static_tables_equal_the_dynamic_ones_padded():
+    g = torch.Generator().manual_seed(0)
+    positions = [5, 63, 64, 100, 3]
+    tables = [torch.randperm(40, generator=g)[: p // BS + 1].tolist() for p in positions]
+    batch = _batch(positions, tables)
+    dyn = StepAddressing(batch, sliding_window=8, kinds=KINDS)
+    static = StepAddressing(batch, sliding_window=8, kinds=KINDS, context_bucket=256).to(torch.device("cpu"))
+    assert torch.equal(static.token_slots, dyn.token_slots)
+    assert torch.equal(static.window_slots, dyn.window_slots)
+    for ratio, overlap in KINDS:
+        d, s = dyn.compression(ratio, overlap), static.compression(ratio, overlap)
+        assert s.cand_slots.shape == (len(positions), 256 // ratio)
+        width = d.cand_slots.shape[1]
+        assert torch.equal(s.cand_slots[:, :width], d.cand_slots)
+        assert bool((s.cand_slots[:, width:] == -1).all())
+        closing = torch.nonzero((torch.tensor(positions) + 1) % ratio == 0).flatten()
+        assert torch.equal(s.entry_slots[closing], d.entry_slots)
+        assert torch.equal(s.src_slots[closing], d.src_slots)
+        others = torch.ones(len(positions), dtype=torch.bool)
+        others[closing] = False
+        assert bool((s.entry_slots[others] == -1).all()) and bool((s.src_slots[others] == -1).all())
+
+
+def test_static_mode_refuses_a_released_compressed_block_on_the_host():
+    batch = _batch([40], [[0, -1, 2]])  # entries 0..9 of ratio 4 live in blocks 0..2; block 1 is gone
+    with pytest.raises(RuntimeError, match="no 'compressed' block for position 16"):
+        StepAddressing(batch, sliding_window=8, kinds=((4, True),), context_bucket=256)
