@@ -84,6 +84,15 @@ def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride
 
 
 @triton.jit
+def _swiglu(gate, up, limit):
+    """``silu(min(gate, limit)) * clamp(up, -limit, limit)`` (no clamping when ``limit <= 0``)."""
+    if limit > 0:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
 def _grouped_gemm_kernel(
     a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr,
     w_tab, s_tab, up_tab, up_s_tab,
@@ -135,10 +144,7 @@ def _grouped_gemm_kernel(
             tl.store(part + R * N + off, acc2, mask=wm)
         return
     if GATED:
-        if limit > 0:
-            acc = tl.minimum(acc, limit)
-            acc2 = tl.minimum(tl.maximum(acc2, -limit), limit)
-        acc = acc * tl.sigmoid(acc) * acc2
+        acc = _swiglu(acc, acc2, limit)
     if HAS_ROW_W:
         acc = acc * tl.load(row_w_ptr + rows, mask=rm, other=0.0)[:, None]
     if HAS_C_IDX:
@@ -244,10 +250,7 @@ def _splitk_epilogue_kernel(
         if GATED:
             acc2 += tl.load(ws_ptr + s * stride + R * N + r * N + n, mask=nm, other=0.0)
     if GATED:
-        if limit > 0:
-            acc = tl.minimum(acc, limit)
-            acc2 = tl.minimum(tl.maximum(acc2, -limit), limit)
-        acc = acc * tl.sigmoid(acc) * acc2
+        acc = _swiglu(acc, acc2, limit)
     if HAS_ROW_W:
         acc = acc * tl.load(row_w_ptr + r)
     c_row = tl.load(c_idx_ptr + r) if HAS_C_IDX else r
