@@ -434,7 +434,6 @@ class SliceRunner:
 
     def batch(self, batch: int, ctx: int, graph: bool):
         from deepinfer_core.engine.forward_batch import ForwardBatch
-        from deepinfer_core.engine.model_runner import GRAPH_BATCH_SIZES, MIN_CONTEXT_BUCKET
 
         p = ctx - 1
         ncol = p // self.bs + 1
@@ -442,15 +441,11 @@ class SliceRunner:
         for c in range(max(0, ncol - self.win_blocks), ncol):
             win[:, c] = torch.arange(batch) * self.win_blocks + (c % self.win_blocks)
         cmp = torch.arange(batch)[:, None] * self.cmp_blocks + torch.arange(ncol)[None, :]
-        rows = batch
-        key = None
-        if graph:
-            rows = next(b for b in GRAPH_BATCH_SIZES if b >= batch)
-            rows = min(rows, self.runner.graph_batch_sizes[-1])
-            pad = rows - batch
-            win = torch.cat([win, torch.full((pad, ncol), -1, dtype=torch.int64)])
-            cmp = torch.cat([cmp, torch.full((pad, ncol), -1, dtype=torch.int64)])
-            key = (rows, min(max(MIN_CONTEXT_BUCKET, 1 << p.bit_length()), self.runner.max_model_len))
+        key = self.runner.graph_key(batch, p) if graph else None
+        rows = key[0] if key else batch
+        pad = rows - batch
+        win = torch.cat([win, torch.full((pad, ncol), -1, dtype=torch.int64)])
+        cmp = torch.cat([cmp, torch.full((pad, ncol), -1, dtype=torch.int64)])
         pos = torch.tensor([p] * batch + [-1] * (rows - batch))
         fb = ForwardBatch(
             input_ids=torch.randint(2, self.model.vocab_size, (rows,)),

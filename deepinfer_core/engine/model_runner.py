@@ -36,10 +36,6 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256
 MIN_CONTEXT_BUCKET = 256
 
 
-def _bucket(n: int, sizes: tuple[int, ...]) -> int:
-    return next(b for b in sizes if b >= n)
-
-
 @dataclass
 class _Graph:
     replay: Callable[[], object]
@@ -94,34 +90,40 @@ class ModelRunner:
         scheduled = sched.scheduled
         n_req = len(scheduled)
         decode = sched.num_tokens == n_req and all(s.samples for s in scheduled)
-        bucket = None
-        if decode and n_req and not self.keep_hidden and n_req <= (self.graph_batch_sizes or (0,))[-1]:
-            bucket = _bucket(n_req, self.graph_batch_sizes)
+        key = self.graph_key(n_req, max(s.start for s in scheduled)) if decode and n_req else None
+        rows = key[0] if key else n_req
         if decode:
-            vectors = self._decode_vectors(scheduled, bucket or n_req)  # one token per sequence
+            vectors = self._decode_vectors(scheduled, rows)  # one token per sequence
         else:
             vectors = self._mixed_vectors(scheduled)
         sizes = [len(v) for v in vectors]
         flat = torch.tensor([x for v in vectors for x in v], dtype=torch.int64)
-        input_ids, positions, qsl, ctx, rows = flat.split(sizes)
+        input_ids, positions, qsl, ctx, logit_rows = flat.split(sizes)
         batch = ForwardBatch(
             input_ids=input_ids,
             positions=positions,
             query_start_loc=qsl,
             context_lens=ctx,
-            block_tables={g: self._block_table(sched, g, bucket or n_req) for g in self.groups},
+            block_tables={g: self._block_table(sched, g, rows) for g in self.groups},
             block_size=self.block_size,
-            logits_indices=rows,
+            logits_indices=logit_rows,
         )
-        context_bucket = None
-        if bucket is not None:
-            context_bucket = min(
-                max(MIN_CONTEXT_BUCKET, 1 << (max(s.start for s in scheduled)).bit_length()),
-                max(self.max_model_len, MIN_CONTEXT_BUCKET),
-            )
-            batch.graph_key, batch.num_real_rows = (bucket, context_bucket), n_req
-        batch.plan = self.model.plan(batch, context_bucket)  # host-side tables and checks
+        if key is not None:
+            batch.graph_key, batch.num_real_rows = key, n_req
+        batch.plan = self.model.plan(batch, key[1] if key else None)  # host-side tables and checks
         return batch.to(self.device)
+
+    def graph_key(self, rows: int, max_position: int) -> tuple[int, int] | None:
+        """``(batch bucket, context bucket)`` of a decode step of ``rows`` sequences whose last position
+        is ``max_position``, or ``None`` when the step runs with dynamic shapes."""
+        sizes = self.graph_batch_sizes
+        if self.keep_hidden or not sizes or rows > sizes[-1]:
+            return None
+        context = min(
+            max(MIN_CONTEXT_BUCKET, 1 << max_position.bit_length()),
+            max(self.max_model_len, MIN_CONTEXT_BUCKET),
+        )
+        return next(b for b in sizes if b >= rows), context
 
     @staticmethod
     def _decode_vectors(scheduled: list[ScheduledSeq], rows: int) -> tuple[list[int], ...]:
