@@ -15,9 +15,8 @@ import time
 
 import torch
 
-sys.argv = [sys.argv[0], "--smoke"]  # the slice builder's toy sizes: planning cost does not depend on them
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu")]
-import v4_slice as vs  # noqa: E402
+import slice_model as sm  # noqa: E402
 
 from deepinfer_core.config import load_config  # noqa: E402
 from deepinfer_core.runtime import build_runtime  # noqa: E402
@@ -26,8 +25,8 @@ from deepinfer_core.runtime import build_runtime  # noqa: E402
 def main() -> None:
     torch.set_num_threads(1)
     rt = build_runtime(load_config(environ={}, backend="reference"))
-    sr = vs.SliceRunner(vs.build_slice(4, rt.backends), rt.backends, 256, 32768, graphs=False)
-    sr.runner.static_decode(256, capture=False)
+    # toy widths: planning cost depends on the layer kinds, batch and context, not on the widths
+    sr = sm.SliceRunner(sm.build_slice(4, rt.backends, toy=True), rt.backends, 256, 32768, graphs=True)
     print(f"# {os.cpu_count()} CPUs, torch {torch.__version__}, 1 thread; median of 5")
     print("| batch | context | mode | plan ms | to() ms | tables MB |")
     print("|---|---|---|---|---|---|")
