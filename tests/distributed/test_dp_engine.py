@@ -15,6 +15,7 @@ from deepinfer_core import LLM, SamplingParams
 from deepinfer_core.distributed.vote import RankFailureError
 
 from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
+from ..outputs import assert_same_outputs
 
 VOCAB = 320
 KW = dict(kv_cache_memory_bytes=32 << 20, max_model_len=512, max_num_batched_tokens=64)
@@ -48,18 +49,6 @@ def _params(n: int = 7) -> list[SamplingParams]:
     ]
 
 
-def _same(a, b, atol: float = 1e-5) -> None:
-    for x, y in zip(a, b, strict=True):
-        cx, cy = x.outputs[0], y.outputs[0]
-        assert cx.token_ids == cy.token_ids
-        for px, py in zip(cx.logprobs, cy.logprobs, strict=True):
-            assert px.keys() == py.keys()
-            assert max(abs(px[t].logprob - py[t].logprob) for t in px) <= atol
-        if x.prompt_logprobs is not None:
-            for px, py in zip(x.prompt_logprobs[1:], y.prompt_logprobs[1:], strict=True):
-                assert max(abs(px[t].logprob - py[t].logprob) for t in px) <= atol
-
-
 @pytest.fixture(scope="module")
 def single(ckpt):
     llm = LLM(ckpt, **KW)
@@ -77,14 +66,14 @@ def test_dp2_ep2_with_eplb_mid_generation_matches_one_process(ckpt, single):
         **KW,
     )
     try:
-        _same(single[0], llm.generate(_prompts(), _params(), use_tqdm=False))
+        assert_same_outputs(single[0], llm.generate(_prompts(), _params(), use_tqdm=False))
         stats = llm.get_stats()
         assert stats["eplb_rebalances"] >= 2  # placements changed while sequences were running
         assert stats["eplb_imbalance_after"] <= stats["eplb_imbalance_before"]
         assert stats["dp_idle_steps"] > 0  # a rank ran empty batches while the other worked
         assert stats["num_requests"] == 7
         # one prompt: rank 1 has nothing to do in every step
-        _same(single[1], llm.generate(_prompts()[:1], _params()[:1], use_tqdm=False))
+        assert_same_outputs(single[1], llm.generate(_prompts()[:1], _params()[:1], use_tqdm=False))
         assert llm.get_stats()["dp_idle_steps"] >= 2
     finally:
         llm.engine.close()
@@ -93,7 +82,7 @@ def test_dp2_ep2_with_eplb_mid_generation_matches_one_process(ckpt, single):
 def test_dp4_ep4_matches_one_process(ckpt, single):
     llm = LLM(ckpt, data_parallel_size=4, expert_parallel=True, **KW)
     try:
-        _same(single[0], llm.generate(_prompts(), _params(), use_tqdm=False))
+        assert_same_outputs(single[0], llm.generate(_prompts(), _params(), use_tqdm=False))
         assert [m.routed.num_local_experts for m in llm.engine.rank.ep.layers] == [2, 2]
     finally:
         llm.engine.close()

@@ -18,6 +18,7 @@ from deepinfer_core.testing.kv_harness import PagedKVHarness
 
 from ..models.deepseek_v4.test_mtp import MTPReference
 from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf, save_deepseek
+from ..outputs import assert_same_outputs
 
 VOCAB = 320
 
@@ -54,15 +55,6 @@ PARAMS = [
 ]
 
 
-def _same(a, b, atol: float = 1e-5) -> None:
-    for x, y in zip(a, b, strict=True):
-        cx, cy = x.outputs[0], y.outputs[0]
-        assert cx.token_ids == cy.token_ids
-        for px, py in zip(cx.logprobs, cy.logprobs, strict=True):
-            assert px.keys() == py.keys()
-            assert max(abs(px[t].logprob - py[t].logprob) for t in px) <= atol
-
-
 @pytest.fixture(scope="module")
 def plain(ckpt):
     return _llm(ckpt, enable_prefix_caching=False).generate(_prompts(), PARAMS, use_tqdm=False)
@@ -76,7 +68,7 @@ def _no_leaks(llm: LLM) -> None:
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
 def test_mtp_greedy_output_is_unchanged(ckpt, plain, k):
     llm = _llm(ckpt, k, max_num_batched_tokens=64)
-    _same(plain, llm.generate(_prompts(), PARAMS, use_tqdm=False))
+    assert_same_outputs(plain, llm.generate(_prompts(), PARAMS, use_tqdm=False))
     s = llm.get_stats()
     assert s["spec_num_draft_tokens"] > 0
     assert len(s["spec_acceptance_per_position"]) == k
@@ -89,7 +81,7 @@ def test_mtp_under_a_small_token_budget_and_preemption(ckpt, plain):
     need = min_blocks(specs, bs, 256, 16)
     budget = sum(need[g] * b for g, b in group_block_bytes(specs, bs).items())
     llm = _llm(ckpt, 3, max_num_batched_tokens=16, kv_cache_memory_bytes=budget)
-    _same(plain, llm.generate(_prompts(), PARAMS, use_tqdm=False))
+    assert_same_outputs(plain, llm.generate(_prompts(), PARAMS, use_tqdm=False))
     assert llm.get_stats()["num_preemptions"] > 0
     _no_leaks(llm)
 

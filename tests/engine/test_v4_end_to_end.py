@@ -14,6 +14,7 @@ from deepinfer_core.kv.budget import group_block_bytes, min_blocks
 from deepinfer_core.sampling_params import InvalidParameterError
 
 from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
+from ..outputs import assert_same_outputs
 
 VOCAB = 320
 
@@ -47,15 +48,6 @@ def _params() -> list[SamplingParams]:
     ]
 
 
-def _same(a, b, atol: float = 1e-5) -> None:
-    for x, y in zip(a, b, strict=True):
-        cx, cy = x.outputs[0], y.outputs[0]
-        assert cx.token_ids == cy.token_ids
-        for px, py in zip(cx.logprobs, cy.logprobs, strict=True):
-            assert px.keys() == py.keys()
-            assert max(abs(px[t].logprob - py[t].logprob) for t in px) <= atol
-
-
 @pytest.fixture(scope="module")
 def alone(v4):
     llm = _llm(v4[1], enable_prefix_caching=False, max_num_batched_tokens=4096)
@@ -65,7 +57,7 @@ def alone(v4):
 @pytest.mark.parametrize("max_num_batched_tokens", [16, 48, 4096])
 def test_v4_batch_of_20_matches_each_prompt_alone(v4, alone, max_num_batched_tokens):
     llm = _llm(v4[1], max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=False)
-    _same(alone, llm.generate(_prompts(), _params(), use_tqdm=False))
+    assert_same_outputs(alone, llm.generate(_prompts(), _params(), use_tqdm=False))
 
 
 def test_v4_preemption_at_the_smallest_budget_changes_nothing(v4, alone):
@@ -77,7 +69,7 @@ def test_v4_preemption_at_the_smallest_budget_changes_nothing(v4, alone):
     idx = [5, 6, 4, 3, 2, 9]
     outs = llm.generate([_prompts()[i] for i in idx], [_params()[i] for i in idx], use_tqdm=False)
     assert llm.get_stats()["num_preemptions"] > 0
-    _same([alone[i] for i in idx], outs)
+    assert_same_outputs([alone[i] for i in idx], outs)
 
 
 def test_v4_prefix_cache_reuses_compressed_state_exactly(v4, alone):
@@ -89,7 +81,7 @@ def test_v4_prefix_cache_reuses_compressed_state_exactly(v4, alone):
     out = llm.generate([p[5]], _params()[5], use_tqdm=False)[0]
     assert out.num_cached_tokens == 300 // 16 * 16  # every kind of state reused for 18 full blocks
     assert llm.get_stats()["prefix_cache_hits"] == out.num_cached_tokens
-    _same([alone[5]], [out])
+    assert_same_outputs([alone[5]], [out])
 
 
 def test_v4_greedy_and_prompt_logprobs_match_transformers(v4):
@@ -171,7 +163,7 @@ def test_v4_static_decode_steps_match_dynamic_ones(v4, monkeypatch, capture):
 
         monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
     runner.static_decode(8, capture=capture)
-    _same(dynamic, llm.generate(prompts, params, use_tqdm=False))
+    assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
     if capture:
         assert counts["captures"] == len(runner.graphs)
         assert {key[0] for key in runner.graphs} == {1, 2, 4, 8}
