@@ -14,6 +14,8 @@ else. Each function looks at the problem shape and at :func:`arch`:
 from __future__ import annotations
 
 import functools
+import importlib.util
+import math
 import os
 from dataclasses import dataclass, replace
 
@@ -171,6 +173,14 @@ class GemmConfig:
     num_stages: int
     #: programs per output tile along K (float32 partials, then a fixed-order sum: deterministic)
     split_k: int = 1
+    #: the CUDA-core kernel for 1-8 rows per tile (``kernels/gemv.py``) instead of the tensor cores
+    gemv: bool = False
+
+
+#: decode tiles of at most this many rows go to the CUDA-core GEMV kernel. H200 (benchmarks/gpu/NOTES.md
+#: v6): one row is 1.5-2.5x faster than the tensor cores (FP8 1-row projections, FP4 experts at batch 1);
+#: at 2-8 rows the GEMV is slower (FP4 experts at batch 16: 3.0 vs 2.4 ms), so only 1-row tiles go to it.
+GEMV_MAX_ROWS = 1
 
 
 def gemm_config(
@@ -201,6 +211,8 @@ def split_k(programs: int, k: int, block_k: int) -> int:
 
 
 def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool) -> GemmConfig:
+    if rows_per_expert <= GEMV_MAX_ROWS:
+        return gemv_config(rows_per_expert, fmt)
     if arch() == "interpreter":
         return GemmConfig(16, 32, 64, 4, 1)
     # H200 sweep (NOTES.md v2): dequantising formats want 64+ row tiles (wgmma) even at decode,
@@ -221,6 +233,45 @@ def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool) -> GemmConfig:
     bn = 64 if gated or bm >= 128 else 128
     warps = 4 if bm <= 64 else 8
     return GemmConfig(bm, bn, 64, warps, 3 if fmt == "fp4_e2m1" else 4)
+
+
+def gemv_config(rows_per_expert: float, fmt: str) -> GemmConfig:
+    """Decode: tiles of ``block_m`` (1-8) rows; each program streams ``block_n`` weight rows in
+    ``block_k``-wide steps (about 8 KB a step; ``block_n`` divides 128 for the FP8 block scales)."""
+    bm = _p2(math.ceil(rows_per_expert), 1, 8)  # the kernel unrolls its rows: at most 8
+    if arch() == "interpreter":
+        return GemmConfig(bm, 16, 64, 4, 1, gemv=True)
+    bk = {"fp4_e2m1": 1024, "fp8_block": 512}.get(fmt, 256)
+    return GemmConfig(bm, 16, bk, 4, 1, gemv=True)
+
+
+#: FP8 GEMMs with at least this many rows (prefill chunks, above every decode graph's batch) may go to
+#: the TileLang kernel
+TILELANG_MIN_ROWS = 512
+
+
+@functools.cache
+def tilelang_installed() -> bool:
+    return importlib.util.find_spec("tilelang") is not None
+
+
+def fp8_gemm_backend(rows: int, n: int, k: int, dtype: torch.dtype) -> str:
+    """``"tilelang"`` or ``"triton"`` for a dense FP8-block GEMM of ``rows`` activations of ``dtype``.
+
+    TileLang's WGMMA kernel (``kernels/tl_fp8_gemm.py``) takes prefill-sized bf16 problems with ``N`` and
+    ``K`` multiples of 128 on SM90 when tilelang is installed, unless ``DEEPINFER_CUDA_TILELANG=0``.
+    SM100 stays on Triton: the TileLang kernel would compile for ``sm_100a`` but has never run there.
+    """
+    ok = (
+        arch() == "sm90"
+        and rows >= TILELANG_MIN_ROWS
+        and n % 128 == 0
+        and k % 128 == 0
+        and dtype == torch.bfloat16
+        and os.environ.get("DEEPINFER_CUDA_TILELANG", "1") != "0"
+        and tilelang_installed()
+    )
+    return "tilelang" if ok else "triton"
 
 
 @dataclass(frozen=True)

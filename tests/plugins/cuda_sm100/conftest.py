@@ -18,3 +18,22 @@ if not torch.cuda.is_available():
 @pytest.fixture
 def gen() -> torch.Generator:
     return torch.Generator().manual_seed(20261202)
+
+
+@pytest.fixture(params=["tensor_cores", "gemv"])
+def gemm_kind(request, monkeypatch):
+    """Force every grouped GEMM onto one kernel: the tensor-core tiles or the CUDA-core GEMV (decode)."""
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+
+    orig = dispatch.gemm_config
+
+    def forced(rows, n, k, fmt, gated, active=None):
+        cfg = orig(rows, n, k, fmt, gated, active)
+        if request.param == "gemv":
+            return replace(dispatch.gemv_config(min(rows, 8), fmt), split_k=cfg.split_k)
+        return replace(cfg, gemv=False, block_m=16, block_n=32, block_k=64) if cfg.gemv else cfg
+
+    monkeypatch.setattr(dispatch, "gemm_config", forced)
+    return request.param

@@ -97,18 +97,19 @@ def _to_dev(w):
 
 
 @pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
-def test_quantized_linear_dequantizes_in_kernel(ops, gen, fmt):
-    # 160 outputs: a partial 128-row FP8 scale block; 192 inputs: a partial K tile.
-    x = rand(gen, 7, 192, dtype=torch.bfloat16)
+@pytest.mark.parametrize("rows", [1, 2, 7])
+def test_quantized_linear_dequantizes_in_kernel(ops, gen, gemm_kind, fmt, rows):
+    # 160 outputs: a partial 128-row FP8 scale block; 192 inputs: a partial K tile; 1-2 rows: decode tiles.
+    x = rand(gen, rows, 192, dtype=torch.bfloat16)
     w = _weight(gen, fmt, 160, 192)
     got = ops.linear(dev(x), _to_dev(w))
-    assert got.shape == (7, 160) and got.dtype == torch.bfloat16
+    assert got.shape == (rows, 160) and got.dtype == torch.bfloat16
     assert rel_err(got, REF.linear(x, w)) < BOUND[torch.bfloat16]
 
 
 @pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
 @pytest.mark.parametrize("limit", [0.0, 0.5])
-def test_swiglu_mlp_matches_reference(ops, gen, fmt, limit):
+def test_swiglu_mlp_matches_reference(ops, gen, gemm_kind, fmt, limit):
     x = rand(gen, 9, 128, dtype=torch.bfloat16)
     w1, w3 = _weight(gen, fmt, 96, 128), _weight(gen, fmt, 96, 128)
     w2 = _weight(gen, fmt, 128, 96 if fmt != "fp4_e2m1" else 96)
@@ -117,7 +118,7 @@ def test_swiglu_mlp_matches_reference(ops, gen, fmt, limit):
 
 
 @pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
-def test_linear_and_mlp_with_split_k_match_reference(ops, gen, fmt, monkeypatch):
+def test_linear_and_mlp_with_split_k_match_reference(ops, gen, gemm_kind, fmt, monkeypatch):
     from dataclasses import replace
 
     from deepinfer_cuda_sm100 import dispatch

@@ -60,7 +60,7 @@ def _experts(gen, fmt, n, d, i, expert_ids=None):
 
 
 @pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
-def test_experts_match_reference(ops, gen, fmt):
+def test_experts_match_reference(ops, gen, gemm_kind, fmt):
     T, k, E, D, inter = 19, 3, 6, 128, 64
     ew = _experts(gen, fmt, E, D, inter)
     x = rand(gen, T, D, dtype=torch.bfloat16)
@@ -72,7 +72,7 @@ def test_experts_match_reference(ops, gen, fmt):
     assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
 
 
-def test_experts_skip_ids_owned_by_other_ranks(ops, gen):
+def test_experts_skip_ids_owned_by_other_ranks(ops, gen, gemm_kind):
     """Expert parallelism: this rank holds global experts 4, 5 and 9 only; other ids add nothing."""
     T, k, D, inter = 8, 2, 64, 32
     ew = _experts(gen, "plain", 3, D, inter, expert_ids=[4, 9, 5])
@@ -98,7 +98,7 @@ def split_k(monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
-def test_experts_with_split_k_match_reference(ops, gen, split_k, fmt):
+def test_experts_with_split_k_match_reference(ops, gen, gemm_kind, split_k, fmt):
     T, k, E, D, inter = 11, 2, 5, 256, 192  # K = 256 and 192: two and three slices
     ew = _experts(gen, fmt, E, D, inter, expert_ids=[7, 1, 3, 0, 2])
     x = rand(gen, T, D, dtype=torch.bfloat16)

@@ -92,8 +92,52 @@ def test_dispatch_arch_by_capability(monkeypatch):
 
 def test_gemm_config_keeps_quant_blocks_aligned(monkeypatch):
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
-    for rows in (1, 20, 100, 5000):
+    for rows in (1, 2, 20, 100, 5000):
         for fmt in ("plain", "fp8_block", "fp4_e2m1"):
             cfg = dispatch.gemm_config(rows, 4096, 2048, fmt, gated=rows % 2 == 0)
+            if cfg.gemv:  # one-row decode tiles: whole FP4 scale groups per step, FP8 scale rows per program
+                assert rows <= dispatch.GEMV_MAX_ROWS and 1 <= cfg.block_m <= 8
+                assert cfg.block_k % 32 == 0 and 128 % cfg.block_n == 0
+                continue
             assert 128 % cfg.block_k == 0 and cfg.block_k % 64 == 0
             assert cfg.block_m >= 16
+
+
+def test_decode_gemms_take_the_gemv_kernel_only_for_one_row_tiles(monkeypatch):
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
+    assert dispatch.gemm_config(1, 1024, 4096, "fp8_block", gated=False, active=(1, 1)).gemv
+    assert dispatch.gemm_config(6 / 6, 2048, 4096, "fp4_e2m1", gated=True, active=(6, 6)).gemv
+    assert not dispatch.gemm_config(1.2, 2048, 4096, "fp4_e2m1", gated=True, active=(96, 81)).gemv
+    assert not dispatch.gemm_config(4, 1024, 4096, "fp8_block", gated=False, active=(4, 1)).gemv
+
+
+def test_fp8_prefill_gemm_goes_to_tilelang_only_where_it_was_run(monkeypatch):
+    monkeypatch.setattr(dispatch, "tilelang_installed", lambda: True)
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    bf16 = torch.bfloat16
+    assert dispatch.fp8_gemm_backend(8192, 4096, 8192, bf16) == "tilelang"
+    assert dispatch.fp8_gemm_backend(8192, 4096, 8192, torch.float32) == "triton"  # bf16 WGMMA only
+    assert dispatch.fp8_gemm_backend(8192, 4000, 8192, bf16) == "triton"  # N not whole 128-row scale blocks
+    assert dispatch.fp8_gemm_backend(dispatch.TILELANG_MIN_ROWS - 1, 4096, 8192, bf16) == "triton"
+    monkeypatch.setenv("DEEPINFER_CUDA_TILELANG", "0")
+    assert dispatch.fp8_gemm_backend(8192, 4096, 8192, bf16) == "triton"
+    monkeypatch.delenv("DEEPINFER_CUDA_TILELANG")
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm100")  # never run on SM100: stays on Triton
+    assert dispatch.fp8_gemm_backend(8192, 4096, 8192, bf16) == "triton"
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "tilelang_installed", lambda: False)
+    assert dispatch.fp8_gemm_backend(8192, 4096, 8192, bf16) == "triton"
+
+
+def test_tilelang_kernel_lowers_to_wgmma_cuda_without_a_gpu():
+    """Where tilelang (and nvcc) are installed, the kernel compiles for sm_90a here, no GPU needed."""
+    pytest.importorskip("tilelang")
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    from deepinfer_cuda_sm100.kernels import tl_fp8_gemm
+
+    src = tl_fp8_gemm.source(256, 512)
+    assert "wgmma" in src and "fp8_e4_t" in src

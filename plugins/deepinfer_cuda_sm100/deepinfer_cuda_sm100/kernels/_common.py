@@ -36,5 +36,41 @@ def mma(a, b, acc, DOT_T: tl.constexpr):
         return tl.dot(a, b, acc)
 
 
+@triton.jit
+def swiglu(gate, up, limit):
+    """``silu(min(gate, limit)) * clamp(up, -limit, limit)`` (no clamping when ``limit <= 0``)."""
+    if limit > 0:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
+def store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
+               GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """The end of a grouped-GEMM tile (``acc``, and ``acc2`` = up when ``GATED``; rows by sorted row).
+
+    With ``SPLIT_K > 1`` the float32 partials go to this K slice's workspace and
+    ``_splitk_epilogue_kernel`` finishes; otherwise: SwiGLU, per-row weight, scatter to ``c_idx`` rows, cast."""
+    if SPLIT_K > 1:
+        part = ws_ptr + (tl.program_id(2) * (2 if GATED else 1)) * R * N
+        off = rows[:, None].to(tl.int64) * N + n[None, :]
+        wm = rm[:, None] & nm[None, :]
+        tl.store(part + off, acc, mask=wm)
+        if GATED:
+            tl.store(part + R * N + off, acc2, mask=wm)
+    else:
+        if GATED:
+            acc = swiglu(acc, acc2, limit)
+        if HAS_ROW_W:
+            acc = acc * tl.load(row_w_ptr + rows, mask=rm, other=0.0)[:, None]
+        if HAS_C_IDX:
+            c_rows = tl.load(c_idx_ptr + rows, mask=rm, other=0)
+        else:
+            c_rows = rows
+        tl.store(c_ptr + c_rows[:, None].to(tl.int64) * stride_cm + n[None, :], acc.to(c_ptr.dtype.element_ty),
+                 mask=rm[:, None] & nm[None, :])  # fmt: skip
+
+
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(int(n)))

@@ -31,7 +31,8 @@ import triton.language as tl
 
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, store_tile, swiglu
+from deepinfer_cuda_sm100.kernels.gemv import _grouped_gemv_kernel
 
 FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
 
@@ -84,15 +85,6 @@ def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride
 
 
 @triton.jit
-def _swiglu(gate, up, limit):
-    """``silu(min(gate, limit)) * clamp(up, -limit, limit)`` (no clamping when ``limit <= 0``)."""
-    if limit > 0:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-    return gate * tl.sigmoid(gate) * up
-
-
-@triton.jit
 def _grouped_gemm_kernel(
     a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr,
     w_tab, s_tab, up_tab, up_s_tab,
@@ -120,10 +112,10 @@ def _grouped_gemm_kernel(
     w_base = tl.load(w_tab + ex).to(tl.pointer_type(W_T))
     s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         up_base = tl.load(up_tab + ex).to(tl.pointer_type(W_T))
         up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
-        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ks = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(2) * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
@@ -135,24 +127,8 @@ def _grouped_gemm_kernel(
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
                              BLOCK_K, BLOCK_N)  # fmt: skip
-    if SPLIT_K > 1:  # float32 partial sums by sorted row; _splitk_epilogue_kernel finishes
-        part = ws_ptr + (tl.program_id(2) * (2 if GATED else 1)) * R * N
-        off = rows[:, None].to(tl.int64) * N + n[None, :]
-        wm = rm[:, None] & nm[None, :]
-        tl.store(part + off, acc, mask=wm)
-        if GATED:
-            tl.store(part + R * N + off, acc2, mask=wm)
-        return
-    if GATED:
-        acc = _swiglu(acc, acc2, limit)
-    if HAS_ROW_W:
-        acc = acc * tl.load(row_w_ptr + rows, mask=rm, other=0.0)[:, None]
-    if HAS_C_IDX:
-        c_rows = tl.load(c_idx_ptr + rows, mask=rm, other=0)
-    else:
-        c_rows = rows
-    tl.store(c_ptr + c_rows[:, None].to(tl.int64) * stride_cm + n[None, :], acc.to(c_ptr.dtype.element_ty),
-             mask=rm[:, None] & nm[None, :])  # fmt: skip
+    store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
+               GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
 
 
 @dataclass
@@ -209,7 +185,8 @@ def tile_schedule(local_ids: torch.Tensor, num_experts: int, block_m: int):
     ``local_ids [R]`` (``-1``: not computed here). Returns ``(order, tile_expert, tile_start, tile_end)``:
     row ``i`` of the sorted problem is source row ``order[i]``; tile ``j`` covers sorted rows
     ``[tile_start[j], tile_end[j])`` of expert ``tile_expert[j]`` (``-1``: an unused tile). The tile count
-    is the static bound ``cdiv(R, block_m) + num_experts``, so nothing here waits for the device.
+    is the static bound ``min(cdiv(R, block_m) + num_experts, R)`` (each tile holds a row), so nothing
+    here waits for the device.
     """
     dev = local_ids.device
     key = torch.where(local_ids < 0, num_experts, local_ids)
@@ -221,7 +198,7 @@ def tile_schedule(local_ids: torch.Tensor, num_experts: int, block_m: int):
     starts = ends - counts
     tiles = (counts + block_m - 1) // block_m
     tile_ends = torch.cumsum(tiles, 0)
-    n_tiles = triton.cdiv(local_ids.numel(), block_m) + num_experts
+    n_tiles = min(triton.cdiv(local_ids.numel(), block_m) + num_experts, local_ids.numel())
     tid = torch.arange(n_tiles, device=dev)
     ex = torch.searchsorted(tile_ends, tid, right=True)
     used = ex < num_experts
@@ -250,7 +227,7 @@ def _splitk_epilogue_kernel(
         if GATED:
             acc2 += tl.load(ws_ptr + s * stride + R * N + r * N + n, mask=nm, other=0.0)
     if GATED:
-        acc = _swiglu(acc, acc2, limit)
+        acc = swiglu(acc, acc2, limit)
     if HAS_ROW_W:
         acc = acc * tl.load(row_w_ptr + r)
     c_row = tl.load(c_idx_ptr + r) if HAS_C_IDX else r
@@ -280,21 +257,30 @@ def grouped_gemm(
     split = triton.cdiv(table.k, k_per_split)
     rows = a_idx.numel() if a_idx is not None else a.shape[0]  # rows of the sorted problem
     ws = out
-    if split > 1:  # zeros: rows no tile covers (experts of other ranks) must sum to 0
-        ws = torch.zeros((split, 2 if gated else 1, rows, table.n), dtype=torch.float32, device=a.device)
+    if (
+        split > 1
+    ):  # MoE (gathered or scattered rows): zeros, as rows no tile covers (other ranks' experts) sum to 0
+        alloc = torch.zeros if a_idx is not None or c_idx is not None else torch.empty
+        ws = alloc((split, 2 if gated else 1, rows, table.n), dtype=torch.float32, device=a.device)
     grid = (tile_expert.numel(), triton.cdiv(table.n, cfg.block_n), split)
-    _grouped_gemm_kernel[grid](
+    args = (
         a, a_idx if a_idx is not None else tile_start, out, c_idx if c_idx is not None else tile_start,
         row_w if row_w is not None else out,
         first.ptrs, first.scale_ptrs, table.ptrs, table.scale_ptrs,
         tile_expert, tile_start, tile_end,
         table.n, table.k, a.stride(0), out.stride(0), table.stride_wn, table.stride_sn, table.stride_sk, limit,
         ws, rows, k_per_split,
-        FMT=table.fmt, W_T=_TL[table.w_dtype], S_T=_TL[table.s_dtype], DOT_T=dot_dtype(a.dtype),
+    )  # fmt: skip
+    meta = dict(
+        FMT=table.fmt, W_T=_TL[table.w_dtype], S_T=_TL[table.s_dtype],
         GATED=gated, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
         HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if cfg.gemv:
+        _grouped_gemv_kernel[grid](*args, **meta)
+    else:
+        _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), **meta)
     if split > 1 and rows:
         bn = min(1024, triton.next_power_of_2(table.n))
         _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](

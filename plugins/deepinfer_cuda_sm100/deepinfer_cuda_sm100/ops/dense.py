@@ -2,6 +2,7 @@
 
 Triton: RMSNorm, RoPE, mHC (``hc_pre``/``hc_post``/``hc_head``), quantized ``linear`` (FP8/FP4
 dequantised in the GEMM) and ``swiglu_mlp`` (gate and up fused with the activation, then down).
+TileLang: FP8 ``linear`` at prefill sizes on SM90 when tilelang is installed (``dispatch.fp8_gemm_backend``).
 Torch on the GPU: ``linear`` with a plain BF16/FP32 weight is ``x @ w.T`` through cuBLAS, which a
 Triton GEMM does not beat for dense shapes.
 """
@@ -34,6 +35,14 @@ class CudaDenseOps(DenseOps):
         if x2.shape[0] == 0:
             return out.view(*lead, -1)
         T = x2.shape[0]
+        if weight.format == "fp8_block" and weight.scale.dtype == torch.float32:
+            tilelang = dispatch.fp8_gemm_backend(T, table.n, table.k, x.dtype) == "tilelang"
+            if tilelang and not torch.cuda.is_current_stream_capturing():  # graphs replay Triton only
+                from deepinfer_cuda_sm100.kernels import tl_fp8_gemm
+
+                return tl_fp8_gemm.fp8_block_gemm(x2.contiguous(), weight.data, weight.scale, out).view(
+                    *lead, -1
+                )
         cfg = dispatch.gemm_config(T, table.n, table.k, weight.format, gated=False, active=(T, 1))
         gg.grouped_gemm(x2, table, single_expert_schedule(x2.shape[0], cfg.block_m, x.device), out, cfg)
         return out.view(*lead, -1)

@@ -51,17 +51,18 @@ class CudaMoEOps(MoEOps):
     def experts(self, x, ids, weights, experts, swiglu_limit):
         T, D = x.shape
         k = ids.shape[1]
-        out = torch.zeros((T, D), dtype=x.dtype, device=x.device)
         if T == 0 or experts.num_local_experts == 0:
-            return out
+            return torch.zeros((T, D), dtype=x.dtype, device=x.device)
         p = self._prepared.get((experts,), lambda: _Prepared(experts, x.device))
         E = experts.num_local_experts
         flat = ids.reshape(-1)
         known = (flat >= 0) & (flat < p.lut.numel())
         local = torch.where(known, p.lut[flat.clamp(0, p.lut.numel() - 1)], -1)
         active = (T * k, min(E, T * k))  # rows, and experts holding them at most
-        cfg_up = dispatch.gemm_config(T * k / E, p.w1.n, p.w1.k, p.fmt, gated=True, active=active)
-        cfg_dn = dispatch.gemm_config(T * k / E, p.w2.n, p.w2.k, p.fmt2, gated=False, active=active)
+        # rows per expert that has any, expected under uniform routing (decode: mostly 1-2)
+        per = T * k / max(1.0, E * (1 - (1 - min(k, E) / E) ** T))
+        cfg_up = dispatch.gemm_config(per, p.w1.n, p.w1.k, p.fmt, gated=True, active=active)
+        cfg_dn = dispatch.gemm_config(per, p.w2.n, p.w2.k, p.fmt2, gated=False, active=active)
         cfg_dn = replace(cfg_dn, block_m=cfg_up.block_m)
         order, *sched = gg.tile_schedule(local, E, cfg_up.block_m)
         h = torch.empty((T * k, p.w1.n), dtype=x.dtype, device=x.device)

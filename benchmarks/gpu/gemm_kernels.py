@@ -1,0 +1,251 @@
+"""The quantized GEMM kernels at V4-Flash shapes on the GPU: checked against the dequantised matmul, timed.
+
+Decode (memory-bound; % of the copy bandwidth measured in the same run): the FP8 attention projections at
+1 and 4 rows, and the FP4 routed experts (256 x 2048 x 4096, top-6) at batch 1, 16, 64 and 256, each on
+the tensor-core kernel and on the CUDA-core GEMV kernel (``kernels/gemv.py``), plus GEMV launch variants.
+Every timing is of a CUDA graph of ``REPS`` calls (eager launches of these sizes time the host, NOTES.md v5).
+
+Prefill (compute-bound; % of the bf16 matmul rate measured in the same run): the FP8 dense projections
+at 8192 rows on the Triton kernel, on the TileLang kernel (``kernels/tl_fp8_gemm.py``, when tilelang is
+installed) and, as a peer, cuBLAS on a weight dequantised to bf16 beforehand.
+
+    PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python benchmarks/gpu/gemm_kernels.py [--out DIR]
+"""
+
+# ruff: noqa: B023 - every lambda is called before its loop variables change
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import triton
+
+from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
+from deepinfer_core.plugins.registry import reference_op
+from deepinfer_core.quant.formats import FP4_BLOCK, FP8_BLOCK, _e2m1_lut
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
+
+DEV = torch.device("cuda")
+REPS = 10
+G = torch.Generator(DEV).manual_seed(7)
+ROWS: list[dict] = []
+#: GEMV launch variants tried beside the default: (block_n, block_k, num_warps[, block_m])
+VARIANTS = {
+    "fp8_block": [(8, 512, 4), (16, 256, 4), (16, 512, 2), (8, 1024, 4)],
+    "fp4_e2m1": [(8, 1024, 4), (16, 512, 4), (16, 1024, 2), (16, 1024, 4, 1), (16, 1024, 4, 2)],
+}
+
+
+def fp8(n: int, k: int) -> QuantizedWeight:
+    data = (torch.randn(n, k, device=DEV, generator=G) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    exps = torch.randint(
+        -14, -8, (triton.cdiv(n, FP8_BLOCK), triton.cdiv(k, FP8_BLOCK)), device=DEV, generator=G
+    )
+    return QuantizedWeight(data, torch.exp2(exps.float()), "fp8_block", (n, k))
+
+
+def fp4(n: int, k: int) -> QuantizedWeight:
+    data = torch.randint(0, 256, (n, k // 2), device=DEV, generator=G, dtype=torch.int32).to(torch.uint8)
+    scale = torch.exp2(torch.randint(-9, -5, (n, k // 32), device=DEV, generator=G).float())
+    return QuantizedWeight(data, scale, "fp4_e2m1", (n, k))
+
+
+def dequantize(w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The dequantised weight, computed on the GPU (``formats.dequant`` works block row by row on the host)."""
+    n, k = w.shape
+    if w.format == "fp8_block":
+        s = w.scale.repeat_interleave(FP8_BLOCK, 0)[:n].repeat_interleave(FP8_BLOCK, 1)[:, :k]
+        return (w.data.float() * s).to(dtype)
+    codes = torch.stack([w.data & 0x0F, w.data >> 4], dim=-1).view(n, k).long()
+    return (_e2m1_lut(DEV)[codes] * w.scale.repeat_interleave(FP4_BLOCK, 1)).to(dtype)
+
+
+def nbytes(w: QuantizedWeight) -> int:
+    return w.data.numel() * w.data.element_size() + w.scale.numel() * w.scale.element_size()
+
+
+def rel_err(a: torch.Tensor, r: torch.Tensor) -> float:
+    a, r = a.double(), r.double()
+    return float((a - r).norm() / r.norm().clamp_min(1e-30)) if not torch.isnan(a).any() else float("inf")
+
+
+def graph_ms(fn) -> float:
+    """Milliseconds per call of ``fn``, replayed from a CUDA graph of ``REPS`` calls (median of 5)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPS):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / REPS)
+    return sorted(times)[2]
+
+
+def record(**row) -> None:
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def ceilings() -> dict[str, float]:
+    x = torch.empty(1 << 31, dtype=torch.uint8, device=DEV)
+    y = torch.empty_like(x)
+    bw = 2 * x.numel() / (triton.testing.do_bench(lambda: y.copy_(x), return_mode="median") * 1e-3)
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    fl = 2 * 8192**3 / (triton.testing.do_bench(lambda: a @ a, return_mode="median") * 1e-3)
+    print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
+    return {"bw": bw, "flops": fl}
+
+
+def forced(kind: str, variant: tuple[int, int, int] | None = None):
+    """A ``dispatch.gemm_config`` that always picks ``kind`` (and, for GEMV, a launch variant)."""
+    orig = dispatch.gemm_config
+
+    def pick(rows, n, k, fmt, gated, active=None):
+        cfg = orig(rows, n, k, fmt, gated, active)
+        if kind == "tensor_cores":
+            if cfg.gemv:
+                cfg = replace(orig(16, n, k, fmt, gated, None), split_k=cfg.split_k)
+            return cfg
+        g = dispatch.gemv_config(min(rows, 8), fmt)
+        if variant is not None:
+            g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])
+            g = replace(g, block_m=variant[3]) if len(variant) > 3 else g
+        if active is not None:
+            r, e = active
+            tiles = e * triton.cdiv(triton.cdiv(r, max(e, 1)), g.block_m)
+            g = replace(g, split_k=dispatch.split_k(tiles * triton.cdiv(n, g.block_n), k, g.block_k))
+        return g
+
+    return orig, pick
+
+
+def kinds(fmt: str):
+    yield "tensor_cores", None
+    yield "gemv", None
+    for v in VARIANTS[fmt]:
+        yield "gemv", v
+
+
+def decode_dense(ceil) -> None:
+    ops = CudaDenseOps()
+    for name, (n, k) in {"wq_a 1024x4096": (1024, 4096), "wq_b 32768x1024": (32768, 1024),
+                         "wkv 512x4096": (512, 4096), "wo_b 4096x8192": (4096, 8192)}.items():  # fmt: skip
+        w = fp8(n, k)
+        ref_w = dequantize(w, torch.float32)
+        for m in (1, 4):
+            x = torch.randn(m, k, device=DEV, generator=G).to(torch.bfloat16)
+            ref = x.float() @ ref_w.T
+            for kind, var in kinds("fp8_block"):
+                orig, pick = forced(kind, var)
+                dispatch.gemm_config = pick
+                try:
+                    err = rel_err(ops.linear(x, w).float(), ref)
+                    ms = graph_ms(lambda: ops.linear(x, w))
+                finally:
+                    dispatch.gemm_config = orig
+                record(section="decode", op=f"fp8 linear {name}", rows=m, kernel=kind, variant=var, rel_err=err,
+                       us=ms * 1e3, pct_copy_bw=100 * nbytes(w) / (ms * 1e-3) / ceil["bw"])  # fmt: skip
+
+
+def decode_experts(ceil) -> None:
+    ops = CudaMoEOps()
+    E, INTER, H, K = 256, 2048, 4096, 6
+    ew = ExpertWeights([fp4(INTER, H) for _ in range(E)], [fp4(INTER, H) for _ in range(E)],
+                       [fp4(H, INTER) for _ in range(E)], list(range(E)))  # fmt: skip
+    per_expert = 3 * nbytes(ew.w1[0])
+    bias = torch.zeros(E, device=DEV)
+    ref_op = reference_op("moe")
+    for t in (1, 16, 64, 256):
+        x = torch.randn(t, H, device=DEV, generator=G).to(torch.bfloat16)
+        wts, ids = ops.route_topk(torch.randn(t, E, device=DEV, generator=G), bias, K, "sqrtsoftplus", 1.5)
+        touched = int(torch.unique(ids).numel())
+        ref = None
+        if t <= 16:  # the reference dequantises only the experts used, on the GPU
+            used = set(ids.flatten().tolist())
+            sub = [[dequantize(w, torch.bfloat16) if i in used else None for i, w in enumerate(ws)]
+                   for ws in (ew.w1, ew.w3, ew.w2)]  # fmt: skip
+            ref = ref_op.experts(x, ids, wts, ExpertWeights(*sub, ew.expert_ids), 10.0).float()
+        for kind, var in kinds("fp4_e2m1"):
+            if (var is not None or kind == "gemv") and t > 16:  # 2-8-row GEMV tiles: slower (NOTES.md v6)
+                continue
+            orig, pick = forced(kind, var)
+            dispatch.gemm_config = pick
+            ops._prepared = type(ops._prepared)()
+            try:
+                out = ops.experts(x, ids, wts, ew, 10.0).float()
+                ms = graph_ms(lambda: ops.experts(x, ids, wts, ew, 10.0))
+            finally:
+                dispatch.gemm_config = orig
+            record(section="decode", op="fp4 experts 256x(2048x4096)x3 top-6", rows=t, experts=touched, kernel=kind,
+                   variant=var, rel_err=None if ref is None else rel_err(out, ref), us=ms * 1e3,
+                   pct_copy_bw=100 * touched * per_expert / (ms * 1e-3) / ceil["bw"])  # fmt: skip
+
+
+def prefill_dense(ceil) -> None:
+    try:
+        from deepinfer_cuda_sm100.kernels import tl_fp8_gemm
+    except ImportError as e:
+        tl_fp8_gemm = None
+        print(f"tilelang: not installed ({e})", flush=True)
+    ops = CudaDenseOps()
+    M = 8192
+    for name, (n, k) in {"wq_b 32768x1024": (32768, 1024), "wo_b 4096x8192": (4096, 8192),
+                         "wq_a 1024x4096": (1024, 4096)}.items():  # fmt: skip
+        w = fp8(n, k)
+        wd = dequantize(w, torch.bfloat16)
+        x = torch.randn(M, k, device=DEV, generator=G).to(torch.bfloat16)
+        ref = (x.float() @ wd.float().T) if n * M <= 1 << 28 else None
+        flops = 2 * M * n * k
+        runs = {"triton": lambda: ops.linear(x, w), "cublas_bf16_predequantised": lambda: x @ wd.T}
+        if tl_fp8_gemm is not None:
+            out = torch.empty(M, n, device=DEV, dtype=torch.bfloat16)
+            runs["tilelang"] = lambda: tl_fp8_gemm.fp8_block_gemm(x, w.data, w.scale, out)
+        for kernel, fn in runs.items():
+            t0 = time.perf_counter()
+            got = fn()
+            got = out if got is None else got
+            first_s = time.perf_counter() - t0
+            err = None if ref is None else rel_err(got.float(), ref)
+            ms = triton.testing.do_bench(fn, return_mode="median")
+            record(section="prefill", op=f"fp8 linear {name}", rows=M, kernel=kernel, rel_err=err, us=ms * 1e3,
+                   tflops=flops / (ms * 1e-3) / 1e12, pct_matmul=100 * flops / (ms * 1e-3) / ceil["flops"],
+                   first_call_s=first_s)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sections", nargs="*", default=["decode_dense", "decode_experts", "prefill_dense"])
+    args = ap.parse_args()
+    print({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "triton": triton.__version__}, flush=True)  # fmt: skip
+    ceil = ceilings()
+    for s in args.sections:
+        t0 = time.perf_counter()
+        globals()[s](ceil)
+        print(f"section {s}: {time.perf_counter() - t0:.1f} s", flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        Path(args.out, "gemm_kernels.json").write_text(json.dumps({"ceilings": ceil, "rows": ROWS}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

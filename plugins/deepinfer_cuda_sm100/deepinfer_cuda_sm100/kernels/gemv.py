@@ -1,0 +1,152 @@
+"""Decode-shaped grouped GEMM ("GEMV"): a few rows per expert, weights streamed through the CUDA cores.
+
+At decode an expert, or a dense projection, sees 1-8 rows. The tensor-core kernel of
+:mod:`~deepinfer_cuda_sm100.kernels.grouped_gemm` pads them to 16-64-row tiles and stages every
+dequantised weight tile through shared memory. Here each program streams a ``[BLOCK_N, BLOCK_K]``
+weight tile into registers, dequantises it there and reduces it against each of the tile's
+``BLOCK_M`` (at most 8) rows with FMAs. Schedule, weight tables, split-K partials and epilogue are
+the tensor-core kernel's, so :func:`grouped_gemm.grouped_gemm` picks either by ``GemmConfig.gemv``.
+
+Formats, as in ``grouped_gemm``:
+
+- plain: the tile in float32.
+- FP8 block: ``BLOCK_N`` divides 128, so a program's rows share one scale row; the per-K scale
+  multiplies the activation instead of the tile.
+- FP4 e2m1: bit placement, not arithmetic: a nibble's sign goes to bit 15 and its exponent and
+  mantissa (3 bits) to bits 11..9 of a float16, which is the code's value times ``2**-14`` for
+  every code (float16's subnormals 0 and 2**-15 are e2m1's 0 and 0.5). The ``2**14`` rides on the
+  per-32 scale. The low and high nibbles of a byte are the even and odd K positions and are reduced
+  against the even and odd activation columns, so codes are never interleaved back.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from deepinfer_cuda_sm100.kernels._common import store_tile
+
+
+@triton.jit
+def e2m1_halves(b):
+    """Packed e2m1 bytes (any integer type) -> (low, high) nibble values in float32, times ``2**-14``."""
+    b = b.to(tl.uint16)
+    lo = ((b & 0x8) << 12) | ((b & 0x7) << 9)
+    hi = ((b & 0x80) << 8) | ((b & 0x70) << 5)
+    return (
+        lo.to(tl.float16, bitcast=True).to(tl.float32),
+        hi.to(tl.float16, bitcast=True).to(tl.float32),
+    )
+
+
+@triton.jit
+def _fp4_tile(base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``[BLOCK_N, BLOCK_K/32, 16]`` low and high halves of the bytes at K ``[k0, k0+BLOCK_K)``, and the
+    ``[BLOCK_N, BLOCK_K/32]`` scales times ``2**14``."""
+    g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    j = tl.arange(0, 16)
+    byte = g[:, None] * 16 + j[None, :]
+    m = nm[:, None, None] & (byte < K // 2)[None, :, :]
+    b = tl.load(base + n[:, None, None] * stride_wn + byte[None, :, :], mask=m, other=0)
+    lo, hi = e2m1_halves(b)
+    sc = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nm[:, None] & (g < tl.cdiv(K, 32))[None, :],
+                 other=0.0)  # fmt: skip
+    return lo, hi, sc * 16384.0
+
+
+@triton.jit
+def _fp4_dot(lo, hi, sc, xe, xo):
+    return tl.sum(tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2) * sc, axis=1)
+
+
+@triton.jit
+def _tile(base, n, nm, k0, K, stride_wn, BLOCK_K: tl.constexpr):
+    ks = k0 + tl.arange(0, BLOCK_K)
+    w = tl.load(base + n[:, None] * stride_wn + ks[None, :], mask=nm[:, None] & (ks < K)[None, :], other=0.0)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K: tl.constexpr):
+    """FP8 block scales along K for the 128-row block holding ``n0``."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(s_base + (n0 // 128) * stride_sn + (ks // 128) * stride_sk, mask=ks < K, other=0.0)
+
+
+@triton.jit
+def _grouped_gemv_kernel(
+    a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr,
+    w_tab, s_tab, up_tab, up_s_tab,
+    tile_expert_ptr, tile_start_ptr, tile_end_ptr,
+    N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
+    ws_ptr, R, k_per_split,
+    FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr,
+    GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    ex = tl.load(tile_expert_ptr + tile)
+    if ex < 0:
+        return
+    r0 = tl.load(tile_start_ptr + tile)
+    r1 = tl.load(tile_end_ptr + tile)
+    n0 = tl.program_id(1) * BLOCK_N
+    n = n0 + tl.arange(0, BLOCK_N)
+    nm = n < N
+    mi = tl.arange(0, BLOCK_M)
+    w_base = tl.load(w_tab + ex).to(tl.pointer_type(W_T))
+    s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
+    up_base = tl.load(up_tab + ex).to(tl.pointer_type(W_T))
+    up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_lo = tl.program_id(2) * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if FMT == 2:
+            w_lo, w_hi, w_s = _fp4_tile(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
+            if GATED:
+                u_lo, u_hi, u_s = _fp4_tile(
+                    up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K
+                )
+            # [BLOCK_K/32, 16] even K positions, laid out as the bytes
+            ke = k0 + tl.arange(0, BLOCK_K // 32)[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
+        else:
+            w_t = _tile(w_base, n, nm, k0, K, stride_wn, BLOCK_K)
+            if GATED:
+                u_t = _tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K)
+            ks = k0 + tl.arange(0, BLOCK_K)
+            if FMT == 1:
+                w_ks = _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K)
+                if GATED:
+                    u_ks = _k_scale(up_s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K)
+        for m in tl.static_range(BLOCK_M):
+            # Rows past the tile's end repeat its last row (a used tile has one): their sums are never stored.
+            r = tl.minimum(r0 + m, r1 - 1)
+            if HAS_A_IDX:
+                a_row = tl.load(a_idx_ptr + r)
+            else:
+                a_row = r
+            x_base = a_ptr + a_row.to(tl.int64) * stride_am
+            if FMT == 2:
+                xe = tl.load(x_base + ke, mask=ke < K, other=0.0).to(tl.float32)
+                xo = tl.load(x_base + ke + 1, mask=ke + 1 < K, other=0.0).to(tl.float32)
+                p = _fp4_dot(w_lo, w_hi, w_s, xe, xo)
+                if GATED:
+                    p2 = _fp4_dot(u_lo, u_hi, u_s, xe, xo)
+            else:
+                x = tl.load(x_base + ks, mask=ks < K, other=0.0).to(tl.float32)
+                if FMT == 1:
+                    p = tl.sum(w_t * (x * w_ks)[None, :], axis=1)
+                    if GATED:
+                        p2 = tl.sum(u_t * (x * u_ks)[None, :], axis=1)
+                else:
+                    p = tl.sum(w_t * x[None, :], axis=1)
+                    if GATED:
+                        p2 = tl.sum(u_t * x[None, :], axis=1)
+            acc = tl.where(mi[:, None] == m, acc + p[None, :], acc)
+            if GATED:
+                acc2 = tl.where(mi[:, None] == m, acc2 + p2[None, :], acc2)
+    rows = r0 + mi
+    store_tile(acc, acc2, rows, rows < r1, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
+               GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
