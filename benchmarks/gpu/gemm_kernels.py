@@ -37,8 +37,8 @@ G = torch.Generator(DEV).manual_seed(7)
 ROWS: list[dict] = []
 #: GEMV launch variants tried beside the default: (block_n, block_k, num_warps[, block_m])
 VARIANTS = {
-    "fp8_block": [(8, 512, 4), (16, 256, 4), (16, 512, 2), (8, 1024, 4)],
-    "fp4_e2m1": [(8, 1024, 4), (16, 512, 4), (16, 1024, 2), (16, 1024, 4, 1), (16, 1024, 4, 2)],
+    "fp8_block": [(16, 512, 4), (8, 2048, 4), (4, 1024, 4), (8, 1024, 8)],
+    "fp4_e2m1": [(16, 1024, 4), (8, 512, 4), (32, 512, 4), (16, 256, 4)],
 }
 
 
@@ -120,10 +120,10 @@ def forced(kind: str, variant: tuple[int, int, int] | None = None):
 
     def pick(rows, n, k, fmt, gated, active=None):
         cfg = orig(rows, n, k, fmt, gated, active)
-        if kind == "tensor_cores":
+        if kind.startswith("tensor_cores"):
             if cfg.gemv:
                 cfg = replace(orig(16, n, k, fmt, gated, None), split_k=cfg.split_k)
-            return cfg
+            return replace(cfg, fp4_bits=kind != "tensor_cores_arith")
         g = dispatch.gemv_config(min(rows, 8), fmt)
         if variant is not None:
             g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])
@@ -139,6 +139,8 @@ def forced(kind: str, variant: tuple[int, int, int] | None = None):
 
 def kinds(fmt: str):
     yield "tensor_cores", None
+    if fmt == "fp4_e2m1":
+        yield "tensor_cores_arith", None  # the FP4 decode of v1-v5, beside bit placement
     yield "gemv", None
     for v in VARIANTS[fmt]:
         yield "gemv", v
@@ -184,7 +186,7 @@ def decode_experts(ceil) -> None:
                    for ws in (ew.w1, ew.w3, ew.w2)]  # fmt: skip
             ref = ref_op.experts(x, ids, wts, ExpertWeights(*sub, ew.expert_ids), 10.0).float()
         for kind, var in kinds("fp4_e2m1"):
-            if (var is not None or kind == "gemv") and t > 16:  # 2-8-row GEMV tiles: slower (NOTES.md v6)
+            if kind == "gemv" and t > 16:  # 2-8-row GEMV tiles: slower (NOTES.md v6)
                 continue
             orig, pick = forced(kind, var)
             dispatch.gemm_config = pick
@@ -215,9 +217,12 @@ def prefill_dense(ceil) -> None:
         ref = (x.float() @ wd.float().T) if n * M <= 1 << 28 else None
         flops = 2 * M * n * k
         runs = {"triton": lambda: ops.linear(x, w), "cublas_bf16_predequantised": lambda: x @ wd.T}
-        if tl_fp8_gemm is not None:
+        if tl_fp8_gemm is not None:  # (block_m, stages, threads, block_k)
             out = torch.empty(M, n, device=DEV, dtype=torch.bfloat16)
-            runs["tilelang"] = lambda: tl_fp8_gemm.fp8_block_gemm(x, w.data, w.scale, out)
+            for v in [(), (256, 2, 256, 64), (256, 3, 256, 64), (128, 4, 256, 64), (128, 3, 256, 64)]:
+                runs[f"tilelang{list(v) if v else ''}"] = lambda v=v: tl_fp8_gemm.fp8_block_gemm(
+                    x, w.data, w.scale, out, v
+                )
         for kernel, fn in runs.items():
             t0 = time.perf_counter()
             got = fn()

@@ -175,12 +175,15 @@ class GemmConfig:
     split_k: int = 1
     #: the CUDA-core kernel for 1-8 rows per tile (``kernels/gemv.py``) instead of the tensor cores
     gemv: bool = False
+    #: tensor-core kernel: FP4 codes decoded by bit placement into float16 (else integer arithmetic)
+    fp4_bits: bool = True
 
 
-#: decode tiles of at most this many rows go to the CUDA-core GEMV kernel. H200 (benchmarks/gpu/NOTES.md
-#: v6): one row is 1.5-2.5x faster than the tensor cores (FP8 1-row projections, FP4 experts at batch 1);
-#: at 2-8 rows the GEMV is slower (FP4 experts at batch 16: 3.0 vs 2.4 ms), so only 1-row tiles go to it.
-GEMV_MAX_ROWS = 1
+#: decode problems with at most this many rows per expert go to the CUDA-core GEMV kernel, one row per
+#: tile. H200 (benchmarks/gpu/NOTES.md v6): 1-row tiles beat the tensor cores 1.5-3x on the FP8 1-row
+#: projections and FP4 experts at batch 1, and 17% on FP4 experts at batch 16 (1.2 rows per expert);
+#: tiles of 2-8 rows are slower than the tensor cores (batch 16: 3.0 vs 2.4 ms).
+GEMV_MAX_ROWS = 1.5
 
 
 def gemm_config(
@@ -236,13 +239,17 @@ def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool) -> GemmConfig:
 
 
 def gemv_config(rows_per_expert: float, fmt: str) -> GemmConfig:
-    """Decode: tiles of ``block_m`` (1-8) rows; each program streams ``block_n`` weight rows in
-    ``block_k``-wide steps (about 8 KB a step; ``block_n`` divides 128 for the FP8 block scales)."""
-    bm = _p2(math.ceil(rows_per_expert), 1, 8)  # the kernel unrolls its rows: at most 8
+    """Decode: tiles of ``block_m`` rows (1 as dispatched; up to 8 when forced); each program streams
+    ``block_n`` weight rows in ``block_k``-wide steps (``block_n`` divides 128 for the FP8 block scales)."""
+    bm = (
+        1 if rows_per_expert <= GEMV_MAX_ROWS else _p2(math.ceil(rows_per_expert), 1, 8)
+    )  # kernel unrolls <= 8
     if arch() == "interpreter":
         return GemmConfig(bm, 16, 64, 4, 1, gemv=True)
-    bk = {"fp4_e2m1": 1024, "fp8_block": 512}.get(fmt, 256)
-    return GemmConfig(bm, 16, bk, 4, 1, gemv=True)
+    # H200 (NOTES.md v6), 1-row tiles: FP8 best at 8 x 1024 (wq_b 43%, wo_b 40% of copy bandwidth),
+    # FP4 at 16 x 512 codes
+    bn, bk = {"fp4_e2m1": (16, 512), "fp8_block": (8, 1024)}.get(fmt, (16, 256))
+    return GemmConfig(bm, bn, bk, 4, 1, gemv=True)
 
 
 #: FP8 GEMMs with at least this many rows (prefill chunks, above every decode graph's batch) may go to

@@ -20,9 +20,10 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(20261202)
 
 
-@pytest.fixture(params=["tensor_cores", "gemv"])
+@pytest.fixture(params=["tensor_cores", "tensor_cores_arith", "gemv"])
 def gemm_kind(request, monkeypatch):
-    """Force every grouped GEMM onto one kernel: the tensor-core tiles or the CUDA-core GEMV (decode)."""
+    """Force every grouped GEMM onto one kernel: the tensor-core tiles (FP4 decoded by bit placement, or
+    by integer arithmetic), or the CUDA-core GEMV (decode)."""
     from dataclasses import replace
 
     from deepinfer_cuda_sm100 import dispatch
@@ -33,7 +34,9 @@ def gemm_kind(request, monkeypatch):
         cfg = orig(rows, n, k, fmt, gated, active)
         if request.param == "gemv":
             return replace(dispatch.gemv_config(min(rows, 8), fmt), split_k=cfg.split_k)
-        return replace(cfg, gemv=False, block_m=16, block_n=32, block_k=64) if cfg.gemv else cfg
+        if cfg.gemv:
+            cfg = replace(cfg, gemv=False, block_m=16, block_n=32, block_k=64)
+        return replace(cfg, fp4_bits=request.param != "tensor_cores_arith")
 
     monkeypatch.setattr(dispatch, "gemm_config", forced)
     return request.param

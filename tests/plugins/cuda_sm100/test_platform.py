@@ -108,7 +108,8 @@ def test_decode_gemms_take_the_gemv_kernel_only_for_one_row_tiles(monkeypatch):
     monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
     assert dispatch.gemm_config(1, 1024, 4096, "fp8_block", gated=False, active=(1, 1)).gemv
     assert dispatch.gemm_config(6 / 6, 2048, 4096, "fp4_e2m1", gated=True, active=(6, 6)).gemv
-    assert not dispatch.gemm_config(1.2, 2048, 4096, "fp4_e2m1", gated=True, active=(96, 81)).gemv
+    assert dispatch.gemm_config(1.2, 2048, 4096, "fp4_e2m1", gated=True, active=(96, 81)).block_m == 1
+    assert not dispatch.gemm_config(1.9, 2048, 4096, "fp4_e2m1", gated=True, active=(384, 200)).gemv
     assert not dispatch.gemm_config(4, 1024, 4096, "fp8_block", gated=False, active=(4, 1)).gemv
 
 

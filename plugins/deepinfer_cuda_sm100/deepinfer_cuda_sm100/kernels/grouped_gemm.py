@@ -32,14 +32,15 @@ import triton.language as tl
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, store_tile, swiglu
-from deepinfer_cuda_sm100.kernels.gemv import _grouped_gemv_kernel
+from deepinfer_cuda_sm100.kernels.gemv import _grouped_gemv_kernel, e2m1_halves
 
 FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
 
 
 @triton.jit
 def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
-            FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+            FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+            FP4_BITS: tl.constexpr):  # fmt: skip
     """The dequantised ``[BLOCK_N, BLOCK_K]`` weight tile in ``DOT_T``.
 
     Scales are folded into the tile before the MMA, as the reference does when it dequantises to
@@ -53,12 +54,18 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
         b = tl.load(
             w_base + n[:, None] * stride_wn + kh[None, :], mask=nm[:, None] & (kh < K // 2)[None, :], other=0
         )
-        b = b.to(tl.int32)
-        v = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
-        e = (v >> 1) & 3
-        mant = v & 1
-        mag4 = tl.where(e == 0, 2 * mant, (2 + mant) << e)  # 4x the e2m1 magnitude, exact
-        val = tl.where((v & 8) != 0, -mag4, mag4).to(tl.float32)
+        if FP4_BITS:  # bit placement into float16 (kernels/gemv.py): values x 2**-14
+            lo, hi = e2m1_halves(b)
+            val = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+            unit = 16384.0
+        else:  # integer arithmetic: 4x the magnitude, then the sign (v1-v5)
+            b = b.to(tl.int32)
+            v = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_N, BLOCK_K))
+            e = (v >> 1) & 3
+            mant = v & 1
+            mag4 = tl.where(e == 0, 2 * mant, (2 + mant) << e)
+            val = tl.where((v & 8) != 0, -mag4, mag4).to(tl.float32)
+            unit = 0.25
         g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         sc = tl.load(
             s_base + n[:, None] * stride_sn + g[None, :],
@@ -66,7 +73,7 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
             other=0.0,
         )
         val = tl.reshape(
-            tl.reshape(val, (BLOCK_N, BLOCK_K // 32, 32)) * (sc * 0.25)[:, :, None], (BLOCK_N, BLOCK_K)
+            tl.reshape(val, (BLOCK_N, BLOCK_K // 32, 32)) * (sc * unit)[:, :, None], (BLOCK_N, BLOCK_K)
         )
         return val.to(DOT_T)
     else:
@@ -79,8 +86,10 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
 
 @triton.jit
 def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
-              FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N)
+              FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+              FP4_BITS: tl.constexpr):  # fmt: skip
+    w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N,
+                FP4_BITS)  # fmt: skip
     return mma(a, tl.trans(w), acc, DOT_T)
 
 
@@ -94,6 +103,7 @@ def _grouped_gemm_kernel(
     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr, DOT_T: tl.constexpr,
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    FP4_BITS: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)
@@ -123,10 +133,10 @@ def _grouped_gemm_kernel(
         a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k0 + ks[None, :],
                     mask=rm[:, None] & (k0 + ks < K)[None, :], other=0.0).to(DOT_T)  # fmt: skip
         acc = _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K,
-                        BLOCK_N)  # fmt: skip
+                        BLOCK_N, FP4_BITS)  # fmt: skip
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
-                             BLOCK_K, BLOCK_N)  # fmt: skip
+                             BLOCK_K, BLOCK_N, FP4_BITS)  # fmt: skip
     store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
                GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
 
@@ -280,7 +290,7 @@ def grouped_gemm(
     if cfg.gemv:
         _grouped_gemv_kernel[grid](*args, **meta)
     else:
-        _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), **meta)
+        _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, **meta)
     if split > 1 and rows:
         bn = min(1024, triton.next_power_of_2(table.n))
         _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](

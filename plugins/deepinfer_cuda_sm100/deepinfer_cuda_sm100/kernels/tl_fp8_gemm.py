@@ -1,7 +1,7 @@
 """TileLang: the FP8 block-scaled dense GEMM of prefill, ``C = A @ dequant(W).T``, on Hopper's WGMMA.
 
 ``W`` is ``float8_e4m3fn [N, K]`` with one float32 scale per 128x128 block, ``A`` is bf16 ``[M, K]``.
-A program owns a ``BLOCK_M x 128`` tile of ``C``. Per 128-wide K step it copies the FP8 weight tile
+A program owns a ``block_m x 128`` tile of ``C``. Per ``block_k``-wide K step (at most 128) it copies the FP8 weight tile
 and the activation tile into shared memory (pipelined), dequantises the weight tile into a bf16
 shared tile with its one block scale (exact for ue8m0 scales, as in the Triton kernels), and
 issues a WGMMA with ``B`` transposed. ``M`` is dynamic: one compiled kernel per ``(N, K)``.
@@ -20,10 +20,9 @@ import tilelang.language as T
 import torch
 
 BLOCK_N = 128
-BLOCK_K = 128
 
 
-def _program(n: int, k: int, block_m: int, stages: int, threads: int):
+def _program(n: int, k: int, block_m: int, block_k: int, stages: int, threads: int):
     m = T.dynamic("m")
 
     @T.prim_func
@@ -34,17 +33,19 @@ def _program(n: int, k: int, block_m: int, stages: int, threads: int):
         C: T.Tensor((m, n), "bfloat16"),
     ):
         with T.Kernel(T.ceildiv(n, BLOCK_N), T.ceildiv(m, block_m), threads=threads) as (bx, by):
-            a_s = T.alloc_shared((block_m, BLOCK_K), "bfloat16")
-            w8_s = T.alloc_shared((BLOCK_N, BLOCK_K), "float8_e4m3")
-            w_s = T.alloc_shared((BLOCK_N, BLOCK_K), "bfloat16")
+            a_s = T.alloc_shared((block_m, block_k), "bfloat16")
+            w8_s = T.alloc_shared((BLOCK_N, block_k), "float8_e4m3")
+            w_s = T.alloc_shared((BLOCK_N, block_k), "bfloat16")
             c_f = T.alloc_fragment((block_m, BLOCK_N), "float32")
             c_s = T.alloc_shared((block_m, BLOCK_N), "bfloat16")
             T.clear(c_f)
-            for ko in T.Pipelined(T.ceildiv(k, BLOCK_K), num_stages=stages):
-                T.copy(A[by * block_m, ko * BLOCK_K], a_s)
-                T.copy(W[bx * BLOCK_N, ko * BLOCK_K], w8_s)
-                for i, j in T.Parallel(BLOCK_N, BLOCK_K):
-                    w_s[i, j] = T.cast(T.cast(w8_s[i, j], "float32") * S[bx, ko], "bfloat16")
+            for ko in T.Pipelined(T.ceildiv(k, block_k), num_stages=stages):
+                T.copy(A[by * block_m, ko * block_k], a_s)
+                T.copy(W[bx * BLOCK_N, ko * block_k], w8_s)
+                for i, j in T.Parallel(BLOCK_N, block_k):
+                    w_s[i, j] = T.cast(
+                        T.cast(w8_s[i, j], "float32") * S[bx, (ko * block_k) // 128], "bfloat16"
+                    )
                 T.gemm(a_s, w_s, c_f, transpose_B=True)
             T.copy(c_f, c_s)
             T.copy(c_s, C[by * block_m, bx * BLOCK_N])
@@ -53,23 +54,34 @@ def _program(n: int, k: int, block_m: int, stages: int, threads: int):
 
 
 @functools.lru_cache(maxsize=64)
-def compiled(n: int, k: int, block_m: int = 128, stages: int = 2, threads: int = 256, arch: str = "sm_90a"):
+def compiled(
+    n: int,
+    k: int,
+    block_m: int = 128,
+    stages: int = 2,
+    threads: int = 256,
+    block_k: int = 128,
+    arch: str = "sm_90a",
+):
     """The kernel for weights of shape ``(n, k)`` (both multiples of 128), compiled once per shape.
 
     TileLang multi-buffers the bf16 tile too, so shared memory is ``stages x 80 KB`` at ``block_m=128``:
     3 stages (240 KB) do not fit the H200's 227 KB, 2 (160 KB) do."""
     return tilelang.compile(
-        _program(n, k, block_m, stages, threads), out_idx=None, target={"kind": "cuda", "arch": arch}
+        _program(n, k, block_m, block_k, stages, threads), out_idx=None, target={"kind": "cuda", "arch": arch}
     )
 
 
-def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out = a @ (w * scale blocks).T`` with ``a`` bf16 ``[M, K]`` contiguous, ``w`` FP8 ``[N, K]``."""
+def fp8_block_gemm(
+    a: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, variant: tuple = ()
+) -> torch.Tensor:
+    """``out = a @ (w * scale blocks).T`` with ``a`` bf16 ``[M, K]`` contiguous, ``w`` FP8 ``[N, K]``.
+    ``variant``: ``(block_m, stages, threads, block_k)`` overrides (benchmarks)."""
     n, k = w.shape
-    compiled(n, k)(a, w, scale, out)
+    compiled(n, k, *variant)(a, w, scale, out)
     return out
 
 
-def source(n: int, k: int, block_m: int = 128, arch: str = "sm_90a") -> str:
+def source(n: int, k: int, *variant, arch: str = "sm_90a") -> str:
     """The CUDA source TileLang generates (lowering needs no GPU; tests use it where tilelang exists)."""
-    return compiled(n, k, block_m, arch=arch).get_kernel_source()
+    return compiled(n, k, *variant, arch=arch).get_kernel_source()
