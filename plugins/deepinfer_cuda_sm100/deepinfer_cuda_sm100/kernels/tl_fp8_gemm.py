@@ -1,10 +1,11 @@
 """TileLang: the FP8 block-scaled dense GEMM of prefill, ``C = A @ dequant(W).T``, on Hopper's WGMMA.
 
 ``W`` is ``float8_e4m3fn [N, K]`` with one float32 scale per 128x128 block, ``A`` is bf16 ``[M, K]``.
-A program owns a ``block_m x 128`` tile of ``C``. Per ``block_k``-wide K step (at most 128) it copies the FP8 weight tile
-and the activation tile into shared memory (pipelined), dequantises the weight tile into a bf16
-shared tile with its one block scale (exact for ue8m0 scales, as in the Triton kernels), and
-issues a WGMMA with ``B`` transposed. ``M`` is dynamic: one compiled kernel per ``(N, K)``.
+A program owns a ``block_m x 128`` tile of ``C`` (two consumer warpgroups, one producer). Per
+``block_k``-wide K step (at most 128) the producer copies the FP8 weight tile and the activation tile
+into shared memory (TMA, pipelined); the consumers dequantise the weight tile into a bf16 shared
+tile with its one block scale (exact for ue8m0 scales, as in the Triton kernels) and issue a WGMMA
+with ``B`` transposed. ``M`` is dynamic: one compiled kernel per ``(N, K)``.
 
 Only imported when ``tilelang`` is installed (the plugin's ``tilelang`` extra) and
 :func:`deepinfer_cuda_sm100.dispatch.fp8_gemm_backend` chose it; the Triton grouped GEMM is the
@@ -57,16 +58,17 @@ def _program(n: int, k: int, block_m: int, block_k: int, stages: int, threads: i
 def compiled(
     n: int,
     k: int,
-    block_m: int = 128,
-    stages: int = 2,
+    block_m: int = 256,
+    stages: int = 3,
     threads: int = 256,
-    block_k: int = 128,
+    block_k: int = 64,
     arch: str = "sm_90a",
 ):
     """The kernel for weights of shape ``(n, k)`` (both multiples of 128), compiled once per shape.
 
-    TileLang multi-buffers the bf16 tile too, so shared memory is ``stages x 80 KB`` at ``block_m=128``:
-    3 stages (240 KB) do not fit the H200's 227 KB, 2 (160 KB) do."""
+    H200 sweep at 8192 rows (benchmarks/gpu/NOTES.md v6): 256 x 128 tiles, 64-wide K steps and 3 stages
+    (168 KB of shared memory) reach 443-489 TFLOP/s, 1.25x the Triton kernel; 128-row tiles only tie
+    with it. TileLang multi-buffers the bf16 tile too: 128-wide K steps at 3 stages would need 240 KB."""
     return tilelang.compile(
         _program(n, k, block_m, block_k, stages, threads), out_idx=None, target={"kind": "cuda", "arch": arch}
     )
