@@ -35,6 +35,9 @@ DEV = torch.device("cuda")
 REPS = 10
 G = torch.Generator(DEV).manual_seed(7)
 ROWS: list[dict] = []
+#: tensor-core tile variants for the FP4 experts at 64 and 256 rows: (block_m, block_n, block_k, warps, stages)
+TC_VARIANTS = [(16, 64, 128, 4, 3), (16, 128, 64, 4, 3), (32, 64, 64, 4, 3), (16, 64, 64, 8, 3), (16, 32, 128, 4, 4),
+               (32, 128, 64, 4, 3)]  # fmt: skip
 #: GEMV launch variants tried beside the default: (block_n, block_k, num_warps[, block_m])
 VARIANTS = {
     "fp8_block": [(16, 512, 4), (8, 2048, 4), (4, 1024, 4), (8, 1024, 8)],
@@ -123,6 +126,10 @@ def forced(kind: str, variant: tuple[int, int, int] | None = None):
         if kind.startswith("tensor_cores"):
             if cfg.gemv:
                 cfg = replace(orig(16, n, k, fmt, gated, None), split_k=cfg.split_k)
+            if variant is not None:  # (block_m, block_n, block_k, num_warps, num_stages)
+                cfg = replace(
+                    cfg, **dict(zip(("block_m", "block_n", "block_k", "num_warps", "num_stages"), variant))
+                )
             return replace(cfg, fp4_bits=kind != "tensor_cores_arith")
         g = dispatch.gemv_config(min(rows, 8), fmt)
         if variant is not None:
@@ -185,7 +192,8 @@ def decode_experts(ceil) -> None:
             sub = [[dequantize(w, torch.bfloat16) if i in used else None for i, w in enumerate(ws)]
                    for ws in (ew.w1, ew.w3, ew.w2)]  # fmt: skip
             ref = ref_op.experts(x, ids, wts, ExpertWeights(*sub, ew.expert_ids), 10.0).float()
-        for kind, var in kinds("fp4_e2m1"):
+        tried = list(kinds("fp4_e2m1")) + ([("tensor_cores", v) for v in TC_VARIANTS] if t >= 64 else [])
+        for kind, var in tried:
             if kind == "gemv" and t > 16:  # 2-8-row GEMV tiles: slower (NOTES.md v6)
                 continue
             orig, pick = forced(kind, var)
@@ -219,7 +227,11 @@ def prefill_dense(ceil) -> None:
         runs = {"triton": lambda: ops.linear(x, w), "cublas_bf16_predequantised": lambda: x @ wd.T}
         if tl_fp8_gemm is not None:  # (block_m, stages, threads, block_k)
             out = torch.empty(M, n, device=DEV, dtype=torch.bfloat16)
-            for v in [(), (256, 2, 256, 64), (256, 3, 256, 64), (128, 4, 256, 64), (128, 3, 256, 64)]:
+            for v in [
+                (),
+                (128, 2, 256, 128),
+                (256, 2, 256, 64),
+            ]:  # the default (256, 3, 256, 64), and v6's first
                 runs[f"tilelang{list(v) if v else ''}"] = lambda v=v: tl_fp8_gemm.fp8_block_gemm(
                     x, w.data, w.scale, out, v
                 )
