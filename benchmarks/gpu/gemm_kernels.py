@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -209,6 +210,15 @@ def decode_experts(ceil) -> None:
                    pct_copy_bw=100 * touched * per_expert / (ms * 1e-3) / ceil["bw"])  # fmt: skip
 
 
+def triton_only(fn):
+    """``fn()`` with the TileLang FP8 GEMM switched off (``ops.linear`` would pick it at prefill sizes)."""
+    os.environ["DEEPINFER_CUDA_TILELANG"] = "0"
+    try:
+        return fn()
+    finally:
+        del os.environ["DEEPINFER_CUDA_TILELANG"]
+
+
 def prefill_dense(ceil) -> None:
     try:
         from deepinfer_cuda_sm100.kernels import tl_fp8_gemm
@@ -224,7 +234,10 @@ def prefill_dense(ceil) -> None:
         x = torch.randn(M, k, device=DEV, generator=G).to(torch.bfloat16)
         ref = (x.float() @ wd.float().T) if n * M <= 1 << 28 else None
         flops = 2 * M * n * k
-        runs = {"triton": lambda: ops.linear(x, w), "cublas_bf16_predequantised": lambda: x @ wd.T}
+        runs = {
+            "triton": lambda: triton_only(lambda: ops.linear(x, w)),
+            "cublas_bf16_predequantised": lambda: x @ wd.T,
+        }
         if tl_fp8_gemm is not None:  # (block_m, stages, threads, block_k)
             out = torch.empty(M, n, device=DEV, dtype=torch.bfloat16)
             for v in [
