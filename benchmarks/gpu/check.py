@@ -253,6 +253,19 @@ def check_attention():
                bench(lambda: indexer.indexer_scores(q, w, keys, cand)), by, fl)  # fmt: skip
         record("indexer_topk (scores+torch.topk)", f"T={T} C={C} k={IDX_TOPK}", None, None,
                bench(lambda: ops.indexer_topk(q, w, keys, cand, IDX_TOPK)), by, fl)  # fmt: skip
+        if C <= 16384:  # the select kernel (off by default on GPUs until this row has been seen)
+            k = min(IDX_TOPK, C)
+            mine = poisoned(lambda: indexer.select_topk(sc, k))
+            val, idx = torch.topk(sc, k, dim=1)
+            same = all(
+                torch.equal(
+                    sc[t, mine[t][mine[t] >= 0]].sort().values, val[t][val[t] > float("-inf")].sort().values
+                )
+                for t in range(T)
+            )
+            record("indexer select kernel vs torch.topk", f"T={T} C={C} k={k}", 0.0 if same else float("inf"),
+                   BOUND["f32"], bench(lambda: indexer.select_topk(sc, k)), T * C * 4,
+                   note=f"torch.topk {bench(lambda: torch.topk(sc, k, dim=1, sorted=False)) * 1e3:.1f} us")  # fmt: skip
     inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE_DIM, 2, device=DEV).float() / ROPE_DIM))
     nw = rnd(HEAD_DIM, dtype=F32)
     for E, L in zip(sizes(16, 2048, 64), (8, 8, 128) if not SMOKE else (8, 8, 16)):

@@ -113,6 +113,28 @@ def indexer_config(t: int, hi: int, di: int, c: int) -> IndexerConfig:
     return IndexerConfig(bc, splits, 4, 1 if arch() == "interpreter" else 3)
 
 
+#: the indexer's top-k by ``_topk_select_kernel`` on a GPU (else ``torch.topk``): off until it has been
+#: checked and timed on one; it runs under the interpreter in CI
+SELECT_KERNEL_ON_GPU = False
+#: rows longer than this stay on ``torch.topk`` (one program holds a whole row in registers)
+SELECT_MAX_COLUMNS = 16384
+
+
+def indexer_select(c: int) -> str:
+    """``"kernel"`` or ``"torch"``: how the indexer picks its top-k among ``c`` candidate scores."""
+    on = arch() == "interpreter" or SELECT_KERNEL_ON_GPU
+    return "kernel" if on and c <= SELECT_MAX_COLUMNS else "torch"
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    num_warps: int
+
+
+def select_config(c: int) -> SelectConfig:
+    return SelectConfig(4 if c <= 2048 else 8 if c <= 8192 else 16)
+
+
 @dataclass(frozen=True)
 class CompressConfig:
     block_l: int

@@ -98,3 +98,23 @@ def test_compress_matches_reference(ops, gen, dtype):
     ref = REF.compress(kv, score.to(dtype), w, 1e-6, pos, inv_freq)
     assert got.dtype == dtype
     assert rel_err(got, ref) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("C,k", [(300, 64), (37, 16), (1000, 512)])
+def test_topk_select_kernel_picks_what_torch_topk_picks(gen, C, k):
+    from deepinfer_cuda_sm100.kernels.indexer import select_topk
+
+    T = 6
+    s = torch.randn(T, C, generator=gen) * 3  # negative and positive scores
+    s[1] = torch.randint(-3, 3, (C,), generator=gen).float()  # heavy ties at the threshold
+    s[2, C // 3 :] = float("-inf")  # fewer valid than k for the smaller k
+    s[3] = float("-inf")  # nothing valid
+    s[4, ::2] = float("-inf")
+    got = select_topk(dev(s), min(k, C)).cpu()
+    val, idx = torch.topk(s, min(k, C), dim=1)
+    for t in range(T):
+        ref = idx[t][val[t] > float("-inf")]
+        g = got[t][got[t] >= 0]
+        assert g.numel() == ref.numel() and len(set(g.tolist())) == g.numel(), t
+        assert (got[t][g.numel() :] == -1).all()  # chosen columns first, then -1
+        assert torch.equal(s[t, g].sort().values, s[t, ref].sort().values), t  # same scores (ties: any columns)

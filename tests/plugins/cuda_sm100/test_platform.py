@@ -142,3 +142,14 @@ def test_tilelang_kernel_lowers_to_wgmma_cuda_without_a_gpu():
 
     src = tl_fp8_gemm.source(256, 512)
     assert "wgmma" in src and "fp8_e4_t" in src
+
+
+def test_indexer_select_kernel_stays_off_on_gpus_until_measured(monkeypatch):
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    assert dispatch.indexer_select(2048) == "torch"
+    monkeypatch.setattr(dispatch, "SELECT_KERNEL_ON_GPU", True)
+    assert dispatch.indexer_select(2048) == "kernel"
+    assert dispatch.indexer_select(dispatch.SELECT_MAX_COLUMNS + 1) == "torch"  # a row must fit one program
+    monkeypatch.setattr(dispatch, "arch", lambda: "interpreter")
+    monkeypatch.setattr(dispatch, "SELECT_KERNEL_ON_GPU", False)
+    assert dispatch.indexer_select(2048) == "kernel"

@@ -2,7 +2,10 @@
 
 Grid ``(T, splits)``: each program keeps one token's ``[Hi, Di]`` query tile on chip and walks every
 ``splits``-th block of ``BLOCK_C`` candidates, gathering keys by slot id. Invalid candidates score
-``-inf``. Selection is ``torch.topk`` over the scores (see :func:`indexer_topk`).
+``-inf``. Selection (:func:`indexer_topk`) is ``torch.topk`` over the scores, or ``_topk_select_kernel``
+where :func:`dispatch.indexer_select` picks it: one program per token finds the k-th largest score by
+bisection on the scores' order-preserving integer image and writes the chosen columns by prefix sums,
+no sort. (Not yet run on a GPU: the device budget of the session that wrote it was spent.)
 """
 
 from __future__ import annotations
@@ -70,11 +73,55 @@ def indexer_scores(
     return out
 
 
+@triton.jit
+def _topk_select_kernel(
+    score_ptr, out_ptr, C, K, stride_s, stride_o, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """Row ``t``: the columns of its ``K`` largest finite scores (any order), then ``-1`` past the valid ones."""
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    s = tl.load(score_ptr + t * stride_s + c, mask=c < C, other=float("-inf"))
+    valid = s > float("-inf")
+    bits = s.to(tl.int32, bitcast=True)
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)  # larger float, larger integer
+    # Largest threshold with at least K keys at or above it (the smallest valid key if fewer are valid).
+    lo = tl.min(tl.where(valid, key, 1 << 40))
+    hi = tl.max(tl.where(valid, key, -(1 << 40)))
+    for _ in range(33):
+        mid = lo + (hi - lo + 1) // 2
+        enough = tl.sum((valid & (key >= mid)).to(tl.int32)) >= K
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid - 1)
+    above = valid & (key > lo)
+    tie = valid & (key == lo)
+    n_above = tl.sum(above.to(tl.int32))
+    pos = tl.where(above, tl.cumsum(above.to(tl.int32), 0) - 1, n_above + tl.cumsum(tie.to(tl.int32), 0) - 1)
+    tl.store(out_ptr + t * stride_o + pos, c.to(tl.int64), mask=above | (tie & (pos < K)))
+    chosen = tl.minimum(tl.sum(valid.to(tl.int32)), K)
+    j = tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + t * stride_o + j, tl.full([BLOCK_K], -1, tl.int64), mask=(j >= chosen) & (j < K))
+
+
+def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``[T, k]`` columns of each row's ``k`` largest finite scores (any order), ``-1`` past the valid ones."""
+    T, C = scores.shape
+    out = torch.empty((T, k), dtype=torch.int64, device=scores.device)
+    if T and k:
+        cfg = dispatch.select_config(C)
+        _topk_select_kernel[(T,)](
+            scores, out, C, k, scores.stride(0), out.stride(0), BLOCK_C=pow2(C, 16), BLOCK_K=pow2(k, 16),
+            num_warps=cfg.num_warps,
+        )  # fmt: skip
+    return out
+
+
 def indexer_topk(
     q: torch.Tensor, weights: torch.Tensor, key_pool: torch.Tensor, cand_slots: torch.Tensor, topk: int
 ) -> torch.Tensor:
     """Column indices into ``cand_slots`` of the ``min(topk, C)`` best scores, ``-1`` past the valid ones."""
     scores = indexer_scores(q, weights, key_pool, cand_slots)
     k = min(topk, cand_slots.shape[1])
+    if dispatch.indexer_select(scores.shape[1]) == "kernel":
+        return select_topk(scores, k)
     val, idx = torch.topk(scores, k, dim=1, sorted=False)
     return torch.where(torch.isneginf(val), torch.full_like(idx, -1), idx)
