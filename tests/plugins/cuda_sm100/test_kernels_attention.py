@@ -117,4 +117,5 @@ def test_topk_select_kernel_picks_what_torch_topk_picks(gen, C, k):
         g = got[t][got[t] >= 0]
         assert g.numel() == ref.numel() and len(set(g.tolist())) == g.numel(), t
         assert (got[t][g.numel() :] == -1).all()  # chosen columns first, then -1
-        assert torch.equal(s[t, g].sort().values, s[t, ref].sort().values), t  # same scores (ties: any columns)
+        # the same scores (at ties, any columns)
+        assert torch.equal(s[t, g].sort().values, s[t, ref].sort().values), t
