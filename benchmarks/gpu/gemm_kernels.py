@@ -19,11 +19,11 @@ import argparse
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 import triton
+from gemm_tiles import forced
 
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
 from deepinfer_core.plugins.registry import reference_op
@@ -116,33 +116,6 @@ def ceilings() -> dict[str, float]:
     fl = 2 * 8192**3 / (triton.testing.do_bench(lambda: a @ a, return_mode="median") * 1e-3)
     print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 matmul {fl / 1e12:.0f} TFLOP/s", flush=True)
     return {"bw": bw, "flops": fl}
-
-
-def forced(kind: str, variant: tuple[int, int, int] | None = None):
-    """A ``dispatch.gemm_config`` that always picks ``kind`` (and, for GEMV, a launch variant)."""
-    orig = dispatch.gemm_config
-
-    def pick(rows, n, k, fmt, gated, active=None):
-        cfg = orig(rows, n, k, fmt, gated, active)
-        if kind.startswith("tensor_cores"):
-            if cfg.gemv:
-                cfg = replace(orig(16, n, k, fmt, gated, None), split_k=cfg.split_k)
-            if variant is not None:  # (block_m, block_n, block_k, num_warps, num_stages)
-                cfg = replace(
-                    cfg, **dict(zip(("block_m", "block_n", "block_k", "num_warps", "num_stages"), variant))
-                )
-            return replace(cfg, fp4_bits=kind != "tensor_cores_arith")
-        g = dispatch.gemv_config(min(rows, 8), fmt)
-        if variant is not None:
-            g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])
-            g = replace(g, block_m=variant[3]) if len(variant) > 3 else g
-        if active is not None:
-            r, e = active
-            tiles = e * triton.cdiv(triton.cdiv(r, max(e, 1)), g.block_m)
-            g = replace(g, split_k=dispatch.split_k(tiles * triton.cdiv(n, g.block_n), k, g.block_k))
-        return g
-
-    return orig, pick
 
 
 def kinds(fmt: str):

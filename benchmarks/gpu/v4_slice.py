@@ -247,43 +247,6 @@ def profile_step(sr, batch: int, ctx: int, dev) -> dict:
     return {"kernel_ms_per_step": total, "launches_per_step": sum(r[2] for r in rows), "top": top}
 
 
-def force_fp4_tiles(spec: str) -> list[int]:
-    """Tensor-core tiles ``bm,bn,bk,warps,stages`` for the FP4 expert GEMMs of decode steps (not GEMVs), or
-    ``best:PATH``: the fastest tensor-core variant at 256 rows in a ``gemm_kernels.py`` JSON."""
-    from dataclasses import replace
-
-    from deepinfer_cuda_sm100 import dispatch
-
-    if spec.startswith("best:"):
-        rows = json.load(open(spec[5:]))["rows"]
-        cands = [r for r in rows if r["op"].startswith("fp4 experts") and r["rows"] == 256]
-        cands = [r for r in cands if r["kernel"] == "tensor_cores"]
-        tiles = list(min(cands, key=lambda r: r["us"])["variant"] or [])
-        if not tiles:
-            return []
-    else:
-        tiles = [int(v) for v in spec.split(",")]
-    orig = dispatch.gemm_config
-
-    def pick(rows, n, k, fmt, gated, active=None):
-        cfg = orig(rows, n, k, fmt, gated, active)
-        if fmt != "fp4_e2m1" or cfg.gemv or rows > 64:  # decode steps only, not prefill
-            return cfg
-        cfg = replace(cfg, **dict(zip(("block_m", "block_n", "block_k", "num_warps", "num_stages"), tiles)))
-        if active is not None:
-            r, e = active
-
-            def cdiv(a, b):
-                return -(-a // b)
-
-            progs = e * cdiv(cdiv(r, max(e, 1)), cfg.block_m) * cdiv(n, cfg.block_n)
-            cfg = replace(cfg, split_k=dispatch.split_k(progs, k, cfg.block_k))
-        return cfg
-
-    dispatch.gemm_config = pick
-    return tiles
-
-
 def section_slice(args) -> None:
     from deepinfer_core.config import load_config
     from deepinfer_core.runtime import build_runtime
@@ -309,6 +272,8 @@ def section_slice(args) -> None:
         "decode": [],
     }
     if args.fp4_tiles:
+        from gemm_tiles import force_fp4_tiles
+
         out["fp4_tiles"] = force_fp4_tiles(args.fp4_tiles)
         log("FP4 expert tiles forced:", out["fp4_tiles"])
     max_b, max_ctx = max(args.batches), max(args.contexts)

@@ -218,12 +218,16 @@ def gemm_config(
     holding them)``, at most; when the row tiles they make are too few programs to keep every SM
     streaming weights (decode), K is split (:func:`split_k`).
     """
-    cfg = _gemm_tiles(rows_per_expert, fmt, gated)
-    if active is not None:
-        rows, experts = active
-        tiles = experts * _cdiv(_cdiv(rows, max(experts, 1)), cfg.block_m)
-        cfg = replace(cfg, split_k=split_k(tiles * _cdiv(n, cfg.block_n), k, cfg.block_k))
-    return cfg
+    return fit_split_k(_gemm_tiles(rows_per_expert, fmt, gated), n, k, active)
+
+
+def fit_split_k(cfg: GemmConfig, n: int, k: int, active: tuple[int, int] | None) -> GemmConfig:
+    """``cfg`` with the K split its tiles need (:func:`split_k`); ``active`` as in :func:`gemm_config`."""
+    if active is None:
+        return cfg
+    rows, experts = active
+    tiles = experts * _cdiv(_cdiv(rows, max(experts, 1)), cfg.block_m)
+    return replace(cfg, split_k=split_k(tiles * _cdiv(n, cfg.block_n), k, cfg.block_k))
 
 
 def split_k(programs: int, k: int, block_k: int) -> int:

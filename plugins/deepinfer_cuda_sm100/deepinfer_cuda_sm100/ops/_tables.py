@@ -30,24 +30,28 @@ class TableCache:
         return value
 
 
-_SCHEDULES: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-#: schedules of at most this many rows (decode and graph buckets) are kept: a decode step has ~60 dense
-#: GEMMs, and building each one's schedule was four small kernels (H200 profile, NOTES.md v6)
-_CACHED_ROWS = 1024
+class ScheduleCache:
+    """Tile schedules of one-expert problems (dense GEMMs), read-only, kept per ``(rows, block_m, device)``.
 
+    A decode step has ~60 dense GEMMs, and building each one's schedule was four small kernels (H200
+    profile, NOTES.md v6). Only schedules of at most ``max_rows`` rows (decode and graph buckets) are
+    kept, and none made while a CUDA graph is being captured: those hold no values until replay."""
 
-def single_expert_schedule(rows: int, block_m: int, device: torch.device):
-    """Tile schedule of a one-expert problem of ``rows`` rows (a dense GEMM), read-only.
+    def __init__(self, max_rows: int = 1024) -> None:
+        self.max_rows = max_rows
+        self._entries: dict[
+            tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+        ] = {}
 
-    Not cached while a CUDA graph is being captured: tensors made there hold no values until replay."""
-    key = (rows, block_m, device)
-    hit = _SCHEDULES.get(key)
-    if hit is not None:
-        return hit
-    n = -(-rows // block_m)
-    start = torch.arange(n, device=device, dtype=torch.int64) * block_m
-    sched = (torch.zeros(n, dtype=torch.int64, device=device), start, torch.full_like(start, rows))
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if rows <= _CACHED_ROWS and not capturing:
-        _SCHEDULES[key] = sched
-    return sched
+    def get(self, rows: int, block_m: int, device: torch.device):
+        key = (rows, block_m, device)
+        hit = self._entries.get(key)
+        if hit is not None:
+            return hit
+        n = -(-rows // block_m)
+        start = torch.arange(n, device=device, dtype=torch.int64) * block_m
+        sched = (torch.zeros(n, dtype=torch.int64, device=device), start, torch.full_like(start, rows))
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if rows <= self.max_rows and not capturing:
+            self._entries[key] = sched
+        return sched

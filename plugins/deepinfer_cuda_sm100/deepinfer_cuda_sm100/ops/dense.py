@@ -18,12 +18,13 @@ from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
 from deepinfer_cuda_sm100.kernels import mhc, norm_rope
-from deepinfer_cuda_sm100.ops._tables import TableCache, single_expert_schedule
+from deepinfer_cuda_sm100.ops._tables import ScheduleCache, TableCache
 
 
 class CudaDenseOps(DenseOps):
     def __init__(self) -> None:
         self._tables = TableCache()
+        self._schedules = ScheduleCache()
 
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
         if not isinstance(weight, QuantizedWeight):
@@ -44,7 +45,7 @@ class CudaDenseOps(DenseOps):
                     *lead, -1
                 )
         cfg = dispatch.gemm_config(T, table.n, table.k, weight.format, gated=False, active=(T, 1))
-        gg.grouped_gemm(x2, table, single_expert_schedule(x2.shape[0], cfg.block_m, x.device), out, cfg)
+        gg.grouped_gemm(x2, table, self._schedules.get(x2.shape[0], cfg.block_m, x.device), out, cfg)
         return out.view(*lead, -1)
 
     def rms_norm(self, x, weight, eps):
@@ -74,7 +75,7 @@ class CudaDenseOps(DenseOps):
             return out
         fmt = w1.format if isinstance(w1, QuantizedWeight) else "plain"
         cfg_up = dispatch.gemm_config(T, t1.n, t1.k, fmt, gated=True, active=(T, 1))
-        sched = single_expert_schedule(T, cfg_up.block_m, x.device)
+        sched = self._schedules.get(T, cfg_up.block_m, x.device)
         gg.grouped_gemm(x, t3, sched, h, cfg_up, gate_table=t1, limit=limit)
         fmt2 = w2.format if isinstance(w2, QuantizedWeight) else "plain"
         cfg_dn = dispatch.gemm_config(T, t2.n, t2.k, fmt2, gated=False, active=(T, 1))

@@ -1,0 +1,64 @@
+"""Overrides of ``dispatch.gemm_config`` for the GPU benchmarks: force a kernel, a launch variant or tiles.
+
+Each returns the original function, to be put back by the caller; split-K is refitted to the new
+tiles by ``dispatch.fit_split_k``, as ``gemm_config`` does for its own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from deepinfer_cuda_sm100 import dispatch
+
+#: the fields a tensor-core tile variant sets, in order
+TILE_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+
+
+def forced(kind: str, variant: tuple | None = None):
+    """``(original, pick)``: ``pick`` always chooses ``kind`` ("tensor_cores", "tensor_cores_arith" for the
+    integer FP4 decode, or "gemv"), with a launch ``variant``: tile fields for the tensor cores,
+    ``(block_n, block_k, num_warps[, block_m])`` for the GEMV."""
+    orig = dispatch.gemm_config
+
+    def pick(rows, n, k, fmt, gated, active=None):
+        cfg = orig(rows, n, k, fmt, gated, active)
+        if kind.startswith("tensor_cores"):
+            if cfg.gemv:
+                cfg = replace(orig(16, n, k, fmt, gated, None), split_k=cfg.split_k)
+            if variant is not None:
+                cfg = dispatch.fit_split_k(replace(cfg, **dict(zip(TILE_FIELDS, variant))), n, k, active)
+            return replace(cfg, fp4_bits=kind != "tensor_cores_arith")
+        g = dispatch.gemv_config(min(rows, 8), fmt)
+        if variant is not None:
+            g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])
+            g = replace(g, block_m=variant[3]) if len(variant) > 3 else g
+        return dispatch.fit_split_k(g, n, k, active)
+
+    return orig, pick
+
+
+def force_fp4_tiles(spec: str) -> list[int]:
+    """Install tensor-core tiles ``bm,bn,bk,warps,stages`` for the FP4 expert GEMMs of decode steps (not
+    GEMVs), or ``best:PATH``: the fastest tensor-core variant at 256 rows in a ``gemm_kernels.py`` JSON.
+    Returns the tiles (``[]``: nothing installed)."""
+    if spec.startswith("best:"):
+        with open(spec[5:]) as f:
+            rows = json.load(f)["rows"]
+        cands = [r for r in rows if r["op"].startswith("fp4 experts") and r["rows"] == 256]
+        cands = [r for r in cands if r["kernel"] == "tensor_cores"]
+        tiles = list(min(cands, key=lambda r: r["us"])["variant"] or [])
+        if not tiles:
+            return []
+    else:
+        tiles = [int(v) for v in spec.split(",")]
+    orig = dispatch.gemm_config
+
+    def pick(rows, n, k, fmt, gated, active=None):
+        cfg = orig(rows, n, k, fmt, gated, active)
+        if fmt != "fp4_e2m1" or cfg.gemv or rows > 64:  # decode steps only, not prefill
+            return cfg
+        return dispatch.fit_split_k(replace(cfg, **dict(zip(TILE_FIELDS, tiles))), n, k, active)
+
+    dispatch.gemm_config = pick
+    return tiles
