@@ -39,6 +39,13 @@ ROWS: list[dict] = []
 #: tensor-core tile variants for the FP4 experts at 64 and 256 rows: (block_m, block_n, block_k, warps, stages)
 TC_VARIANTS = [(16, 64, 128, 4, 3), (16, 128, 64, 4, 3), (32, 64, 64, 4, 3), (16, 64, 64, 8, 3), (16, 32, 128, 4, 4),
                (32, 128, 64, 4, 3)]  # fmt: skip
+#: swap-AB variants, (block_m, block_n, block_k, warps, stages): FP4 experts, FP8 linears
+SWAP_VARIANTS = {
+    "fp4_e2m1": [(16, 128, 64, 4, 3), (16, 128, 128, 4, 3), (16, 64, 128, 4, 3), (16, 256, 64, 8, 3),
+                 (16, 128, 64, 4, 4), (32, 128, 64, 4, 3), (16, 128, 32, 4, 4), (16, 64, 64, 4, 4)],
+    "fp8_block": [(16, 128, 128, 4, 3), (16, 64, 128, 4, 3), (32, 128, 128, 4, 3), (64, 128, 128, 4, 3),
+                  (16, 128, 64, 4, 4), (16, 64, 64, 4, 4)],
+}  # fmt: skip
 #: GEMV launch variants tried beside the default: (block_n, block_k, num_warps[, block_m])
 VARIANTS = {
     "fp8_block": [(16, 512, 4), (8, 2048, 4), (4, 1024, 4), (8, 1024, 8)],
@@ -71,7 +78,8 @@ def dequantize(w: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
 
 
 def nbytes(w: QuantizedWeight) -> int:
-    return w.data.numel() * w.data.element_size() + w.scale.numel() * w.scale.element_size()
+    """Bytes the kernels read: FP4 scales as ue8m0 bytes (``grouped_gemm.ue8m0_bytes``), FP8's as float32."""
+    return w.data.numel() * w.data.element_size() + w.scale.numel() * (1 if w.format == "fp4_e2m1" else 4)
 
 
 def rel_err(a: torch.Tensor, r: torch.Tensor) -> float:
@@ -118,13 +126,16 @@ def ceilings() -> dict[str, float]:
     return {"bw": bw, "flops": fl}
 
 
-def kinds(fmt: str):
+def kinds(fmt: str, rows: int):
     yield "tensor_cores", None
-    if fmt == "fp4_e2m1":
+    if fmt == "fp4_e2m1" and rows <= 16:
         yield "tensor_cores_arith", None  # the FP4 decode of v1-v5, beside bit placement
-    yield "gemv", None
-    for v in VARIANTS[fmt]:
-        yield "gemv", v
+    for v in SWAP_VARIANTS[fmt]:
+        yield "swap", v
+    if rows <= 16:
+        yield "gemv", None
+        for v in VARIANTS[fmt] if rows == 1 else ():
+            yield "gemv", v
 
 
 def decode_dense(ceil) -> None:
@@ -133,10 +144,10 @@ def decode_dense(ceil) -> None:
                          "wkv 512x4096": (512, 4096), "wo_b 4096x8192": (4096, 8192)}.items():  # fmt: skip
         w = fp8(n, k)
         ref_w = dequantize(w, torch.float32)
-        for m in (1, 4):
+        for m in (1, 4, 16, 64, 256):
             x = torch.randn(m, k, device=DEV, generator=G).to(torch.bfloat16)
             ref = x.float() @ ref_w.T
-            for kind, var in kinds("fp8_block"):
+            for kind, var in kinds("fp8_block", m):
                 orig, pick = forced(kind, var)
                 dispatch.gemm_config = pick
                 try:
@@ -166,10 +177,11 @@ def decode_experts(ceil) -> None:
             sub = [[dequantize(w, torch.bfloat16) if i in used else None for i, w in enumerate(ws)]
                    for ws in (ew.w1, ew.w3, ew.w2)]  # fmt: skip
             ref = ref_op.experts(x, ids, wts, ExpertWeights(*sub, ew.expert_ids), 10.0).float()
-        tried = list(kinds("fp4_e2m1")) + ([("tensor_cores", v) for v in TC_VARIANTS] if t >= 64 else [])
+        tried = list(kinds("fp4_e2m1", t)) + ([("tensor_cores", v) for v in TC_VARIANTS] if t == 256 else [])
+        against = (
+            "reference" if ref is not None else "tensor_cores"
+        )  # above 16 rows: the first (checked) kernel
         for kind, var in tried:
-            if kind == "gemv" and t > 16:  # 2-8-row GEMV tiles: slower (NOTES.md v6)
-                continue
             orig, pick = forced(kind, var)
             dispatch.gemm_config = pick
             ops._prepared = type(ops._prepared)()
@@ -178,9 +190,24 @@ def decode_experts(ceil) -> None:
                 ms = graph_ms(lambda: ops.experts(x, ids, wts, ew, 10.0))
             finally:
                 dispatch.gemm_config = orig
+            ref = out if ref is None else ref
             record(section="decode", op="fp4 experts 256x(2048x4096)x3 top-6", rows=t, experts=touched, kernel=kind,
-                   variant=var, rel_err=None if ref is None else rel_err(out, ref), us=ms * 1e3,
+                   variant=var, rel_err=rel_err(out, ref), against=against, us=ms * 1e3,
                    pct_copy_bw=100 * touched * per_expert / (ms * 1e-3) / ceil["bw"])  # fmt: skip
+        if (
+            t == 16
+        ):  # rows of magnitudes 2**-40 .. 2**40: the swap kernel's float16 operands, per-row rescaled
+            xw = (x.float() * torch.exp2(torch.linspace(-40, 40, t, device=DEV))[:, None]).to(torch.bfloat16)
+            refw = ref_op.experts(xw, ids, wts, ExpertWeights(*sub, ew.expert_ids), 10.0).float()
+            orig, pick = forced("swap")
+            dispatch.gemm_config = pick
+            try:
+                outw = ops.experts(xw, ids, wts, ew, 10.0).float()
+            finally:
+                dispatch.gemm_config = orig
+            worst = max(rel_err(outw[i], refw[i]) for i in range(t))
+            record(section="decode", op="fp4 experts, rows 2**-40..2**40", rows=t, kernel="swap", rel_err=worst,
+                   against="reference, worst row")  # fmt: skip
 
 
 def triton_only(fn):

@@ -168,8 +168,11 @@ def weight_bytes(model) -> dict[str, float]:
     from deepinfer_core.ops.weights import QuantizedWeight
 
     def nbytes(v) -> int:
-        if isinstance(v, QuantizedWeight):
-            return v.data.numel() * v.data.element_size() + v.scale.numel() * v.scale.element_size()
+        if isinstance(
+            v, QuantizedWeight
+        ):  # FP4 scales as the ue8m0 bytes the kernels read (float32 in the model)
+            per_scale = 1 if v.format == "fp4_e2m1" else v.scale.element_size()
+            return v.data.numel() * v.data.element_size() + v.scale.numel() * per_scale
         if isinstance(v, torch.Tensor):
             return v.numel() * v.element_size()
         if isinstance(v, (list, tuple)):

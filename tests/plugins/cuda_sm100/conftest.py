@@ -20,10 +20,10 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(20261202)
 
 
-@pytest.fixture(params=["tensor_cores", "tensor_cores_arith", "gemv"])
+@pytest.fixture(params=["tensor_cores", "tensor_cores_arith", "gemv", "swap"])
 def gemm_kind(request, monkeypatch):
     """Force every grouped GEMM onto one kernel: the tensor-core tiles (FP4 decoded by bit placement, or
-    by integer arithmetic), or the CUDA-core GEMV (decode)."""
+    by integer arithmetic), the CUDA-core GEMV (decode), or the swap-AB tensor-core kernel."""
     from dataclasses import replace
 
     from deepinfer_cuda_sm100 import dispatch
@@ -36,7 +36,7 @@ def gemm_kind(request, monkeypatch):
             return replace(dispatch.gemv_config(min(rows, 8), fmt), split_k=cfg.split_k)
         if cfg.gemv:
             cfg = replace(cfg, gemv=False, block_m=16, block_n=32, block_k=64)
-        return replace(cfg, fp4_bits=request.param != "tensor_cores_arith")
+        return replace(cfg, fp4_bits=request.param != "tensor_cores_arith", swap=request.param == "swap")
 
     monkeypatch.setattr(dispatch, "gemm_config", forced)
     return request.param

@@ -108,3 +108,62 @@ def test_experts_with_split_k_match_reference(ops, gen, gemm_kind, split_k, fmt)
     assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
     again = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.7)
     assert torch.equal(got.cpu(), again.cpu()), "split-K sums in a fixed order: results repeat exactly"
+
+
+def test_fp4_scales_read_as_ue8m0_bytes_only_when_powers_of_two(gen):
+    from deepinfer_cuda_sm100.kernels.grouped_gemm import ue8m0_bytes
+
+    exps = torch.randint(-126, 128, (5, 7), generator=gen)
+    pow2 = torch.exp2(exps.double()).float()
+    (b,) = ue8m0_bytes([pow2])
+    assert b.dtype == torch.uint8
+    assert torch.equal(b.long() - 127, exps)
+    for bad in (pow2 * 1.5, -pow2, torch.zeros(5, 7), pow2.to(torch.bfloat16)):
+        assert ue8m0_bytes([pow2, bad])[1] is bad, "one scale that is not a power of two keeps all float32"
+
+
+def test_experts_with_float32_fp4_scales_match_reference(ops, gen, gemm_kind):
+    """FP4 scales that are not powers of two stay float32 in every kernel."""
+    from deepinfer_core.ops.weights import QuantizedWeight
+
+    T, k, E, D, inter = 9, 2, 4, 64, 96
+    ew = _experts(gen, "fp4_e2m1", E, D, inter)
+
+    def odd(w):
+        return QuantizedWeight(
+            w.data, w.scale * (1 + torch.rand(w.scale.shape, generator=gen)), w.format, w.shape
+        )
+
+    ew = ExpertWeights(
+        [odd(w) for w in ew.w1], [odd(w) for w in ew.w3], [odd(w) for w in ew.w2], ew.expert_ids
+    )
+    x = rand(gen, T, D, dtype=torch.bfloat16)
+    ids = torch.randint(0, E, (T, k), generator=gen)
+    w = torch.rand(T, k, generator=gen) + 0.1
+    got = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.0)
+    assert rel_err(got, REF.experts(x, ids, w, ew, 0.0)) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
+def test_swap_kernel_keeps_rows_of_any_magnitude(ops, gen, fmt, monkeypatch):
+    """The swap-AB kernel feeds float16 to the MMA after a per-row power-of-two rescale: rows from 1e-15 to
+    1e15 (far outside float16; the SwiGLU between the GEMMs squares them) come out with the relative error
+    of unit rows."""
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+
+    orig = dispatch.gemm_config
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **kw: replace(orig(*a, **kw), gemv=False, swap=True,
+                                                                          block_m=16, block_n=32, block_k=64))  # fmt: skip
+    T, k, E, D, inter = 6, 1, 2, 128, 64
+    ew = _experts(gen, fmt, E, D, inter)
+    mags = torch.tensor([1e-15, 1e-6, 1.0, 3e4, 1e9, 1e15])
+    x = rand(gen, T, D) * mags[:, None]
+    ids = torch.arange(T).remainder(E)[:, None]
+    w = torch.ones(T, k)
+    got = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.0).float().cpu()
+    ref = REF.experts(x, ids, w, ew, 0.0)
+    assert torch.isfinite(got).all()
+    for t in range(T):
+        assert rel_err(got[t], ref[t]) < BOUND[torch.float32], f"row {t} (magnitude {mags[t]:g})"

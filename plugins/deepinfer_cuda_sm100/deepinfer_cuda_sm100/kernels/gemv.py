@@ -28,15 +28,35 @@ from deepinfer_cuda_sm100.kernels._common import store_tile
 
 
 @triton.jit
-def e2m1_halves(b):
-    """Packed e2m1 bytes (any integer type) -> (low, high) nibble values in float32, times ``2**-14``."""
+def e2m1_f16(b):
+    """Packed e2m1 bytes (any integer type) -> (low, high) nibble values in float16, times ``2**-14``."""
     b = b.to(tl.uint16)
     lo = ((b & 0x8) << 12) | ((b & 0x7) << 9)
     hi = ((b & 0x80) << 8) | ((b & 0x70) << 5)
-    return (
-        lo.to(tl.float16, bitcast=True).to(tl.float32),
-        hi.to(tl.float16, bitcast=True).to(tl.float32),
-    )
+    return lo.to(tl.float16, bitcast=True), hi.to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def e2m1_halves(b):
+    """:func:`e2m1_f16` in float32."""
+    lo, hi = e2m1_f16(b)
+    return lo.to(tl.float32), hi.to(tl.float32)
+
+
+@triton.jit
+def scale_f32(s):
+    """Per-32 FP4 scales as float32, stored as float32 or as ue8m0 bytes (a float32's exponent field;
+    byte 0, ``2**-127``, reads as 0)."""
+    if s.dtype == tl.uint8:
+        return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    else:
+        return s.to(tl.float32)
+
+
+@triton.jit
+def fp4_scale(s):
+    """:func:`scale_f32` times ``2**14``, the factor :func:`e2m1_f16` leaves out."""
+    return scale_f32(s) * 16384.0
 
 
 @triton.jit
@@ -50,8 +70,8 @@ def _fp4_tile(base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N: tl.cons
     b = tl.load(base + n[:, None, None] * stride_wn + byte[None, :, :], mask=m, other=0)
     lo, hi = e2m1_halves(b)
     sc = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nm[:, None] & (g < tl.cdiv(K, 32))[None, :],
-                 other=0.0)  # fmt: skip
-    return lo, hi, sc * 16384.0
+                 other=0)  # fmt: skip
+    return lo, hi, fp4_scale(sc)
 
 
 @triton.jit

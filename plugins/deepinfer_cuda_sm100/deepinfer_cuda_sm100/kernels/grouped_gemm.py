@@ -12,9 +12,12 @@ Formats (see :class:`deepinfer_core.ops.weights.QuantizedWeight`):
 - ``FMT=1``: ``float8_e4m3fn [N, K]`` with one float32 scale per 128x128 block. A K step of at most
   128 lies in one scale block, so each tile is ``(W_e4m3 * scale[n // 128]) -> bf16`` (exact for
   ue8m0 scales: e4m3 values times a power of two fit bf16).
-- ``FMT=2``: e2m1 codes packed two per byte (low nibble first), one float32 (ue8m0) scale per 32
-  inputs. Codes decode with integer ops to 4x their value (exact), are scaled per 32 and rounded
-  to bf16 (exact: at most 2 significant bits times a power of two).
+- ``FMT=2``: e2m1 codes packed two per byte (low nibble first), one ue8m0 scale per 32 inputs (read
+  as its exponent byte, :func:`ue8m0_bytes`, or as float32). Codes decode by bit placement into
+  float16 (``kernels/gemv.py``) or by integer ops to 4x their value (exact), are scaled per 32 and
+  rounded to bf16 (exact: at most 2 significant bits times a power of two).
+
+``GemmConfig.swap`` launches ``kernels/swap_gemm.py`` instead (FP8/FP4 weights on the MMA's M side).
 
 ``GATED`` computes the gate (``w1``) and up (``w3``) products of a tile together and writes
 ``silu(min(g, limit)) * clamp(u, -limit, limit)``; otherwise ``C`` rows may be scaled by a per-row
@@ -31,8 +34,9 @@ import triton.language as tl
 
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, store_tile, swiglu
-from deepinfer_cuda_sm100.kernels.gemv import _grouped_gemv_kernel, e2m1_halves
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, interpreting, mma, store_tile, swiglu
+from deepinfer_cuda_sm100.kernels.gemv import _grouped_gemv_kernel, e2m1_halves, scale_f32
+from deepinfer_cuda_sm100.kernels.swap_gemm import _swap_gemm_kernel, swap_dot_dtype
 
 FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
 
@@ -70,10 +74,11 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
         sc = tl.load(
             s_base + n[:, None] * stride_sn + g[None, :],
             mask=nm[:, None] & (g < tl.cdiv(K, 32))[None, :],
-            other=0.0,
+            other=0,
         )
         val = tl.reshape(
-            tl.reshape(val, (BLOCK_N, BLOCK_K // 32, 32)) * (sc * unit)[:, :, None], (BLOCK_N, BLOCK_K)
+            tl.reshape(val, (BLOCK_N, BLOCK_K // 32, 32)) * (scale_f32(sc) * unit)[:, :, None],
+            (BLOCK_N, BLOCK_K),
         )
         return val.to(DOT_T)
     else:
@@ -171,6 +176,8 @@ class WeightTable:
         else:
             datas, scales = list(weights), list(weights)
             fmt, (n, k) = 0, first.shape
+        if fmt == 2:
+            scales = ue8m0_bytes(scales)
         for t in datas + scales:
             if t.stride(-1) != 1:
                 raise ValueError("expert weights must be row-major (last stride 1)")
@@ -181,6 +188,20 @@ class WeightTable:
         s0 = scales[0]
         return WeightTable(fmt, n, k, ptrs, sptrs, datas[0].dtype, s0.dtype, datas[0].stride(0), s0.stride(0),
                            s0.stride(-1) if s0.dim() > 1 else 1, datas + scales)  # fmt: skip
+
+
+def ue8m0_bytes(scales: list[torch.Tensor]) -> list[torch.Tensor]:
+    """FP4 scales as their ue8m0 bytes (the float32 exponent field, ``uint8``), which the kernels read
+    instead of float32 (17 bytes per 32 weights, not 20), when every scale is a power of two in
+    ``[2**-126, 2**127]``; else ``scales`` unchanged. A copy: the model keeps its own. Checks on the host
+    once, when the table is built (never inside graph capture)."""
+    if any(s.dtype != torch.float32 for s in scales):
+        return scales
+    bits = [s.contiguous().view(torch.int32) for s in scales]
+    ok = torch.stack([(((b & 0x807FFFFF) == 0) & ((b >> 23) > 0)).all() for b in bits])
+    if not bool(ok.all()):
+        return scales
+    return [(b >> 23).to(torch.uint8) for b in bits]
 
 
 _TL = {
@@ -260,6 +281,8 @@ def grouped_gemm(
     """Launch one grouped GEMM. With ``gate_table`` (``w1``), ``table`` is ``w3`` and the result is the
     clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given."""
     tile_expert, tile_start, tile_end = sched
+    if cfg.swap and table.fmt == 1 and 128 % cfg.block_n:
+        raise ValueError(f"swap-AB FP8 tiles need block_n dividing 128 (one scale row), got {cfg.block_n}")
     first = gate_table if gate_table is not None else table
     gated = gate_table is not None
     split = max(1, min(cfg.split_k, triton.cdiv(table.k, cfg.block_k)))
@@ -289,6 +312,8 @@ def grouped_gemm(
     )  # fmt: skip
     if cfg.gemv:
         _grouped_gemv_kernel[grid](*args, **meta)
+    elif cfg.swap and table.fmt != 0:
+        _swap_gemm_kernel[grid](*args, DOT_T=swap_dot_dtype(interpreting()), **meta)
     else:
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, **meta)
     if split > 1 and rows:
