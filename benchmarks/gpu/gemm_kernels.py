@@ -41,11 +41,12 @@ TC_VARIANTS = [(16, 64, 128, 4, 3), (16, 128, 64, 4, 3), (32, 64, 64, 4, 3), (16
                (32, 128, 64, 4, 3)]  # fmt: skip
 #: swap-AB variants, (block_m, block_n, block_k, warps, stages): FP4 experts, FP8 linears
 SWAP_VARIANTS = {
-    "fp4_e2m1": [(16, 128, 64, 4, 3), (16, 128, 128, 4, 3), (16, 64, 128, 4, 3), (16, 256, 64, 8, 3),
-                 (16, 128, 64, 4, 4), (32, 128, 64, 4, 3), (16, 128, 32, 4, 4), (16, 64, 64, 4, 4)],
-    "fp8_block": [(16, 128, 128, 4, 3), (16, 64, 128, 4, 3), (32, 128, 128, 4, 3), (64, 128, 128, 4, 3),
-                  (16, 128, 64, 4, 4), (16, 64, 64, 4, 4)],
+    "fp4_e2m1": [(16, 64, 64, 4, 4)],
+    "fp8_block": [(16, 64, 128, 4, 3), (16, 128, 64, 4, 4)],
 }  # fmt: skip
+#: tensor-core variants for the FP8 linears at 64 and 256 rows
+FP8_TC_VARIANTS = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 64, 128, 4, 3), (128, 128, 128, 8, 3),
+                   (64, 256, 64, 8, 3), (128, 256, 64, 8, 3)]  # fmt: skip
 #: GEMV launch variants tried beside the default: (block_n, block_k, num_warps[, block_m])
 VARIANTS = {
     "fp8_block": [(16, 512, 4), (8, 2048, 4), (4, 1024, 4), (8, 1024, 8)],
@@ -128,10 +129,14 @@ def ceilings() -> dict[str, float]:
 
 def kinds(fmt: str, rows: int):
     yield "tensor_cores", None
-    if fmt == "fp4_e2m1" and rows <= 16:
-        yield "tensor_cores_arith", None  # the FP4 decode of v1-v5, beside bit placement
-    for v in SWAP_VARIANTS[fmt]:
+    if fmt == "fp4_e2m1":
+        yield "tensor_cores_bits", None  # bit placement in Triton, not the PTX decode
+        if rows <= 16:
+            yield "tensor_cores_arith", None  # the FP4 decode of v1-v5, beside bit placement
+    for v in SWAP_VARIANTS[fmt] if rows <= 16 or fmt == "fp4_e2m1" else ():
         yield "swap", v
+    for v in FP8_TC_VARIANTS if rows >= 64 and fmt == "fp8_block" else ():
+        yield "tensor_cores", v
     if rows <= 16:
         yield "gemv", None
         for v in VARIANTS[fmt] if rows == 1 else ():
@@ -177,7 +182,8 @@ def decode_experts(ceil) -> None:
             sub = [[dequantize(w, torch.bfloat16) if i in used else None for i, w in enumerate(ws)]
                    for ws in (ew.w1, ew.w3, ew.w2)]  # fmt: skip
             ref = ref_op.experts(x, ids, wts, ExpertWeights(*sub, ew.expert_ids), 10.0).float()
-        tried = list(kinds("fp4_e2m1", t)) + ([("tensor_cores", v) for v in TC_VARIANTS] if t == 256 else [])
+        tc = [(kind, v) for v in TC_VARIANTS for kind in ("tensor_cores", "tensor_cores_bits")]
+        tried = list(kinds("fp4_e2m1", t)) + (tc if t == 256 else [])
         against = (
             "reference" if ref is not None else "tensor_cores"
         )  # above 16 rows: the first (checked) kernel

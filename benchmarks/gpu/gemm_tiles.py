@@ -17,7 +17,8 @@ TILE_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
 
 def forced(kind: str, variant: tuple | None = None):
     """``(original, pick)``: ``pick`` always chooses ``kind`` ("tensor_cores", "tensor_cores_arith" for the
-    integer FP4 decode, "swap" for the swap-AB kernel, or "gemv"), with a launch ``variant``: tile fields
+    integer FP4 decode, "tensor_cores_bits" for the Triton bit placement instead of the PTX decode, "swap" for
+    the swap-AB kernel, or "gemv"), with a launch ``variant``: tile fields
     for the tensor cores and swap, ``(block_n, block_k, num_warps[, block_m])`` for the GEMV."""
     orig = dispatch.gemm_config
 
@@ -33,7 +34,12 @@ def forced(kind: str, variant: tuple | None = None):
             if variant is not None:
                 cfg = replace(cfg, **dict(zip(TILE_FIELDS, variant)))
             cfg = dispatch.fit_split_k(cfg, n, k, active)
-            return replace(cfg, fp4_bits=kind != "tensor_cores_arith")
+            return replace(
+                cfg,
+                fp4_bits=kind != "tensor_cores_arith",
+                swap=kind == "swap",
+                fp4_asm=cfg.fp4_asm and kind == "tensor_cores",
+            )
         g = dispatch.gemv_config(min(rows, 8), fmt)
         if variant is not None:
             g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])

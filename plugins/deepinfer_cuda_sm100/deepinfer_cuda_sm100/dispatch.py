@@ -201,6 +201,9 @@ class GemmConfig:
     fp4_bits: bool = True
     #: FP8/FP4 weights on the tensor cores' M side, scales after the MMA (``kernels/swap_gemm.py``)
     swap: bool = False
+    #: tensor-core FP4: codes decoded and scaled by PTX into packed bf16 (``gemv.e2m1_bf16_scaled``) where
+    #: it applies (``grouped_gemm.fp4_asm_ok``; never under the interpreter)
+    fp4_asm: bool = True
 
 
 #: decode problems with at most this many rows per expert go to the CUDA-core GEMV kernel, one row per

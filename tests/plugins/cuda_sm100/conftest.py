@@ -36,7 +36,8 @@ def gemm_kind(request, monkeypatch):
             return replace(dispatch.gemv_config(min(rows, 8), fmt), split_k=cfg.split_k)
         if cfg.gemv:
             cfg = replace(cfg, gemv=False, block_m=16, block_n=32, block_k=64)
-        return replace(cfg, fp4_bits=request.param != "tensor_cores_arith", swap=request.param == "swap")
+        kind = request.param
+        return replace(cfg, fp4_bits=kind != "tensor_cores_arith", swap=kind == "swap")
 
     monkeypatch.setattr(dispatch, "gemm_config", forced)
     return request.param

@@ -154,16 +154,55 @@ def test_swap_kernel_keeps_rows_of_any_magnitude(ops, gen, fmt, monkeypatch):
     from deepinfer_cuda_sm100 import dispatch
 
     orig = dispatch.gemm_config
-    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **kw: replace(orig(*a, **kw), gemv=False, swap=True,
-                                                                          block_m=16, block_n=32, block_k=64))  # fmt: skip
+    tiles = dict(gemv=False, block_m=16, block_n=32, block_k=64, swap=True)
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **kw: replace(orig(*a, **kw), **tiles))
     T, k, E, D, inter = 6, 1, 2, 128, 64
     ew = _experts(gen, fmt, E, D, inter)
     mags = torch.tensor([1e-15, 1e-6, 1.0, 3e4, 1e9, 1e15])
-    x = rand(gen, T, D) * mags[:, None]
+    x = (rand(gen, T, D) * mags[:, None]).to(torch.bfloat16)  # the swap kernel takes bf16/f16 activations
     ids = torch.arange(T).remainder(E)[:, None]
     w = torch.ones(T, k)
     got = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.0).float().cpu()
-    ref = REF.experts(x, ids, w, ew, 0.0)
+    ref = REF.experts(x.float(), ids, w, ew, 0.0)
     assert torch.isfinite(got).all()
     for t in range(T):
-        assert rel_err(got[t], ref[t]) < BOUND[torch.float32], f"row {t} (magnitude {mags[t]:g})"
+        assert rel_err(got[t], ref[t]) < BOUND[torch.bfloat16], f"row {t} (magnitude {mags[t]:g})"
+
+
+def _prmt(x: int, sel: int) -> int:
+    """PTX ``prmt.b32 d, x, 0, sel`` (default mode, no sign replication: selector nibbles < 8)."""
+    src = [(x >> (8 * i)) & 0xFF for i in range(4)] + [0, 0, 0, 0]
+    return sum(src[(sel >> (4 * i)) & 7] << (8 * i) for i in range(4))
+
+
+def test_fp4_ptx_decode_bit_logic_matches_e2m1(gen):
+    """``gemv.e2m1_bf16_scaled``'s PTX cannot run here; its bit logic, emulated from the same constants the
+    PTX is built from, turns every byte into its two codes' values times the scale, exactly."""
+    from deepinfer_core.quant.formats import _e2m1_lut
+    from deepinfer_cuda_sm100.kernels import gemv
+
+    lut = _e2m1_lut(torch.device("cpu"))
+    em, sign = gemv.E2M1_BF16_MASKS
+    for const in (*gemv.E2M1_BF16_PRMT, em, sign):
+        assert f"{const:#x}" in gemv.E2M1_BF16_PTX.value
+    for e in (1, 100, 120, 127, 128):  # ue8m0 bytes the PTX path takes (<= 128)
+        s_bits = (e + 126) << 7  # gemv.e8m0_bf16_unit
+        s = torch.tensor([s_bits], dtype=torch.int16).view(torch.bfloat16).float()
+        for word in range(0, 256, 4):
+            x = word | (word + 1) << 8 | (word + 2) << 16 | (word + 3) << 24
+            for pair, sel in enumerate(gemv.E2M1_BF16_PRMT):
+                y = _prmt(x, sel)
+                for half, shift in (("lo", 0), ("hi", 4)):
+                    a, b = gemv.E2M1_BF16_SHIFTS[half]
+                    t = (((y << a) & em) | ((y << b) & sign)) & 0xFFFFFFFF
+                    for h in range(2):
+                        bits = (t >> (16 * h)) & 0xFFFF
+                        got = (
+                            torch.tensor([bits], dtype=torch.int32)
+                            .to(torch.int16)
+                            .view(torch.bfloat16)
+                            .float()
+                        )
+                        byte = word + 2 * pair + h
+                        want = lut[(byte >> shift) & 0xF] * 2.0 ** (e - 127)
+                        assert (got * s).to(torch.bfloat16).item() == want.item(), (e, byte, half)

@@ -72,5 +72,40 @@ def store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, 
                  mask=rm[:, None] & nm[None, :])  # fmt: skip
 
 
+@triton.jit
+def weight_base(tab, ex, W_T: tl.constexpr, ALIGNED: tl.constexpr):
+    """Expert ``ex``'s weight address from a table of ``data_ptr()`` values (16-byte aligned if ``ALIGNED``)."""
+    p = tl.load(tab + ex)
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p.to(tl.pointer_type(W_T))
+
+
+@triton.jit
+def weight_tile(base, rows, stride, cols, row_ok, K_COLS, ALIGNED: tl.constexpr):
+    """Load ``base[rows, cols]`` (``[BLOCK_N, C]``) of a 1-byte weight (FP8 values or FP4 bytes) with
+    ``K_COLS`` columns per row. ``ALIGNED`` (``WeightTable.aligned`` and K a whole number of steps): rows
+    start 16-byte aligned and no step runs past a row, so hints let each thread load 16 bytes at once
+    (without them Triton loads one byte per instruction: 2.7x the instructions per FP4 step, NOTES.md v7)."""
+    ptr = base + rows[:, None] * stride + cols[None, :]
+    zero = tl.zeros(
+        [1, 1], dtype=base.dtype.element_ty
+    )  # masked lanes read 0 (an FP8 NaN would poison the sum)
+    if ALIGNED:
+        ptr = tl.max_contiguous(tl.multiple_of(ptr, [16, 16]), [1, 16])
+        return tl.load(ptr, mask=row_ok[:, None], other=zero)
+    else:
+        return tl.load(ptr, mask=row_ok[:, None] & (cols < K_COLS)[None, :], other=zero)
+
+
+@triton.jit
+def pow2_scale(amax):
+    """``(f, 1/f)``: powers of two with ``amax * f < 2**14`` (float16-safe with room for sums), ``f <= 2**126``.
+
+    From the float32 exponent ``E`` of ``amax >= 0`` (``amax < 2**(E-126)``): ``f = 2**(140-E)``."""
+    e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 14)
+    return ((267 - e) << 23).to(tl.float32, bitcast=True), ((e - 13) << 23).to(tl.float32, bitcast=True)
+
+
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(int(n)))

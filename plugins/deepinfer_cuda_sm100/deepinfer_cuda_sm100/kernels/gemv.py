@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from deepinfer_cuda_sm100.kernels._common import store_tile
+from deepinfer_cuda_sm100.kernels._common import store_tile, weight_base, weight_tile
 
 
 @triton.jit
@@ -41,6 +41,48 @@ def e2m1_halves(b):
     """:func:`e2m1_f16` in float32."""
     lo, hi = e2m1_f16(b)
     return lo.to(tl.float32), hi.to(tl.float32)
+
+
+#: e2m1 nibble -> bfloat16 half-word by bit placement: exponent+mantissa (3 bits) to bits 8..6 and the sign
+#: to bit 15 give the code's value times 2**-126 (bfloat16's subnormals 0 and 2**-127 are e2m1's 0 and
+#: 0.5), which one ``mul.bf16x2`` by ``scale * 2**126`` turns into the weight. Left shifts for
+#: (exponent+mantissa, sign) of the low and the high nibble of a byte in the low byte of a half-word:
+E2M1_BF16_SHIFTS = {"lo": (6, 12), "hi": (2, 8)}
+E2M1_BF16_MASKS = (0x01C001C0, 0x80008000)
+#: ``prmt`` selectors putting bytes (0, 1) and (2, 3) of a register into the low bytes of its half-words
+E2M1_BF16_PRMT = (0x4140, 0x4342)
+
+
+def _e2m1_bf16_ptx() -> str:
+    em, sign = E2M1_BF16_MASKS
+    lines = ["{", ".reg .b32 y, t, u;"]
+    for pair, sel in enumerate(E2M1_BF16_PRMT):  # bytes (0,1) then (2,3): output registers $pair and $2+pair
+        lines.append(f"prmt.b32 y, $4, 0, {sel:#x};")
+        for out, half in ((pair, "lo"), (2 + pair, "hi")):
+            a, b = E2M1_BF16_SHIFTS[half]
+            lines += [f"shl.b32 t, y, {a};", f"and.b32 t, t, {em:#x};", f"shl.b32 u, y, {b};",
+                      f"and.b32 u, u, {sign:#x};", "or.b32 t, t, u;", f"mul.rn.bf16x2 ${out}, t, ${5 + pair};"]  # fmt: skip
+    return "\n".join(lines + ["}"])
+
+
+E2M1_BF16_PTX = tl.constexpr(_e2m1_bf16_ptx())
+
+
+@triton.jit
+def e2m1_bf16_scaled(b, s):
+    """Packed e2m1 bytes ``b`` (uint8) and ``s = scale * 2**126`` (bfloat16, same shape) -> the (low, high)
+    nibbles' weights in bfloat16: PTX on packed registers, four bytes per call (``sm_90``+, not under the
+    interpreter; the bit logic is emulated in the tests from the same constants)."""
+    return tl.inline_asm_elementwise(
+        E2M1_BF16_PTX, "=r,=r,=r,=r,r,r,r", [b, s], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+    )
+
+
+@triton.jit
+def e8m0_bf16_unit(e):
+    """ue8m0 scale bytes ``E <= 128`` -> ``2**(E-127) * 2**126`` in bfloat16 (the ``s`` of
+    :func:`e2m1_bf16_scaled`)."""
+    return ((e.to(tl.uint16) + 126) << 7).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -60,15 +102,14 @@ def fp4_scale(s):
 
 
 @triton.jit
-def _fp4_tile(base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fp4_tile(base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              ALIGNED: tl.constexpr):  # fmt: skip
     """``[BLOCK_N, BLOCK_K/32, 16]`` low and high halves of the bytes at K ``[k0, k0+BLOCK_K)``, and the
     ``[BLOCK_N, BLOCK_K/32]`` scales times ``2**14``."""
     g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    j = tl.arange(0, 16)
-    byte = g[:, None] * 16 + j[None, :]
-    m = nm[:, None, None] & (byte < K // 2)[None, :, :]
-    b = tl.load(base + n[:, None, None] * stride_wn + byte[None, :, :], mask=m, other=0)
-    lo, hi = e2m1_halves(b)
+    byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    b = weight_tile(base, n, stride_wn, byte, nm, K // 2, ALIGNED)
+    lo, hi = e2m1_halves(tl.reshape(b, (BLOCK_N, BLOCK_K // 32, 16)))
     sc = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nm[:, None] & (g < tl.cdiv(K, 32))[None, :],
                  other=0)  # fmt: skip
     return lo, hi, fp4_scale(sc)
@@ -80,8 +121,10 @@ def _fp4_dot(lo, hi, sc, xe, xo):
 
 
 @triton.jit
-def _tile(base, n, nm, k0, K, stride_wn, BLOCK_K: tl.constexpr):
+def _tile(base, n, nm, k0, K, stride_wn, BLOCK_K: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr):
     ks = k0 + tl.arange(0, BLOCK_K)
+    if FMT == 1:
+        return weight_tile(base, n, stride_wn, ks, nm, K, ALIGNED).to(tl.float32)
     w = tl.load(base + n[:, None] * stride_wn + ks[None, :], mask=nm[:, None] & (ks < K)[None, :], other=0.0)
     return w.to(tl.float32)
 
@@ -103,6 +146,7 @@ def _grouped_gemv_kernel(
     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr,
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)
@@ -114,9 +158,9 @@ def _grouped_gemv_kernel(
     n = n0 + tl.arange(0, BLOCK_N)
     nm = n < N
     mi = tl.arange(0, BLOCK_M)
-    w_base = tl.load(w_tab + ex).to(tl.pointer_type(W_T))
+    w_base = weight_base(w_tab, ex, W_T, ALIGNED)
     s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
-    up_base = tl.load(up_tab + ex).to(tl.pointer_type(W_T))
+    up_base = weight_base(up_tab, ex, W_T, ALIGNED)
     up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -124,17 +168,19 @@ def _grouped_gemv_kernel(
     k_hi = tl.minimum(K, k_lo + k_per_split)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if FMT == 2:
-            w_lo, w_hi, w_s = _fp4_tile(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
+            w_lo, w_hi, w_s = _fp4_tile(
+                w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED
+            )
             if GATED:
                 u_lo, u_hi, u_s = _fp4_tile(
-                    up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K
+                    up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED
                 )
             # [BLOCK_K/32, 16] even K positions, laid out as the bytes
             ke = k0 + tl.arange(0, BLOCK_K // 32)[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
         else:
-            w_t = _tile(w_base, n, nm, k0, K, stride_wn, BLOCK_K)
+            w_t = _tile(w_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED)
             if GATED:
-                u_t = _tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K)
+                u_t = _tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED)
             ks = k0 + tl.arange(0, BLOCK_K)
             if FMT == 1:
                 w_ks = _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K)

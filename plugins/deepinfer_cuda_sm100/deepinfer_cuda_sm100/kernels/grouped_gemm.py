@@ -34,8 +34,22 @@ import triton.language as tl
 
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype, interpreting, mma, store_tile, swiglu
-from deepinfer_cuda_sm100.kernels.gemv import _grouped_gemv_kernel, e2m1_halves, scale_f32
+from deepinfer_cuda_sm100.kernels._common import (
+    dot_dtype,
+    interpreting,
+    mma,
+    store_tile,
+    swiglu,
+    weight_base,
+    weight_tile,
+)
+from deepinfer_cuda_sm100.kernels.gemv import (
+    _grouped_gemv_kernel,
+    e2m1_bf16_scaled,
+    e2m1_halves,
+    e8m0_bf16_unit,
+    scale_f32,
+)
 from deepinfer_cuda_sm100.kernels.swap_gemm import _swap_gemm_kernel, swap_dot_dtype
 
 FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
@@ -44,20 +58,30 @@ FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
 @triton.jit
 def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
             FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-            FP4_BITS: tl.constexpr):  # fmt: skip
+            FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
     """The dequantised ``[BLOCK_N, BLOCK_K]`` weight tile in ``DOT_T``.
 
     Scales are folded into the tile before the MMA, as the reference does when it dequantises to
-    the activation dtype; with ue8m0 (power-of-two) scales the product is exact in bf16."""
+    the activation dtype; with ue8m0 (power-of-two) scales the product is exact in bf16. ``FP4_ASM``:
+    bf16 FP4 tiles decoded and scaled by :func:`gemv.e2m1_bf16_scaled` (PTX, packed bf16x2)."""
     ks = k0 + tl.arange(0, BLOCK_K)
     m = nm[:, None] & (ks < K)[None, :]
     if FMT == 2:
         # Bytes [BLOCK_N, BLOCK_K/2] -> codes interleaved back into K order (low nibble first).
         # (v2 tried one byte address per element instead: 5x slower on the H200, NOTES.md.)
         kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        b = tl.load(
-            w_base + n[:, None] * stride_wn + kh[None, :], mask=nm[:, None] & (kh < K // 2)[None, :], other=0
+        b = weight_tile(w_base, n, stride_wn, kh, nm, K // 2, ALIGNED)
+        g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        sc = tl.load(
+            s_base + n[:, None] * stride_sn + g[None, :],
+            mask=nm[:, None] & (g < tl.cdiv(K, 32))[None, :],
+            other=0,
         )
+        if FP4_ASM:
+            s = tl.reshape(tl.broadcast_to(e8m0_bf16_unit(sc)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)),
+                           (BLOCK_N, BLOCK_K // 2))  # fmt: skip
+            lo, hi = e2m1_bf16_scaled(b, s)
+            return tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
         if FP4_BITS:  # bit placement into float16 (kernels/gemv.py): values x 2**-14
             lo, hi = e2m1_halves(b)
             val = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
@@ -70,31 +94,26 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
             mag4 = tl.where(e == 0, 2 * mant, (2 + mant) << e)
             val = tl.where((v & 8) != 0, -mag4, mag4).to(tl.float32)
             unit = 0.25
-        g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        sc = tl.load(
-            s_base + n[:, None] * stride_sn + g[None, :],
-            mask=nm[:, None] & (g < tl.cdiv(K, 32))[None, :],
-            other=0,
-        )
         val = tl.reshape(
             tl.reshape(val, (BLOCK_N, BLOCK_K // 32, 32)) * (scale_f32(sc) * unit)[:, :, None],
             (BLOCK_N, BLOCK_K),
         )
         return val.to(DOT_T)
     else:
-        w = tl.load(w_base + n[:, None] * stride_wn + ks[None, :], mask=m, other=0.0)
         if FMT == 1:
+            w = weight_tile(w_base, n, stride_wn, ks, nm, K, ALIGNED)
             s = tl.load(s_base + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=nm, other=0.0)
             return (w.to(tl.float32) * s[:, None]).to(DOT_T)
+        w = tl.load(w_base + n[:, None] * stride_wn + ks[None, :], mask=m, other=0.0)
         return w.to(DOT_T)
 
 
 @triton.jit
 def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
               FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-              FP4_BITS: tl.constexpr):  # fmt: skip
+              FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
     w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N,
-                FP4_BITS)  # fmt: skip
+                FP4_BITS, FP4_ASM, ALIGNED)  # fmt: skip
     return mma(a, tl.trans(w), acc, DOT_T)
 
 
@@ -108,7 +127,7 @@ def _grouped_gemm_kernel(
     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr, DOT_T: tl.constexpr,
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    FP4_BITS: tl.constexpr,
+    ALIGNED: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)
@@ -124,12 +143,12 @@ def _grouped_gemm_kernel(
         a_rows = rows
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
-    w_base = tl.load(w_tab + ex).to(tl.pointer_type(W_T))
+    w_base = weight_base(w_tab, ex, W_T, ALIGNED)
     s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
-        up_base = tl.load(up_tab + ex).to(tl.pointer_type(W_T))
+        up_base = weight_base(up_tab, ex, W_T, ALIGNED)
         up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
     ks = tl.arange(0, BLOCK_K)
     k_lo = tl.program_id(2) * k_per_split
@@ -138,10 +157,10 @@ def _grouped_gemm_kernel(
         a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k0 + ks[None, :],
                     mask=rm[:, None] & (k0 + ks < K)[None, :], other=0.0).to(DOT_T)  # fmt: skip
         acc = _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K,
-                        BLOCK_N, FP4_BITS)  # fmt: skip
+                        BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED)  # fmt: skip
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
-                             BLOCK_K, BLOCK_N, FP4_BITS)  # fmt: skip
+                             BLOCK_K, BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED)  # fmt: skip
     store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
                GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
 
@@ -163,6 +182,10 @@ class WeightTable:
     stride_sn: int
     stride_sk: int
     keep: list
+    #: FP4 with ue8m0 scale bytes: the smallest and largest byte (for :func:`fp4_asm_ok`)
+    scale_bytes: tuple[int, int] | None = None
+    #: 1-byte weights (FP8, FP4) whose rows all start 16-byte aligned (``_common.weight_tile``)
+    aligned: bool = False
 
     @staticmethod
     def build(weights: list[Weight], device: torch.device) -> WeightTable:
@@ -187,7 +210,8 @@ class WeightTable:
         sptrs = torch.tensor([t.data_ptr() for t in scales], dtype=torch.int64, device=device)
         s0 = scales[0]
         return WeightTable(fmt, n, k, ptrs, sptrs, datas[0].dtype, s0.dtype, datas[0].stride(0), s0.stride(0),
-                           s0.stride(-1) if s0.dim() > 1 else 1, datas + scales)  # fmt: skip
+                           s0.stride(-1) if s0.dim() > 1 else 1, datas + scales,
+                           byte_range(scales) if fmt == 2 else None, fmt != 0 and aligned16(datas))  # fmt: skip
 
 
 def ue8m0_bytes(scales: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -202,6 +226,29 @@ def ue8m0_bytes(scales: list[torch.Tensor]) -> list[torch.Tensor]:
     if not bool(ok.all()):
         return scales
     return [(b >> 23).to(torch.uint8) for b in bits]
+
+
+def byte_range(scales: list[torch.Tensor]) -> tuple[int, int] | None:
+    """The smallest and largest ue8m0 scale byte (None: float32 scales). One host sync, at table build."""
+    if any(s.dtype != torch.uint8 for s in scales):
+        return None
+    lo_hi = torch.stack([torch.stack([s.min(), s.max()]) for s in scales])
+    return int(lo_hi[:, 0].min()), int(lo_hi[:, 1].max())
+
+
+def aligned16(datas: list[torch.Tensor]) -> bool:
+    """Every tensor starts 16-byte aligned with 16-byte-aligned rows (1-byte elements)."""
+    return all(t.element_size() == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in datas)
+
+
+def fp4_asm_ok(dtype: torch.dtype, *tables: WeightTable) -> bool:
+    """The PTX FP4 decode applies: bf16 activations on a GPU, FP4 tables with ue8m0 bytes of at most 128
+    (``scale <= 2``: ``scale * 2**126`` must fit bfloat16)."""
+    return (
+        dtype == torch.bfloat16
+        and not interpreting()
+        and all(t.fmt == 2 and t.scale_bytes is not None and t.scale_bytes[1] <= 128 for t in tables)
+    )
 
 
 _TL = {
@@ -308,14 +355,18 @@ def grouped_gemm(
         FMT=table.fmt, W_T=_TL[table.w_dtype], S_T=_TL[table.s_dtype],
         GATED=gated, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
         HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_K=split, ALIGNED=table.aligned and first.aligned and table.k % cfg.block_k == 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    half = a.dtype in (torch.bfloat16, torch.float16)  # float16 operands carry these exactly, not float32
     if cfg.gemv:
         _grouped_gemv_kernel[grid](*args, **meta)
-    elif cfg.swap and table.fmt != 0:
+    elif cfg.swap and table.fmt != 0 and half:
         _swap_gemm_kernel[grid](*args, DOT_T=swap_dot_dtype(interpreting()), **meta)
     else:
-        _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, **meta)
+        asm = cfg.fp4_asm and fp4_asm_ok(a.dtype, first, table)
+        _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
+                                   **meta)  # fmt: skip
     if split > 1 and rows:
         bn = min(1024, triton.next_power_of_2(table.n))
         _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from deepinfer_cuda_sm100.kernels._common import mma, store_tile
+from deepinfer_cuda_sm100.kernels._common import mma, pow2_scale, store_tile, weight_base, weight_tile
 from deepinfer_cuda_sm100.kernels.gemv import e2m1_f16, fp4_scale
 
 
@@ -38,20 +38,13 @@ def _x_cols(a_ptr, a_rows, rm, ks, K, stride_am):
 
 
 @triton.jit
-def _pow2_cols(amax):
-    """``(f, 1/f)`` per column: powers of two with ``amax * f < 2**14``, ``f <= 2**126``.
-
-    From the float32 exponent ``E`` of ``amax`` (``amax < 2**(E-126)``): ``f = 2**(140-E)``."""
-    e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 14)
-    return ((267 - e) << 23).to(tl.float32, bitcast=True), ((e - 13) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _fp4_group(base, s_base, n, nm, g, K, stride_wn, stride_sn, xe, xo, DOT_T: tl.constexpr):
+def _fp4_group(
+    base, s_base, n, nm, g, K, stride_wn, stride_sn, xe, xo, DOT_T: tl.constexpr, ALIGNED: tl.constexpr
+):
     """Unscaled products ``[BLOCK_N, BLOCK_M]`` of 32-wide K group ``g``, and its scales ``[BLOCK_N]``
     times ``2**14``."""
     j = g * 16 + tl.arange(0, 16)
-    b = tl.load(base + n[:, None] * stride_wn + j[None, :], mask=nm[:, None] & (j < K // 2)[None, :], other=0)
+    b = weight_tile(base, n, stride_wn, j, nm, K // 2, ALIGNED)
     lo, hi = e2m1_f16(b)
     p = mma(lo.to(DOT_T), xe, tl.zeros([lo.shape[0], xe.shape[1]], dtype=tl.float32), DOT_T)
     p = mma(hi.to(DOT_T), xo, p, DOT_T)
@@ -60,9 +53,10 @@ def _fp4_group(base, s_base, n, nm, g, K, stride_wn, stride_sn, xe, xo, DOT_T: t
 
 
 @triton.jit
-def _fp8_step(base, s_base, n, nm, n0, k0, ks, K, stride_wn, stride_sn, stride_sk, x, DOT_T: tl.constexpr):
+def _fp8_step(base, s_base, n, nm, n0, k0, ks, K, stride_wn, stride_sn, stride_sk, x, DOT_T: tl.constexpr,
+              ALIGNED: tl.constexpr):  # fmt: skip
     """Unscaled products ``[BLOCK_N, BLOCK_M]`` of the K step at ``k0`` and the step's block scale."""
-    w = tl.load(base + n[:, None] * stride_wn + ks[None, :], mask=nm[:, None] & (ks < K)[None, :], other=0.0)
+    w = weight_tile(base, n, stride_wn, ks, nm, K, ALIGNED)
     p = mma(w.to(DOT_T), x, tl.zeros([w.shape[0], x.shape[1]], dtype=tl.float32), DOT_T)
     return p, tl.load(s_base + (n0 // 128) * stride_sn + (k0 // 128) * stride_sk).to(tl.float32)
 
@@ -77,6 +71,7 @@ def _swap_gemm_kernel(
     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr, DOT_T: tl.constexpr,
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)
@@ -93,9 +88,9 @@ def _swap_gemm_kernel(
     n0 = tl.program_id(1) * BLOCK_N
     n = n0 + tl.arange(0, BLOCK_N)
     nm = n < N
-    w_base = tl.load(w_tab + ex).to(tl.pointer_type(W_T))
+    w_base = weight_base(w_tab, ex, W_T, ALIGNED)
     s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
-    up_base = tl.load(up_tab + ex).to(tl.pointer_type(W_T))
+    up_base = weight_base(up_tab, ex, W_T, ALIGNED)
     up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # C transposed
     acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -107,25 +102,29 @@ def _swap_gemm_kernel(
                 ke = k0 + gi * 32 + 2 * tl.arange(0, 16)
                 xe = _x_cols(a_ptr, a_rows, rm, ke, K, stride_am)
                 xo = _x_cols(a_ptr, a_rows, rm, ke + 1, K, stride_am)
-                f, inv = _pow2_cols(tl.maximum(tl.max(tl.abs(xe), axis=0), tl.max(tl.abs(xo), axis=0)))
+                f, inv = pow2_scale(tl.maximum(tl.max(tl.abs(xe), axis=0), tl.max(tl.abs(xo), axis=0)))
                 xe = (xe * f[None, :]).to(DOT_T)
                 xo = (xo * f[None, :]).to(DOT_T)
                 g = k0 // 32 + gi
-                p, s = _fp4_group(w_base, s_base, n, nm, g, K, stride_wn, stride_sn, xe, xo, DOT_T)
+                p, s = _fp4_group(w_base, s_base, n, nm, g, K, stride_wn, stride_sn, xe, xo, DOT_T, ALIGNED)
                 acc += p * (s[:, None] * inv[None, :])
                 if GATED:
-                    p2, s2 = _fp4_group(up_base, up_s_base, n, nm, g, K, stride_wn, stride_sn, xe, xo, DOT_T)
+                    p2, s2 = _fp4_group(
+                        up_base, up_s_base, n, nm, g, K, stride_wn, stride_sn, xe, xo, DOT_T, ALIGNED
+                    )
                     acc2 += p2 * (s2[:, None] * inv[None, :])
         else:
             ks = k0 + tl.arange(0, BLOCK_K)
             x = _x_cols(a_ptr, a_rows, rm, ks, K, stride_am)
-            f, inv = _pow2_cols(tl.max(tl.abs(x), axis=0))
+            f, inv = pow2_scale(tl.max(tl.abs(x), axis=0))
             x = (x * f[None, :]).to(DOT_T)
-            p, s = _fp8_step(w_base, s_base, n, nm, n0, k0, ks, K, stride_wn, stride_sn, stride_sk, x, DOT_T)
+            p, s = _fp8_step(
+                w_base, s_base, n, nm, n0, k0, ks, K, stride_wn, stride_sn, stride_sk, x, DOT_T, ALIGNED
+            )
             acc += p * (s * inv)[None, :]
             if GATED:
                 p2, s2 = _fp8_step(up_base, up_s_base, n, nm, n0, k0, ks, K, stride_wn, stride_sn, stride_sk, x,
-                                   DOT_T)  # fmt: skip
+                                   DOT_T, ALIGNED)  # fmt: skip
                 acc2 += p2 * (s2 * inv)[None, :]
     store_tile(tl.trans(acc), tl.trans(acc2), rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N,
                stride_cm, limit, GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
