@@ -45,8 +45,8 @@ SWAP_VARIANTS = {
     "fp8_block": [(16, 64, 128, 4, 3), (16, 128, 64, 4, 4)],
 }  # fmt: skip
 #: tensor-core variants for the FP8 linears at 64 and 256 rows
-FP8_TC_VARIANTS = [(64, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 64, 128, 4, 3), (128, 128, 128, 8, 3),
-                   (64, 256, 64, 8, 3), (128, 256, 64, 8, 3)]  # fmt: skip
+FP8_TC_VARIANTS = [(64, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 64, 128, 4, 3), (128, 128, 128, 8, 3),
+                   (128, 64, 128, 4, 3)]  # fmt: skip
 #: GEMV launch variants tried beside the default: (block_n, block_k, num_warps[, block_m])
 VARIANTS = {
     "fp8_block": [(16, 512, 4), (8, 2048, 4), (4, 1024, 4), (8, 1024, 8)],
