@@ -465,6 +465,7 @@ def main() -> int:
     if args.sweep:
         sweep()
     out = table()
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "check.json"), "w") as f:
         json.dump({"ceilings": CEIL, "rows": ROWS}, f, indent=1)
     print(out)

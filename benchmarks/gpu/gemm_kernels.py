@@ -39,11 +39,6 @@ ROWS: list[dict] = []
 #: tensor-core tile variants for the FP4 experts at 64 and 256 rows: (block_m, block_n, block_k, warps, stages)
 TC_VARIANTS = [(16, 64, 128, 4, 3), (16, 128, 64, 4, 3), (32, 64, 64, 4, 3), (16, 64, 64, 8, 3), (16, 32, 128, 4, 4),
                (32, 128, 64, 4, 3)]  # fmt: skip
-#: swap-AB variants, (block_m, block_n, block_k, warps, stages): FP4 experts, FP8 linears
-SWAP_VARIANTS = {
-    "fp4_e2m1": [(16, 64, 64, 4, 4)],
-    "fp8_block": [(16, 64, 128, 4, 3), (16, 128, 64, 4, 4)],
-}  # fmt: skip
 #: tensor-core variants for the FP8 linears at 64 and 256 rows
 FP8_TC_VARIANTS = [(64, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 64, 128, 4, 3), (128, 128, 128, 8, 3),
                    (128, 64, 128, 4, 3)]  # fmt: skip
@@ -133,8 +128,6 @@ def kinds(fmt: str, rows: int):
         yield "tensor_cores_bits", None  # bit placement in Triton, not the PTX decode
         if rows <= 16:
             yield "tensor_cores_arith", None  # the FP4 decode of v1-v5, beside bit placement
-    for v in SWAP_VARIANTS[fmt] if rows <= 16 or fmt == "fp4_e2m1" else ():
-        yield "swap", v
     for v in FP8_TC_VARIANTS if rows >= 64 and fmt == "fp8_block" else ():
         yield "tensor_cores", v
     if rows <= 16:
@@ -200,20 +193,6 @@ def decode_experts(ceil) -> None:
             record(section="decode", op="fp4 experts 256x(2048x4096)x3 top-6", rows=t, experts=touched, kernel=kind,
                    variant=var, rel_err=rel_err(out, ref), against=against, us=ms * 1e3,
                    pct_copy_bw=100 * touched * per_expert / (ms * 1e-3) / ceil["bw"])  # fmt: skip
-        if (
-            t == 16
-        ):  # rows of magnitudes 2**-40 .. 2**40: the swap kernel's float16 operands, per-row rescaled
-            xw = (x.float() * torch.exp2(torch.linspace(-40, 40, t, device=DEV))[:, None]).to(torch.bfloat16)
-            refw = ref_op.experts(xw, ids, wts, ExpertWeights(*sub, ew.expert_ids), 10.0).float()
-            orig, pick = forced("swap")
-            dispatch.gemm_config = pick
-            try:
-                outw = ops.experts(xw, ids, wts, ew, 10.0).float()
-            finally:
-                dispatch.gemm_config = orig
-            worst = max(rel_err(outw[i], refw[i]) for i in range(t))
-            record(section="decode", op="fp4 experts, rows 2**-40..2**40", rows=t, kernel="swap", rel_err=worst,
-                   against="reference, worst row")  # fmt: skip
 
 
 def triton_only(fn):

@@ -276,11 +276,6 @@ def section_slice(args) -> None:
 
         out["fp4_tiles"] = force_fp4_tiles(args.fp4_tiles)
         log("FP4 expert tiles forced:", out["fp4_tiles"])
-    if args.swap:
-        from gemm_tiles import force_swap
-
-        out["swap"] = force_swap(args.swap)
-        log("swap-AB kernel forced:", out["swap"])
     max_b, max_ctx = max(args.batches), max(args.contexts)
     sr = SliceRunner(model, rt.backends, max_b, max_ctx, graphs=True)
     log(f"KV pools {sum(t.numel() * t.element_size() for t in sr.runner.kv.values()) / 1e9:.1f} GB")
@@ -579,9 +574,6 @@ def main() -> None:
     ap.add_argument("--profile", type=int, nargs="*", default=[], help="batches to profile per kernel")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (slice section only)")
     ap.add_argument("--fp4-tiles", default="", help="bm,bn,bk,warps,stages or best:gemm_kernels.json")
-    ap.add_argument(
-        "--swap", default="", help="swap-AB for decode FP8/FP4 GEMMs: bm,bn,bk,warps,stages or best:JSON"
-    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     RESULTS["meta"] = {

@@ -199,8 +199,6 @@ class GemmConfig:
     gemv: bool = False
     #: tensor-core kernel: FP4 codes decoded by bit placement into float16 (else integer arithmetic)
     fp4_bits: bool = True
-    #: FP8/FP4 weights on the tensor cores' M side, scales after the MMA (``kernels/swap_gemm.py``)
-    swap: bool = False
     #: tensor-core FP4: codes decoded and scaled by PTX into packed bf16 (``gemv.e2m1_bf16_scaled``) where
     #: it applies (``grouped_gemm.fp4_asm_ok``; never under the interpreter)
     fp4_asm: bool = True
@@ -211,12 +209,6 @@ class GemmConfig:
 #: projections and FP4 experts at batch 1, and 17% on FP4 experts at batch 16 (1.2 rows per expert);
 #: tiles of 2-8 rows are slower than the tensor cores (batch 16: 3.0 vs 2.4 ms).
 GEMV_MAX_ROWS = 1.5
-#: FP8 problems with more rows per expert than the GEMV takes and at most this many go to the swap-AB
-#: kernel (``kernels/swap_gemm.py``), 16 x 64 x 128 tiles. H200 (NOTES.md v7), 4-16 rows: 1.5-1.7x the
-#: tensor-core kernel on the large attention projections (wq_b 29 vs 49 us, wo_b 32 vs 54 us); at 64
-#: rows it re-reads each weight four times and is 2x slower. FP4 stays on the tensor-core kernel: swap
-#: was 10-20% slower at 16-256 rows.
-SWAP_MAX_ROWS = 16
 
 
 def gemm_config(
@@ -257,13 +249,8 @@ def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool) -> GemmConfig:
         return GemmConfig(16, 32, 64, 4, 1)
     # H200 sweep (NOTES.md v2): dequantising formats want 64+ row tiles (wgmma) even at decode,
     # where most rows of a tile are empty; FP8 at 64 rows 6.1 ms vs 10.6 ms at 16 (T=64).
-    if fmt == "fp8_block" and rows_per_expert <= SWAP_MAX_ROWS:
-        return GemmConfig(16, 64, 128, 4, 3, swap=True)
     if fmt == "fp8_block":
-        # H200 (NOTES.md v7), FP8 linears: 64 rows 64x64x128 (wq_b 36 vs 50 us), 256 rows 128x128x128 (98 vs 124)
-        if rows_per_expert <= 64:
-            return GemmConfig(64, 64, 128, 4, 3)
-        return GemmConfig(128, 128, 128, 8, 3) if rows_per_expert <= 512 else GemmConfig(128, 128, 64, 8, 3)
+        return GemmConfig(64, 64, 64, 4, 4) if rows_per_expert <= 64 else GemmConfig(128, 128, 64, 8, 3)
     if fmt == "fp4_e2m1" and rows_per_expert > 64:
         return GemmConfig(128, 128, 64, 8, 3)
     bm = (

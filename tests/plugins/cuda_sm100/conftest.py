@@ -20,10 +20,10 @@ def gen() -> torch.Generator:
     return torch.Generator().manual_seed(20261202)
 
 
-@pytest.fixture(params=["tensor_cores", "tensor_cores_arith", "gemv", "swap"])
+@pytest.fixture(params=["tensor_cores", "tensor_cores_arith", "gemv"])
 def gemm_kind(request, monkeypatch):
     """Force every grouped GEMM onto one kernel: the tensor-core tiles (FP4 decoded by bit placement, or
-    by integer arithmetic), the CUDA-core GEMV (decode), or the swap-AB tensor-core kernel."""
+    by integer arithmetic), or the CUDA-core GEMV (decode)."""
     from dataclasses import replace
 
     from deepinfer_cuda_sm100 import dispatch
@@ -37,7 +37,7 @@ def gemm_kind(request, monkeypatch):
         if cfg.gemv:
             cfg = replace(cfg, gemv=False, block_m=16, block_n=32, block_k=64)
         kind = request.param
-        return replace(cfg, fp4_bits=kind != "tensor_cores_arith", swap=kind == "swap")
+        return replace(cfg, fp4_bits=kind != "tensor_cores_arith")
 
     monkeypatch.setattr(dispatch, "gemm_config", forced)
     return request.param

@@ -113,17 +113,6 @@ def test_decode_gemms_take_the_gemv_kernel_only_for_one_row_tiles(monkeypatch):
     assert not dispatch.gemm_config(4, 1024, 4096, "fp8_block", gated=False, active=(4, 1)).gemv
 
 
-def test_fp8_decode_gemms_of_2_to_16_rows_take_the_swap_kernel(monkeypatch):
-    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
-    monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
-    for rows in (2, 4, 16):
-        cfg = dispatch.gemm_config(rows, 32768, 1024, "fp8_block", gated=False, active=(rows, 1))
-        assert cfg.swap and not cfg.gemv and 128 % cfg.block_n == 0 and cfg.block_k <= 128
-    assert dispatch.gemm_config(1, 32768, 1024, "fp8_block", gated=False, active=(1, 1)).gemv
-    assert not dispatch.gemm_config(64, 32768, 1024, "fp8_block", gated=False, active=(64, 1)).swap
-    assert not dispatch.gemm_config(6, 2048, 4096, "fp4_e2m1", gated=True, active=(1536, 256)).swap
-
-
 def test_fp8_prefill_gemm_goes_to_tilelang_only_where_it_was_run(monkeypatch):
     monkeypatch.setattr(dispatch, "tilelang_installed", lambda: True)
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")

@@ -98,14 +98,5 @@ def weight_tile(base, rows, stride, cols, row_ok, K_COLS, ALIGNED: tl.constexpr)
         return tl.load(ptr, mask=row_ok[:, None] & (cols < K_COLS)[None, :], other=zero)
 
 
-@triton.jit
-def pow2_scale(amax):
-    """``(f, 1/f)``: powers of two with ``amax * f < 2**14`` (float16-safe with room for sums), ``f <= 2**126``.
-
-    From the float32 exponent ``E`` of ``amax >= 0`` (``amax < 2**(E-126)``): ``f = 2**(140-E)``."""
-    e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 14)
-    return ((267 - e) << 23).to(tl.float32, bitcast=True), ((e - 13) << 23).to(tl.float32, bitcast=True)
-
-
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(int(n)))

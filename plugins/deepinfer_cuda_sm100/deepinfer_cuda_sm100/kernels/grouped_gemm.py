@@ -17,8 +17,6 @@ Formats (see :class:`deepinfer_core.ops.weights.QuantizedWeight`):
   float16 (``kernels/gemv.py``) or by integer ops to 4x their value (exact), are scaled per 32 and
   rounded to bf16 (exact: at most 2 significant bits times a power of two).
 
-``GemmConfig.swap`` launches ``kernels/swap_gemm.py`` instead (FP8/FP4 weights on the MMA's M side).
-
 ``GATED`` computes the gate (``w1``) and up (``w3``) products of a tile together and writes
 ``silu(min(g, limit)) * clamp(u, -limit, limit)``; otherwise ``C`` rows may be scaled by a per-row
 weight and scattered to ``c_idx[r]`` (the down projection of the MoE).
@@ -50,7 +48,6 @@ from deepinfer_cuda_sm100.kernels.gemv import (
     e8m0_bf16_unit,
     scale_f32,
 )
-from deepinfer_cuda_sm100.kernels.swap_gemm import _swap_gemm_kernel, swap_dot_dtype
 
 FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
 
@@ -328,8 +325,6 @@ def grouped_gemm(
     """Launch one grouped GEMM. With ``gate_table`` (``w1``), ``table`` is ``w3`` and the result is the
     clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given."""
     tile_expert, tile_start, tile_end = sched
-    if cfg.swap and table.fmt == 1 and 128 % cfg.block_n:
-        raise ValueError(f"swap-AB FP8 tiles need block_n dividing 128 (one scale row), got {cfg.block_n}")
     first = gate_table if gate_table is not None else table
     gated = gate_table is not None
     split = max(1, min(cfg.split_k, triton.cdiv(table.k, cfg.block_k)))
@@ -358,11 +353,8 @@ def grouped_gemm(
         SPLIT_K=split, ALIGNED=table.aligned and first.aligned and table.k % cfg.block_k == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    half = a.dtype in (torch.bfloat16, torch.float16)  # float16 operands carry these exactly, not float32
     if cfg.gemv:
         _grouped_gemv_kernel[grid](*args, **meta)
-    elif cfg.swap and table.fmt != 0 and half:
-        _swap_gemm_kernel[grid](*args, DOT_T=swap_dot_dtype(interpreting()), **meta)
     else:
         asm = cfg.fp4_asm and fp4_asm_ok(a.dtype, first, table)
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
