@@ -132,6 +132,8 @@ def kinds(fmt: str, rows: int):
         yield "tensor_cores", v
     if rows <= 16:
         yield "gemv", None
+        if fmt == "fp4_e2m1":
+            yield "gemv_bits", None
         for v in VARIANTS[fmt] if rows == 1 else ():
             yield "gemv", v
 

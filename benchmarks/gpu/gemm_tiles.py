@@ -17,8 +17,8 @@ TILE_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
 
 def forced(kind: str, variant: tuple | None = None):
     """``(original, pick)``: ``pick`` always chooses ``kind`` ("tensor_cores", "tensor_cores_arith" for the
-    integer FP4 decode, "tensor_cores_bits" for the Triton bit placement instead of the PTX decode, or
-    "gemv"), with a launch ``variant``: tile fields for the tensor cores, ``(block_n, block_k, num_warps[,
+    integer FP4 decode, "tensor_cores_bits" for the Triton bit placement instead of the PTX decode, "gemv",
+    or "gemv_bits"), with a launch ``variant``: tile fields for the tensor cores, ``(block_n, block_k, num_warps[,
     block_m])`` for the GEMV."""
     orig = dispatch.gemm_config
 
@@ -35,7 +35,7 @@ def forced(kind: str, variant: tuple | None = None):
                 fp4_bits=kind != "tensor_cores_arith",
                 fp4_asm=cfg.fp4_asm and kind == "tensor_cores",
             )
-        g = dispatch.gemv_config(min(rows, 8), fmt)
+        g = replace(dispatch.gemv_config(min(rows, 8), fmt), fp4_asm=kind == "gemv")
         if variant is not None:
             g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])
             g = replace(g, block_m=variant[3]) if len(variant) > 3 else g

@@ -157,8 +157,11 @@ def test_fp4_ptx_decode_bit_logic_matches_e2m1(gen):
     from deepinfer_cuda_sm100.kernels import gemv
 
     lut = _e2m1_lut(torch.device("cpu"))
-    em, sign = gemv.E2M1_BF16_MASKS
-    for const in (*gemv.E2M1_BF16_PRMT, em, sign):
+    for const in (
+        *gemv.E2M1_BF16_PRMT,
+        gemv.E2M1_BF16_MASK,
+        *(c for pair in gemv.E2M1_BF16_SPREAD.values() for c in pair),
+    ):
         assert f"{const:#x}" in gemv.E2M1_BF16_PTX.value
     for e in (1, 100, 120, 127, 128):  # ue8m0 bytes the PTX path takes (<= 128)
         s_bits = (e + 126) << 7  # gemv.e8m0_bf16_unit
@@ -168,8 +171,8 @@ def test_fp4_ptx_decode_bit_logic_matches_e2m1(gen):
             for pair, sel in enumerate(gemv.E2M1_BF16_PRMT):
                 y = _prmt(x, sel)
                 for half, shift in (("lo", 0), ("hi", 4)):
-                    a, b = gemv.E2M1_BF16_SHIFTS[half]
-                    t = (((y << a) & em) | ((y << b) & sign)) & 0xFFFFFFFF
+                    mask, mul = gemv.E2M1_BF16_SPREAD[half]
+                    t = (((y & mask) * mul) & 0xFFFFFFFF) & gemv.E2M1_BF16_MASK
                     for h in range(2):
                         bits = (t >> (16 * h)) & 0xFFFF
                         got = (

@@ -45,23 +45,24 @@ def e2m1_halves(b):
 
 #: e2m1 nibble -> bfloat16 half-word by bit placement: exponent+mantissa (3 bits) to bits 8..6 and the sign
 #: to bit 15 give the code's value times 2**-126 (bfloat16's subnormals 0 and 2**-127 are e2m1's 0 and
-#: 0.5), which one ``mul.bf16x2`` by ``scale * 2**126`` turns into the weight. Left shifts for
-#: (exponent+mantissa, sign) of the low and the high nibble of a byte in the low byte of a half-word:
-E2M1_BF16_SHIFTS = {"lo": (6, 12), "hi": (2, 8)}
-E2M1_BF16_MASKS = (0x01C001C0, 0x80008000)
+#: 0.5), which one ``mul.bf16x2`` by ``scale * 2**126`` turns into the weight. With a byte in the low byte
+#: of each half-word, a nibble is isolated (mask) and copied to both places at once by one multiply (the
+#: two shifted copies do not overlap, so the sum is their union), then masked to sign+exponent+mantissa:
+#: ``{half: (nibble mask, multiplier)}`` (low nibble: shifts 6 and 12; high nibble: 2 and 8).
+E2M1_BF16_SPREAD = {"lo": (0x000F000F, (1 << 6) + (1 << 12)), "hi": (0x00F000F0, (1 << 2) + (1 << 8))}
+E2M1_BF16_MASK = 0x81C081C0
 #: ``prmt`` selectors putting bytes (0, 1) and (2, 3) of a register into the low bytes of its half-words
 E2M1_BF16_PRMT = (0x4140, 0x4342)
 
 
 def _e2m1_bf16_ptx() -> str:
-    em, sign = E2M1_BF16_MASKS
-    lines = ["{", ".reg .b32 y, t, u;"]
+    lines = ["{", ".reg .b32 y, t;"]
     for pair, sel in enumerate(E2M1_BF16_PRMT):  # bytes (0,1) then (2,3): output registers $pair and $2+pair
         lines.append(f"prmt.b32 y, $4, 0, {sel:#x};")
         for out, half in ((pair, "lo"), (2 + pair, "hi")):
-            a, b = E2M1_BF16_SHIFTS[half]
-            lines += [f"shl.b32 t, y, {a};", f"and.b32 t, t, {em:#x};", f"shl.b32 u, y, {b};",
-                      f"and.b32 u, u, {sign:#x};", "or.b32 t, t, u;", f"mul.rn.bf16x2 ${out}, t, ${5 + pair};"]  # fmt: skip
+            mask, mul = E2M1_BF16_SPREAD[half]
+            lines += [f"and.b32 t, y, {mask:#x};", f"mul.lo.u32 t, t, {mul:#x};",
+                      f"and.b32 t, t, {E2M1_BF16_MASK:#x};", f"mul.rn.bf16x2 ${out}, t, ${5 + pair};"]  # fmt: skip
     return "\n".join(lines + ["}"])
 
 
@@ -103,15 +104,20 @@ def fp4_scale(s):
 
 @triton.jit
 def _fp4_tile(base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              ALIGNED: tl.constexpr):  # fmt: skip
-    """``[BLOCK_N, BLOCK_K/32, 16]`` low and high halves of the bytes at K ``[k0, k0+BLOCK_K)``, and the
-    ``[BLOCK_N, BLOCK_K/32]`` scales times ``2**14``."""
+              ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr):  # fmt: skip
+    """``[BLOCK_N, BLOCK_K/32, 16]`` low and high halves of the bytes at K ``[k0, k0+BLOCK_K)`` in float32,
+    and the ``[BLOCK_N, BLOCK_K/32]`` factors still to apply per scale group: the scales times ``2**14``
+    (bit placement in Triton), or 1 (``FP4_ASM``: :func:`e2m1_bf16_scaled` has applied them)."""
     g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    b = weight_tile(base, n, stride_wn, byte, nm, K // 2, ALIGNED)
-    lo, hi = e2m1_halves(tl.reshape(b, (BLOCK_N, BLOCK_K // 32, 16)))
+    b = tl.reshape(weight_tile(base, n, stride_wn, byte, nm, K // 2, ALIGNED), (BLOCK_N, BLOCK_K // 32, 16))
     sc = tl.load(s_base + n[:, None] * stride_sn + g[None, :], mask=nm[:, None] & (g < tl.cdiv(K, 32))[None, :],
                  other=0)  # fmt: skip
+    if FP4_ASM:
+        s = tl.broadcast_to(e8m0_bf16_unit(sc)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16))
+        lo, hi = e2m1_bf16_scaled(b, s)
+        return lo.to(tl.float32), hi.to(tl.float32), tl.full((BLOCK_N, BLOCK_K // 32), 1.0, tl.float32)
+    lo, hi = e2m1_halves(b)
     return lo, hi, fp4_scale(sc)
 
 
@@ -146,7 +152,7 @@ def _grouped_gemv_kernel(
     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr,
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    ALIGNED: tl.constexpr,
+    ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)
@@ -169,11 +175,11 @@ def _grouped_gemv_kernel(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if FMT == 2:
             w_lo, w_hi, w_s = _fp4_tile(
-                w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED
+                w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM
             )
             if GATED:
                 u_lo, u_hi, u_s = _fp4_tile(
-                    up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED
+                    up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM
                 )
             # [BLOCK_K/32, 16] even K positions, laid out as the bytes
             ke = k0 + tl.arange(0, BLOCK_K // 32)[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]

@@ -238,11 +238,11 @@ def aligned16(datas: list[torch.Tensor]) -> bool:
     return all(t.element_size() == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in datas)
 
 
-def fp4_asm_ok(dtype: torch.dtype, *tables: WeightTable) -> bool:
-    """The PTX FP4 decode applies: bf16 activations on a GPU, FP4 tables with ue8m0 bytes of at most 128
-    (``scale <= 2``: ``scale * 2**126`` must fit bfloat16)."""
+def fp4_asm_ok(dtype: torch.dtype | None, *tables: WeightTable) -> bool:
+    """The PTX FP4 decode applies: on a GPU, to FP4 tables with ue8m0 bytes of at most 128 (``scale <= 2``:
+    ``scale * 2**126`` must fit bfloat16), and bf16 activations (``dtype``; None: any, for the GEMV)."""
     return (
-        dtype == torch.bfloat16
+        dtype in (None, torch.bfloat16)
         and not interpreting()
         and all(t.fmt == 2 and t.scale_bytes is not None and t.scale_bytes[1] <= 128 for t in tables)
     )
@@ -353,8 +353,8 @@ def grouped_gemm(
         SPLIT_K=split, ALIGNED=table.aligned and first.aligned and table.k % cfg.block_k == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if cfg.gemv:
-        _grouped_gemv_kernel[grid](*args, **meta)
+    if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
+        _grouped_gemv_kernel[grid](*args, FP4_ASM=cfg.fp4_asm and fp4_asm_ok(None, first, table), **meta)
     else:
         asm = cfg.fp4_asm and fp4_asm_ok(a.dtype, first, table)
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
