@@ -144,8 +144,9 @@ def test_tilelang_kernel_lowers_to_wgmma_cuda_without_a_gpu():
     assert "wgmma" in src and "fp8_e4_t" in src
 
 
-def test_indexer_select_kernel_stays_off_on_gpus_until_measured(monkeypatch):
+def test_indexer_select_kernel_choice(monkeypatch):
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "SELECT_KERNEL_ON_GPU", False)
     assert dispatch.indexer_select(2048) == "torch"
     monkeypatch.setattr(dispatch, "SELECT_KERNEL_ON_GPU", True)
     assert dispatch.indexer_select(2048) == "kernel"
