@@ -360,9 +360,16 @@ def check_sampling():
            B * V * 8 + bits.numel() * 4)  # fmt: skip
     params = SamplingTensors(rnd(B, dtype=F32).abs() + 0.3, torch.randint(0, 100, (B,), device=DEV, generator=G),
                              torch.rand(B, device=DEV, generator=G) * 0.5 + 0.5, torch.rand(B, device=DEV, generator=G) * 0.1)  # fmt: skip
+    nucleus = SamplingTensors(params.temperature, torch.zeros_like(params.top_k), params.top_p, params.min_p)
+    for name, prm in (("probs (top-k, top-p, min-p)", params), ("probs (top-p, min-p; no top-k)", nucleus)):
+        p = ops.probs(logits, prm)
+        want = ref.probs(logits, prm)
+        same = torch.equal(p > 0, want > 0)  # the same tokens survive every cut
+        record(name, f"B={B} V={V}", rel_err(p, want) if same else float("inf"), BOUND["f32"],
+               bench(lambda: ops.probs(logits, prm)), B * V * 8)  # fmt: skip
+        record("  torch reference probs (sorts)", f"B={B} V={V}", None, None, bench(lambda: ref.probs(logits, prm)),
+               B * V * 8)  # fmt: skip
     p = ops.probs(logits, params)
-    record("probs (torch on GPU)", f"B={B} V={V}", rel_err(p, ref.probs(logits, params)), BOUND["f32"],
-           bench(lambda: ops.probs(logits, params)), B * V * 8)  # fmt: skip
     record(
         "sample (torch on GPU)",
         f"B={B} V={V}",

@@ -135,3 +135,21 @@ def test_rejection_sample_output_follows_the_target_distribution():
     tokens, _ = OPS.rejection_sample(ids, draft.expand(n, 1, v), target.expand(n, 2, v), [g] * n)
     ok, stat, crit = chi_square_ok(torch.bincount(tokens[:, 0], minlength=v), target)
     assert ok, f"chi2 {stat:.1f} > {crit:.1f}"
+
+
+def test_top_p_of_one_keeps_the_whole_row_in_any_batch():
+    """``top_p = 1`` disables the cut: a row's probabilities do not depend on whether another row of its
+    batch has ``top_p < 1`` (the running sum reaching 1.0 in float32 must not drop the tail)."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5000, generator=g) * 6
+    ops = ReferenceSamplingOps()
+
+    def params(top_p):
+        return SamplingTensors(
+            torch.ones(2), torch.zeros(2, dtype=torch.int64), torch.tensor(top_p), torch.zeros(2)
+        )
+
+    alone = ops.probs(logits, params([1.0, 1.0]))
+    mixed = ops.probs(logits, params([1.0, 0.5]))
+    assert torch.equal(mixed[0] > 0, torch.softmax(logits[0], -1) > 0)  # was: the tail below ~1e-7 dropped
+    torch.testing.assert_close(alone[0], mixed[0], rtol=1e-6, atol=0)  # renormalised by a sum of ~1.0

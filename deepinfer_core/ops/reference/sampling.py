@@ -59,7 +59,9 @@ class ReferenceSamplingOps(SamplingOps):
         order = torch.sort(-p, dim=-1, stable=True).indices
         sp = p.gather(1, order)
         before = torch.cumsum(sp, dim=-1) - sp  # mass of the strictly more likely tokens
-        keep_sorted = before < top_p[:, None]
+        # top_p >= 1 disables the cut (else rounding of the running sum to 1.0 drops the tail, and a row's
+        # result would depend on whether another row of its batch has top_p < 1)
+        keep_sorted = (before < top_p[:, None]) | (top_p[:, None] >= 1)
         keep_sorted[:, 0] = True
         keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
         p = torch.where(keep, p, torch.zeros_like(p))

@@ -97,3 +97,39 @@ def test_rejection_of_impossible_draft_resamples_elsewhere(ops, gen):
     tok, n = ops.rejection_sample(*dev(draft_ids, None, target), [None] * B)
     assert n.cpu().tolist() == [0] * B
     assert (tok[:, 0].cpu() != draft_ids[:, 0]).all() and (tok[:, 1:] == -1).all()
+
+
+def test_probs_over_many_blocks_match_reference(ops, gen):
+    """Rows of several ``BLOCK_V`` chunks with a ragged end, every cut alone and together."""
+    B, V = 8, 3001
+    logits = rand(gen, B, V, scale=4.0)
+    params = SamplingTensors(
+        temperature=torch.tensor([1.0, 0.5, 2.0, 1.0, 0.8, 1.0, 1.2, 0.0]),
+        top_k=torch.tensor([0, 1, 7, 300, 0, 2999, 40, 5]),
+        top_p=torch.tensor([1.0, 1.0, 1.0, 0.35, 0.95, 0.7, 0.6, 0.5]),
+        min_p=torch.tensor([0.0, 0.0, 0.2, 0.0, 0.05, 0.01, 0.0, 0.3]),
+    )
+    got = ops.probs(dev(logits), SamplingTensors(*dev(*vars(params).values()))).cpu()
+    torch.testing.assert_close(got, REF.probs(logits, params), atol=1e-6, rtol=1e-5)
+    assert torch.equal(got > 0, REF.probs(logits, params) > 0), "the same tokens survive every cut"
+
+
+def test_probs_ties_follow_the_reference_order(ops):
+    """Equal logits: top-k keeps every tie at the k-th value; a top-p cut inside a tie group keeps the
+    group's lowest token ids (stable descending order), wherever they sit in the row."""
+    V = 600
+    logits = torch.full((3, V), -3.0)
+    top = [512, 7, 3, 300, 11]  # five tokens tied at the maximum, ids out of order
+    logits[:, top] = 2.0
+    logits[:, [40, 41, 590]] = 1.0
+    params = SamplingTensors(
+        temperature=torch.tensor([1.0, 1.0, 1.0]),
+        top_k=torch.tensor([2, 6, 0]),  # k inside the tie group: all five kept; k=6 reaches the 1.0 ties
+        top_p=torch.tensor([1.0, 1.0, 0.25]),  # each top token holds ~0.099: the cut falls inside the group
+        min_p=torch.tensor([0.0, 0.0, 0.0]),
+    )
+    got = ops.probs(dev(logits), SamplingTensors(*dev(*vars(params).values()))).cpu()
+    ref = REF.probs(logits, params)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    assert (got[0] > 0).sum() == 5 and (got[1] > 0).sum() == 8
+    assert (got[2] > 0).nonzero().flatten().tolist() == [3, 7, 11]  # the three lowest ids of the tie
