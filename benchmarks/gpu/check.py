@@ -367,7 +367,7 @@ def check_sampling():
         same = torch.equal(p > 0, want > 0)  # the same tokens survive every cut
         record(name, f"B={B} V={V}", rel_err(p, want) if same else float("inf"), BOUND["f32"],
                bench(lambda: ops.probs(logits, prm)), B * V * 8)  # fmt: skip
-        record("  torch reference probs (sorts)", f"B={B} V={V}", None, None, bench(lambda: ref.probs(logits, prm)),
+        record("  reference op probs", f"B={B} V={V}", None, None, bench(lambda: ref.probs(logits, prm)),
                B * V * 8)  # fmt: skip
     p = ops.probs(logits, params)
     record(

@@ -321,9 +321,3 @@ def vocab_config(v: int) -> VocabConfig:
     """Row-wise passes over the vocabulary (penalties, bitmask): ``block_v`` columns per program."""
     bv = 256 if arch() == "interpreter" else 2048
     return VocabConfig(min(bv, _p2(v, 32)), 4)
-
-
-def probs_config(v: int) -> VocabConfig:
-    """``probs``: one program per row streams the row in ``block_v`` chunks, ~100 passes."""
-    bv = 256 if arch() == "interpreter" else 4096
-    return VocabConfig(min(bv, _p2(v, 32)), 4 if arch() == "interpreter" else 8)

@@ -1,8 +1,9 @@
 """CUDA sampling ops.
 
-Triton: ``apply_penalties`` and ``apply_bitmask`` (one read and one write of ``[B, V]`` each), and
-``probs`` (every cut a threshold found by bisection, no sort). Torch on the GPU: ``sample`` and
-``rejection_sample`` (exponential-race draws with per-row generators), ``argmax``.
+Triton: ``apply_penalties`` and ``apply_bitmask`` (one read and one write of ``[B, V]`` each).
+Torch on the GPU: ``probs`` (two sorts per row), ``sample`` and ``rejection_sample`` (exponential-race
+draws with per-row generators), ``argmax``. A one-program-per-row Triton ``probs`` (every cut a bisection
+threshold, no sort) was correct but 1.3x slower than the sorts on the H200 (benchmarks/gpu/NOTES.md v7).
 """
 
 from __future__ import annotations
@@ -45,9 +46,26 @@ class CudaSamplingOps(SamplingOps):
 
     def probs(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
         """Temperature, top-k (ties at the k-th value kept), softmax, top-p (stable order: equal
-        probabilities by token id), min-p, renormalised; one Triton program per row, no sort
-        (``kernels/sampling.py``), no host synchronisation."""
-        return ks.probs(logits, params.temperature, params.top_k, params.top_p, params.min_p)
+        probabilities by token id), min-p, renormalising after each cut; the same order and tie rules
+        as the reference, with no host synchronisation (disabled cuts are identities per row)."""
+        logits = logits.float()
+        V = logits.shape[-1]
+        greedy = params.temperature <= 0
+        temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
+        x = logits / temp[:, None]
+        kk = torch.where(params.top_k > 0, params.top_k.clamp(max=V), torch.full_like(params.top_k, V))
+        thresh = torch.sort(x, dim=-1, descending=True).values.gather(1, (kk - 1)[:, None])
+        p = torch.softmax(x.masked_fill(x < thresh, float("-inf")), dim=-1)
+        order = torch.sort(-p, dim=-1, stable=True).indices
+        sp = p.gather(1, order)
+        keep_sorted = (torch.cumsum(sp, dim=-1) - sp < params.top_p[:, None]) | (params.top_p[:, None] >= 1)
+        keep_sorted[:, 0] = True
+        p = p * torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+        p = p / p.sum(dim=-1, keepdim=True)
+        p = torch.where(p >= params.min_p[:, None] * p.amax(dim=-1, keepdim=True), p, torch.zeros_like(p))
+        p = p / p.sum(dim=-1, keepdim=True)
+        onehot = torch.zeros_like(p).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return torch.where(greedy[:, None], onehot, p)
 
     def sample(self, probs, generators):
         return _race(probs, _exponential(tuple(probs.shape), generators, probs.device))
