@@ -282,6 +282,20 @@ def gemv_config(rows_per_expert: float, fmt: str) -> GemmConfig:
     return GemmConfig(bm, bn, bk, 4, 1, gemv=True)
 
 
+def fp4_decode_ptx(dtype: torch.dtype | None, scale_bytes: list[tuple[int, int] | None]) -> bool:
+    """FP4 codes decoded by inline PTX (``gemv.e2m1_bf16_scaled``) rather than bit placement in Triton.
+
+    H200 (NOTES.md v7): experts at 256 rows 1.97 vs 2.63 ms, one-row GEMV 130 vs 137 us. It applies on a
+    GPU (SM90+, PTX cannot run under the interpreter) to ue8m0 scale bytes of at most 128 (``scale * 2**126``
+    must fit bfloat16; ``None``: float32 scales) and, on the tensor cores, to bf16 activations (``dtype``;
+    ``None`` for the GEMV, whose float32 FMAs take the exact bf16 weights for any activation dtype)."""
+    return (
+        arch() != "interpreter"
+        and dtype in (None, torch.bfloat16)
+        and all(b is not None and b[1] <= 128 for b in scale_bytes)
+    )
+
+
 #: FP8 GEMMs with at least this many rows (prefill chunks, above every decode graph's batch) may go to
 #: the TileLang kernel
 TILELANG_MIN_ROWS = 512

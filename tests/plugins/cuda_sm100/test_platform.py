@@ -113,6 +113,17 @@ def test_decode_gemms_take_the_gemv_kernel_only_for_one_row_tiles(monkeypatch):
     assert not dispatch.gemm_config(4, 1024, 4096, "fp8_block", gated=False, active=(4, 1)).gemv
 
 
+def test_fp4_ptx_decode_only_where_it_is_exact(monkeypatch):
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    assert dispatch.fp4_decode_ptx(torch.bfloat16, [(100, 128), (90, 120)])
+    assert dispatch.fp4_decode_ptx(None, [(100, 128)])  # GEMV: any activation dtype
+    assert not dispatch.fp4_decode_ptx(torch.float16, [(100, 128)])  # fp16 tiles would not hold the weights
+    assert not dispatch.fp4_decode_ptx(torch.bfloat16, [(100, 129)])  # scale 4: scale * 2**126 overflows bf16
+    assert not dispatch.fp4_decode_ptx(torch.bfloat16, [(100, 120), None])  # float32 scales
+    monkeypatch.setattr(dispatch, "arch", lambda: "interpreter")
+    assert not dispatch.fp4_decode_ptx(torch.bfloat16, [(100, 128)])
+
+
 def test_fp8_prefill_gemm_goes_to_tilelang_only_where_it_was_run(monkeypatch):
     monkeypatch.setattr(dispatch, "tilelang_installed", lambda: True)
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")

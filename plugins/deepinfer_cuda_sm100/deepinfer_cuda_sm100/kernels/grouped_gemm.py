@@ -34,7 +34,6 @@ from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import (
     dot_dtype,
-    interpreting,
     mma,
     store_tile,
     swiglu,
@@ -179,7 +178,7 @@ class WeightTable:
     stride_sn: int
     stride_sk: int
     keep: list
-    #: FP4 with ue8m0 scale bytes: the smallest and largest byte (for :func:`fp4_asm_ok`)
+    #: FP4 with ue8m0 scale bytes: the smallest and largest byte (for ``dispatch.fp4_decode_ptx``)
     scale_bytes: tuple[int, int] | None = None
     #: 1-byte weights (FP8, FP4) whose rows all start 16-byte aligned (``_common.weight_tile``)
     aligned: bool = False
@@ -236,16 +235,6 @@ def byte_range(scales: list[torch.Tensor]) -> tuple[int, int] | None:
 def aligned16(datas: list[torch.Tensor]) -> bool:
     """Every tensor starts 16-byte aligned with 16-byte-aligned rows (1-byte elements)."""
     return all(t.element_size() == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in datas)
-
-
-def fp4_asm_ok(dtype: torch.dtype | None, *tables: WeightTable) -> bool:
-    """The PTX FP4 decode applies: on a GPU, to FP4 tables with ue8m0 bytes of at most 128 (``scale <= 2``:
-    ``scale * 2**126`` must fit bfloat16), and bf16 activations (``dtype``; None: any, for the GEMV)."""
-    return (
-        dtype in (None, torch.bfloat16)
-        and not interpreting()
-        and all(t.fmt == 2 and t.scale_bytes is not None and t.scale_bytes[1] <= 128 for t in tables)
-    )
 
 
 _TL = {
@@ -354,9 +343,10 @@ def grouped_gemm(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
-        _grouped_gemv_kernel[grid](*args, FP4_ASM=cfg.fp4_asm and fp4_asm_ok(None, first, table), **meta)
+        ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])
+        _grouped_gemv_kernel[grid](*args, FP4_ASM=ptx, **meta)
     else:
-        asm = cfg.fp4_asm and fp4_asm_ok(a.dtype, first, table)
+        asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
                                    **meta)  # fmt: skip
     if split > 1 and rows:
