@@ -16,7 +16,9 @@ Formats, as in ``grouped_gemm``:
   mantissa (3 bits) to bits 11..9 of a float16, which is the code's value times ``2**-14`` for
   every code (float16's subnormals 0 and 2**-15 are e2m1's 0 and 0.5). The ``2**14`` rides on the
   per-32 scale. The low and high nibbles of a byte are the even and odd K positions and are reduced
-  against the even and odd activation columns, so codes are never interleaved back.
+  against the even and odd activation columns, so codes are never interleaved back. On a GPU
+  (``dispatch.fp4_decode_ptx``) the codes are instead decoded and scaled by inline PTX into bf16
+  (:func:`e2m1_bf16_scaled`, shared with the tensor-core kernel), four instructions per pair of codes.
 """
 
 from __future__ import annotations
