@@ -30,19 +30,16 @@ from deepinfer_cuda_sm100.kernels._common import store_tile, weight_base, weight
 
 
 @triton.jit
-def e2m1_f16(b):
-    """Packed e2m1 bytes (any integer type) -> (low, high) nibble values in float16, times ``2**-14``."""
+def e2m1_halves(b):
+    """Packed e2m1 bytes (any integer type) -> (low, high) nibble values in float32, times ``2**-14``
+    (placed in float16 bits)."""
     b = b.to(tl.uint16)
     lo = ((b & 0x8) << 12) | ((b & 0x7) << 9)
     hi = ((b & 0x80) << 8) | ((b & 0x70) << 5)
-    return lo.to(tl.float16, bitcast=True), hi.to(tl.float16, bitcast=True)
-
-
-@triton.jit
-def e2m1_halves(b):
-    """:func:`e2m1_f16` in float32."""
-    lo, hi = e2m1_f16(b)
-    return lo.to(tl.float32), hi.to(tl.float32)
+    return (
+        lo.to(tl.float16, bitcast=True).to(tl.float32),
+        hi.to(tl.float16, bitcast=True).to(tl.float32),
+    )
 
 
 #: e2m1 nibble -> bfloat16 half-word by bit placement: exponent+mantissa (3 bits) to bits 8..6 and the sign
@@ -100,7 +97,7 @@ def scale_f32(s):
 
 @triton.jit
 def fp4_scale(s):
-    """:func:`scale_f32` times ``2**14``, the factor :func:`e2m1_f16` leaves out."""
+    """:func:`scale_f32` times ``2**14``, the factor :func:`e2m1_halves` leaves out."""
     return scale_f32(s) * 16384.0
 
 

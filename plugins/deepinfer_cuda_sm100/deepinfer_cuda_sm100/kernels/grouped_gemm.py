@@ -13,9 +13,10 @@ Formats (see :class:`deepinfer_core.ops.weights.QuantizedWeight`):
   128 lies in one scale block, so each tile is ``(W_e4m3 * scale[n // 128]) -> bf16`` (exact for
   ue8m0 scales: e4m3 values times a power of two fit bf16).
 - ``FMT=2``: e2m1 codes packed two per byte (low nibble first), one ue8m0 scale per 32 inputs (read
-  as its exponent byte, :func:`ue8m0_bytes`, or as float32). Codes decode by bit placement into
-  float16 (``kernels/gemv.py``) or by integer ops to 4x their value (exact), are scaled per 32 and
-  rounded to bf16 (exact: at most 2 significant bits times a power of two).
+  as its exponent byte, :func:`ue8m0_bytes`, or as float32). On a GPU codes are decoded and scaled
+  by inline PTX straight into bf16 (``gemv.e2m1_bf16_scaled``, ``dispatch.fp4_decode_ptx``); else by
+  bit placement into float16 (``kernels/gemv.py``) or by integer ops to 4x their value (exact), then
+  scaled per 32 and rounded to bf16 (exact: at most 2 significant bits times a power of two).
 
 ``GATED`` computes the gate (``w1``) and up (``w3``) products of a tile together and writes
 ``silu(min(g, limit)) * clamp(u, -limit, limit)``; otherwise ``C`` rows may be scaled by a per-row
