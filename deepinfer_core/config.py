@@ -30,6 +30,9 @@ class EngineConfig(BaseModel):
     )
     backend: str = Field("auto", description='platform name, or "auto" for the best available')
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = Field(
+        "auto", description='attention KV pools: "auto" (the model dtype) or "fp8" (e4m3, RoPE channels kept)'
+    )
     seed: int = 0
     max_model_len: int | None = Field(None, ge=1)
     max_num_seqs: int = Field(64, ge=1)

@@ -6,4 +6,6 @@ __version__ = "0.1.0"
 #: A plugin declares the version it was built for as ``DEEPINFER_PLUGIN_API = "MAJOR.MINOR"``
 #: in the module its entry point names. It is accepted when MAJOR matches and MINOR is not newer
 #: than the core's: minors only add hooks or optional methods.
-PLUGIN_API_VERSION = "1.0"
+#: 1.1: ``AttentionOps.kv_cache_dtypes`` / ``store_kv`` and ``sparse_attention(..., kv_format=)``, the FP8 KV
+#: cache (the core passes ``kv_format`` only when it is set, so 1.0 attention ops keep working).
+PLUGIN_API_VERSION = "1.1"

@@ -9,6 +9,7 @@ ENGINE_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--model", dict(help="checkpoint directory (default: the built-in demo checkpoint)")),
     ("--backend", dict(help='platform name or "auto" (env DEEPINFER_BACKEND)')),
     ("--dtype", dict(choices=["auto", "float32", "bfloat16", "float16"])),
+    ("--kv-cache-dtype", dict(choices=["auto", "fp8", "fp8_e4m3"])),
     ("--max-model-len", dict(type=int)),
     ("--max-num-seqs", dict(type=int)),
     ("--max-num-batched-tokens", dict(type=int)),

@@ -67,6 +67,16 @@ def load(config: EngineConfig, runtime: Runtime) -> tuple[CausalLM, Any]:
     cls = model_class(path, runtime.registry.models)
     dtype = resolve_dtype(config.dtype, runtime.platform.device_type)
     model = cls.from_checkpoint(path, runtime.backends, dtype)
+    supported = runtime.backends.attention.kv_cache_dtypes
+    if config.kv_cache_dtype not in supported:
+        raise ConfigError(
+            f"kv_cache_dtype={config.kv_cache_dtype!r} is not supported by platform "
+            f"{runtime.platform.name!r}; supported: {list(supported)}"
+        )
+    try:
+        model.use_kv_cache_dtype(config.kv_cache_dtype)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return model, load_tokenizer(path, config.skip_tokenizer_init)
 
 

@@ -28,6 +28,12 @@ class CausalLM(ABC):
     def from_checkpoint(cls, path: Path, backends: Backends, dtype: torch.dtype) -> CausalLM:
         """Load config and weights from a checkpoint directory onto ``backends.memory.device``."""
 
+    def use_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
+        """Store attention KV as ``kv_cache_dtype`` (see :mod:`deepinfer_core.kv.fp8`); called once, after
+        loading and before :meth:`cache_specs`. A model that supports only "auto" keeps this default."""
+        if kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: {type(self).__name__} supports only 'auto'")
+
     @abstractmethod
     def cache_specs(self) -> list[CacheSpec]:
         """All state kept between steps (see :mod:`deepinfer_core.kv.spec`)."""

@@ -10,11 +10,18 @@ attention (window slots), CSA (window slots + the indexer's top-k compressed slo
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import torch
 
+from deepinfer_core.kv.fp8 import Fp8KVFormat
+
 
 class AttentionOps(ABC):
+    #: the ``kv_cache_dtype`` values this platform's :meth:`sparse_attention` and :meth:`store_kv` accept
+    #: ("auto": pools in the model dtype; "fp8" / "fp8_e4m3": byte rows, see :mod:`deepinfer_core.kv.fp8`)
+    kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
+
     @abstractmethod
     def sparse_attention(
         self,
@@ -25,16 +32,27 @@ class AttentionOps(ABC):
         cmp_slots: torch.Tensor | None,
         sinks: torch.Tensor,
         scale: float,
+        kv_format: Fp8KVFormat | None = None,
     ) -> torch.Tensor:
         """Shared-KV multi-query attention with a learned sink per head.
 
-        - ``q [T, H, D]``; ``kv_pool [S, D]`` and ``cmp_pool [S2, D]`` hold K = V (one KV head).
+        - ``q [T, H, D]``; ``kv_pool [S, D]`` and ``cmp_pool [S2, D]`` hold K = V (one KV head). With
+          ``kv_format`` both pools are packed byte rows ``[S, kv_format.row_bytes]`` uint8 instead, read
+          as :meth:`Fp8KVFormat.unpack` would.
         - ``kv_slots [T, Kw]`` / ``cmp_slots [T, Kc]`` int64 slot ids; ``-1`` marks padding.
         - ``sinks [H]`` float32: an extra logit per head that takes probability mass but has no value.
 
         ``out[t, h] = sum_j p_j * kv[j]`` with ``p = softmax([q.k_j * scale ..., sinks[h]])`` over the
         valid slots of row ``t`` plus the sink. A row with no valid slot returns zeros. -> ``[T, H, D]``.
         """
+
+    def store_kv(
+        self, pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, kv_format: Fp8KVFormat | None
+    ) -> None:
+        """``pool[slots] = values`` (``[N, D]`` rows), packed by ``kv_format`` when it is given.
+
+        Every slot is a valid row (padding rows of a static batch write to a scratch slot)."""
+        pool[slots] = values.to(pool.dtype) if kv_format is None else kv_format.pack(values)
 
     @abstractmethod
     def indexer_topk(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kv.fp8 import Fp8KVFormat
 from deepinfer_core.testing.cases_dense import inv_freq, randn
 from deepinfer_core.testing.opcase import OpCase
 
@@ -32,6 +33,18 @@ def _sparse(compressed: bool, empty_row: bool):
         return (randn(g, T, H, D), randn(g, 40, D), kv_slots, cmp_pool, cmp_slots, randn(g, H), D**-0.5), {}
 
     return make
+
+
+def _sparse_fp8(g):
+    """Both pools packed (``head_dim`` 32, RoPE 8, a short last scale group), values spread over 2**12 so
+    the per-group scales differ; the reference reads them through ``Fp8KVFormat.unpack``."""
+    fmt = Fp8KVFormat(D, 8, torch.float32)
+    args, _ = _sparse(True, True)(g)
+    q, kv, kv_slots, cmp, cmp_slots, sinks, scale = args
+    spread = 2.0 ** torch.randint(-6, 6, (1, D), generator=g).float()
+    return (q, fmt.pack(kv * spread), kv_slots, fmt.pack(cmp * spread), cmp_slots, sinks, scale), {
+        "kv_format": fmt
+    }
 
 
 def _indexer(g):
@@ -79,6 +92,15 @@ CASES = [
         "attention", "sparse_attention", "window_plus_compressed", _sparse(True, False), atol=1e-5, rtol=1e-4
     ),
     OpCase("attention", "sparse_attention", "row_without_slots", _sparse(True, True), atol=1e-5, rtol=1e-4),
+    OpCase(
+        "attention",
+        "sparse_attention",
+        "fp8_kv_cache",
+        _sparse_fp8,
+        atol=1e-5,
+        rtol=1e-4,
+        kv_cache_dtype="fp8",
+    ),
     OpCase("attention", "indexer_topk", "topk_with_short_rows", _indexer, compare=_same_topk),
     OpCase("attention", "compress", "csa_overlap_first_window", _compress(True), atol=1e-5, rtol=1e-4),
     OpCase("attention", "compress", "hca", _compress(False), atol=1e-5, rtol=1e-4),

@@ -19,6 +19,14 @@ class OpCase:
     rtol: float = 1e-5
     #: compare(actual, expected, inputs) raises AssertionError; default: torch.testing.assert_close
     compare: Callable[[Any, Any, Any], None] | None = None
+    #: an optional feature the case needs: a ``kv_cache_dtype`` the attention ops must list (else skipped)
+    kv_cache_dtype: str = "auto"
+
+    def applies_to(self, backends: Any) -> bool:
+        """False when the case tests an optional feature ``backends`` does not declare."""
+        if self.kv_cache_dtype == "auto":
+            return True
+        return self.kv_cache_dtype in getattr(backends.attention, "kv_cache_dtypes", ("auto",))
 
     @property
     def id(self) -> str:

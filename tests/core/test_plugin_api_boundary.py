@@ -18,6 +18,7 @@ PUBLIC = (
     "deepinfer_core.testing",
     "deepinfer_core.engine.forward_batch",
     "deepinfer_core.kv.spec",
+    "deepinfer_core.kv.fp8",
     "deepinfer_core.models.base",
 )
 PLUGIN_PACKAGES = {

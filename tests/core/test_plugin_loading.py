@@ -10,6 +10,7 @@ from deepinfer_core.config import load_config
 from deepinfer_core.plugins.manager import PluginLoadError, api_compatible
 from deepinfer_core.plugins.registry import build_registry
 from deepinfer_core.runtime import build_runtime
+from deepinfer_core.version import PLUGIN_API_VERSION
 
 GOOD = """
 from deepinfer_core import hookimpl
@@ -65,12 +66,13 @@ def test_incompatible_plugin_api_is_refused_with_a_clear_message(fake_dist):
     fake_dist("deepinfer-future", "future_plugin_mod", GOOD.replace('"1.0"', '"2.0"'), "future")
     reg = build_registry(allow=["future"])
     [failed] = reg.report.failed
-    assert "plugin API 2.0" in failed.error and "1.0" in failed.error
+    assert "plugin API 2.0" in failed.error and f"provides {PLUGIN_API_VERSION}" in failed.error
     assert "fakeplat" not in reg.platforms
 
 
 @pytest.mark.parametrize(
-    "declared, ok", [("1.0", True), ("1.1", False), ("0.9", False), (None, False), ("one", False)]
+    "declared, ok",
+    [("1.0", True), ("1.1", True), ("1.2", False), ("0.9", False), (None, False), ("one", False)],
 )
 def test_api_compatibility_rule(declared, ok):
     assert api_compatible(declared)[0] is ok

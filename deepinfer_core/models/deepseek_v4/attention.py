@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kv.fp8 import Fp8KVFormat
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
@@ -31,6 +32,21 @@ def flat(pool: torch.Tensor) -> torch.Tensor:
     return pool.flatten(0, 1)
 
 
+def entry_spec(
+    name: str,
+    group,
+    tokens_per_entry: int,
+    head_dim: int,
+    dtype,
+    kv_format: Fp8KVFormat | None,
+    window: int = 0,
+) -> CacheSpec:
+    """A pool of ``head_dim`` rows in ``dtype``, or of packed byte rows under an FP8 KV cache."""
+    if kv_format is None:
+        return CacheSpec(name, group, tokens_per_entry, (head_dim,), dtype, window=window)
+    return CacheSpec(name, group, tokens_per_entry, (kv_format.row_bytes,), torch.uint8, window=window)
+
+
 class Compressor(Module):
     """Gated pooling of ``ratio`` tokens into one entry; with ``overlap`` (CSA) each entry pools the Ca half
     of the previous window and the Cb half of its own window (``2 * ratio`` slots, Ca of window -1 empty)."""
@@ -44,14 +60,16 @@ class Compressor(Module):
         self.wgate = Slot("wgate.weight", (coff * head_dim, cfg.hidden_size), "linear")
         self.norm = Slot("norm.weight", (head_dim,), "float32")
 
-    def cache_specs(self, entries_name: str, dtype: torch.dtype) -> list[CacheSpec]:
+    def cache_specs(
+        self, entries_name: str, dtype: torch.dtype, kv_format: Fp8KVFormat | None
+    ) -> list[CacheSpec]:
         coff = 2 if self.overlap else 1
         window = (coff * self.ratio) - 1
         return [
             CacheSpec(
                 f"{self.name}.state", "window", 1, (2, coff * self.head_dim), torch.float32, window=window
             ),
-            CacheSpec(entries_name, "compressed", self.ratio, (self.head_dim,), dtype),
+            entry_spec(entries_name, "compressed", self.ratio, self.head_dim, dtype, kv_format),
         ]
 
     def forward(
@@ -62,8 +80,10 @@ class Compressor(Module):
         entries: torch.Tensor,
         ops: Backends,
         inv_freq: torch.Tensor,
+        kv_format: Fp8KVFormat | None = None,
     ) -> None:
-        """Write the step's per-token state, then every entry whose window closes in the step."""
+        """Write the step's per-token state, then every entry whose window closes in the step (packed by
+        ``kv_format`` when the entries pool is an FP8 KV pool)."""
         state = flat(pools[f"{self.name}.state"])
         kv = ops.dense.linear(x, self.wkv.value).float()
         score = ops.dense.linear(x, self.wgate.value).float() + self.ape.value[addr.positions % self.ratio]
@@ -83,7 +103,7 @@ class Compressor(Module):
         out = ops.attention.compress(
             src_kv.to(x.dtype), src_score, self.norm.value, self.eps, comp.entry_positions, inv_freq
         )
-        entries[comp.entry_slots] = out.to(entries.dtype)
+        ops.attention.store_kv(entries, comp.entry_slots, out, kv_format)
 
 
 class Indexer(Module):
@@ -98,7 +118,7 @@ class Indexer(Module):
         self.compressor = Compressor(cfg, ratio, di, overlap=True, name=f"{name}.compressor")
 
     def cache_specs(self, dtype: torch.dtype) -> list[CacheSpec]:
-        return self.compressor.cache_specs(f"{self.name}.keys", dtype)
+        return self.compressor.cache_specs(f"{self.name}.keys", dtype, None)
 
     def forward(
         self,
@@ -145,6 +165,7 @@ class Attention(Module):
         if kind == CSA:
             self.indexer = Indexer(cfg, ratio, name=f"{name}.indexer")
         self.inv_freq = layer_inv_freq(cfg, compressed=kind != SLIDING)
+        self.kv_format: Fp8KVFormat | None = None  # set by the model for kv_cache_dtype="fp8"
 
     def post_load(self) -> None:
         self.inv_freq = self.inv_freq.to(self.attn_sink.value.device)  # RoPE frequencies beside the weights
@@ -171,11 +192,10 @@ class Attention(Module):
 
     def cache_specs(self) -> list[CacheSpec]:
         window = self.cfg.sliding_window - 1
-        specs = [
-            CacheSpec(f"{self.name}.swa_kv", "window", 1, (self.cfg.head_dim,), self.dtype, window=window)
-        ]
+        fmt, d = self.kv_format, self.cfg.head_dim
+        specs = [entry_spec(f"{self.name}.swa_kv", "window", 1, d, self.dtype, fmt, window=window)]
         if self.kind != SLIDING:
-            specs += self.compressor.cache_specs(f"{self.name}.compressor.kv", self.dtype)
+            specs += self.compressor.cache_specs(f"{self.name}.compressor.kv", self.dtype, fmt)
         if self.kind == CSA:
             specs += self.indexer.cache_specs(self.dtype)
         return specs
@@ -190,10 +210,11 @@ class Attention(Module):
         kv = dense.rms_norm(dense.linear(x, self.wkv.value), self.kv_norm.value, cfg.rms_norm_eps)
         kv = dense.rope(kv.view(t, 1, d), pos, self.inv_freq).view(t, d)
         swa = flat(pools[f"{self.name}.swa_kv"])
-        swa[addr.token_slots] = kv.to(swa.dtype)
+        ops.attention.store_kv(swa, addr.token_slots, kv, self.kv_format)
         cmp_pool, cmp_slots = self._compressed(x, qr, addr, pools, ops)
+        fp8 = {} if self.kv_format is None else {"kv_format": self.kv_format}  # plugin API 1.0 ops: no kwarg
         o = ops.attention.sparse_attention(
-            q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5
+            q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5, **fp8
         )
         o = dense.rope(o, pos, self.inv_freq, inverse=True)
         return self._output(o.view(t, cfg.o_groups, h * d // cfg.o_groups), ops)
@@ -202,7 +223,7 @@ class Attention(Module):
         if self.kind == SLIDING:
             return None, None
         entries = flat(pools[f"{self.name}.compressor.kv"])
-        self.compressor.forward(x, addr, pools, entries, ops, self.inv_freq)
+        self.compressor.forward(x, addr, pools, entries, ops, self.inv_freq, self.kv_format)
         if self.kind == CSA:
             return entries, self.indexer.forward(x, qr, addr, pools, ops, self.inv_freq)
         return entries, addr.compression(self.ratio, False).cand_slots

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from deepinfer_core.engine.forward_batch import ForwardBatch
+from deepinfer_core.kv.fp8 import Fp8KVFormat, is_fp8
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
@@ -57,6 +58,14 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
         finally:
             reader.close()
         return model
+
+    def use_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
+        """FP8: every attention's window and compressed KV pools hold packed rows (indexer keys do not)."""
+        fmt = None
+        if is_fp8(kv_cache_dtype):
+            fmt = Fp8KVFormat(self.cfg.head_dim, self.cfg.qk_rope_head_dim, self.dtype)
+        for block in self.layers + self.mtp:
+            block.attn.kv_format = fmt
 
     def cache_specs(self) -> list[CacheSpec]:
         return [s for block in self.layers + self.mtp for s in block.attn.cache_specs()]

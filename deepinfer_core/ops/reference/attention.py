@@ -10,18 +10,26 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from deepinfer_core.kv.fp8 import KV_CACHE_DTYPES, Fp8KVFormat
 from deepinfer_core.ops.attention import AttentionOps
 from deepinfer_core.ops.reference.dense import rms_norm_rows, rope_rows
 
 
-def _gather(pool: torch.Tensor | None, slots: torch.Tensor | None) -> torch.Tensor | None:
+def _gather(
+    pool: torch.Tensor | None, slots: torch.Tensor | None, kv_format: Fp8KVFormat | None = None
+) -> torch.Tensor | None:
     if pool is None or slots is None:
         return None
     valid = slots[slots >= 0]
-    return pool.index_select(0, valid) if valid.numel() else None
+    if not valid.numel():
+        return None
+    rows = pool.index_select(0, valid)
+    return rows if kv_format is None else kv_format.unpack(rows)
 
 
 class ReferenceAttentionOps(AttentionOps):
+    kv_cache_dtypes = KV_CACHE_DTYPES
+
     def sparse_attention(
         self,
         q: torch.Tensor,
@@ -31,12 +39,13 @@ class ReferenceAttentionOps(AttentionOps):
         cmp_slots: torch.Tensor | None,
         sinks: torch.Tensor,
         scale: float,
+        kv_format: Fp8KVFormat | None = None,
     ) -> torch.Tensor:
         out = torch.zeros_like(q)
         for t in range(q.shape[0]):
-            parts = [_gather(kv_pool, kv_slots[t])]
+            parts = [_gather(kv_pool, kv_slots[t], kv_format)]
             if cmp_slots is not None:
-                parts.append(_gather(cmp_pool, cmp_slots[t]))
+                parts.append(_gather(cmp_pool, cmp_slots[t], kv_format))
             kv = [p for p in parts if p is not None]
             if kv:
                 out[t] = self._attend_row(q[t].clone(), torch.cat(kv), sinks, scale)
