@@ -192,26 +192,28 @@ def weight_bytes(model) -> dict[str, float]:
     return {"per_expert": expert / n_moe, "other": other, "embed_row": embed / model.cfg.vocab_size}
 
 
-def kv_bytes_per_row(cfg, ctx: int, elt: int = 2) -> float:
+def kv_bytes_per_row(cfg, ctx: int, elt: int = 2, entry: int | None = None) -> float:
+    """KV bytes one decode row reads; ``entry``: bytes of one attention KV entry (608 with an FP8 KV cache)."""
+    entry = cfg.head_dim * elt if entry is None else entry
     total = 0.0
     for r in cfg.compress_ratios[: cfg.num_hidden_layers]:
-        total += cfg.sliding_window * cfg.head_dim * elt
+        total += cfg.sliding_window * entry
         if r == 4:
             n = ctx // 4
-            total += n * cfg.index_head_dim * elt + min(cfg.index_topk, n) * cfg.head_dim * elt
+            total += n * cfg.index_head_dim * elt + min(cfg.index_topk, n) * entry
         elif r:
-            total += (ctx // r) * cfg.head_dim * elt
+            total += (ctx // r) * entry
     return total
 
 
-def decode_bytes(cfg, wb, batch: int, ctx: int) -> float:
+def decode_bytes(cfg, wb, batch: int, ctx: int, entry: int | None = None) -> float:
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch)
     return (
         wb["other"]
         + cfg.num_hidden_layers * touched * wb["per_expert"]
         + batch * wb["embed_row"]
-        + batch * kv_bytes_per_row(cfg, ctx)
+        + batch * kv_bytes_per_row(cfg, ctx, entry=entry)
     )
 
 

@@ -130,15 +130,25 @@ def section_greedy(args) -> None:
         ]
         sp = SamplingParams(max_tokens=24, temperature=0.0, logprobs=1, ignore_eos=True)
         kw = dict(max_model_len=512, kv_cache_memory_bytes=256 << 20, max_num_batched_tokens=256)
-        ref = make_llm(path, "reference", dtype="float32", **kw).generate(prompts, sp, use_tqdm=False)
+        refs = {
+            kv: make_llm(path, "reference", dtype="float32", kv_cache_dtype=kv, **kw).generate(
+                prompts, sp, use_tqdm=False
+            )
+            for kv in ("auto", "fp8")
+        }
         row = {}
         for name, extra in (
             ("cuda_f32_eager", dict(dtype="float32", enforce_eager=True)),
             ("cuda_f32_graphs", dict(dtype="float32")),
             ("cuda_bf16_graphs", dict(dtype="bfloat16")),
+            (
+                "cuda_f32_graphs_fp8kv",
+                dict(dtype="float32", kv_cache_dtype="fp8"),
+            ),  # vs the reference's fp8 KV
         ):
             llm = make_llm(path, "reference" if SMOKE else "cuda_sm100", **kw, **extra)
             got = llm.generate(prompts, sp, use_tqdm=False)
+            ref = refs[extra.get("kv_cache_dtype", "auto")]
             same = total = 0
             lp_diff = 0.0
             for r, g in zip(ref, got, strict=True):
@@ -277,6 +287,10 @@ def section_slice(args) -> None:
         out["fp4_tiles"] = force_fp4_tiles(args.fp4_tiles)
         log("FP4 expert tiles forced:", out["fp4_tiles"])
     max_b, max_ctx = max(args.batches), max(args.contexts)
+    model.use_kv_cache_dtype(args.kv_cache_dtype)
+    fmt = model.layers[0].attn.kv_format
+    entry = fmt.row_bytes if fmt is not None else None
+    out["kv_cache_dtype"] = args.kv_cache_dtype
     sr = SliceRunner(model, rt.backends, max_b, max_ctx, graphs=True)
     log(f"KV pools {sum(t.numel() * t.element_size() for t in sr.runner.kv.values()) / 1e9:.1f} GB")
     for ctx in args.contexts:
@@ -294,7 +308,7 @@ def section_slice(args) -> None:
                 except Exception as e:  # noqa: BLE001 - report and go on
                     row[f"{mode}_error"] = f"{type(e).__name__}: {e}"[:300]
                     log(traceback.format_exc()[-2000:])
-            byts = decode_bytes(cfg, wb, b, ctx)
+            byts = decode_bytes(cfg, wb, b, ctx, entry)
             row["bytes"] = byts
             row["roofline_ms"] = byts / ceil["copy_bytes_per_s"] * 1e3
             if "graph_ms" in row:
@@ -569,6 +583,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 32, 64, 128, 256])
     ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 32768])
     ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument(
+        "--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="attention KV pools (slice)"
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--engine-batch", type=int, default=32)
     ap.add_argument("--profile", type=int, nargs="*", default=[], help="batches to profile per kernel")

@@ -7,7 +7,7 @@ import torch
 
 from deepinfer_core.plugins.registry import reference_op
 
-from .cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
+from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 REF = reference_op("attention")
@@ -119,3 +119,65 @@ def test_topk_select_kernel_picks_what_torch_topk_picks(gen, C, k):
         assert (got[t][g.numel() :] == -1).all()  # chosen columns first, then -1
         # the same scores (at ties, any columns)
         assert torch.equal(s[t, g].sort().values, s[t, ref].sort().values), t
+
+
+# ------------------------------------------------------------------ FP8 KV cache
+
+
+def _spread(gen, n, d):
+    """Rows whose channels differ in size by up to 2**14, so every scale group gets its own scale."""
+    return rand(gen, n, d) * 2.0 ** torch.randint(-7, 7, (1, d), generator=gen).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dims", [(512, 64), (48, 16), (32, 8)])
+def test_fp8_kv_store_writes_the_reference_bytes(gen, dtype, dims):
+    from deepinfer_core.kv.fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100.kernels.kv_store import store_fp8
+
+    fmt = Fp8KVFormat(*dims, dtype)
+    x = _spread(gen, 9, dims[0]).to(dtype)
+    x[3, :7] = 0.0  # an all-small row start: the scale comes from the rest of its group
+    slots = torch.tensor([11, 0, 5, 7, 2, 15, 9, 3, 13])
+    pool = torch.zeros(16, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
+    store_fp8(pool, *dev(slots, x), fmt)
+    want = torch.zeros(16, fmt.row_bytes, dtype=torch.uint8)
+    want[slots] = fmt.pack(x)
+    assert torch.equal(pool.cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_attention_reads_fp8_pools(ops, gen, dtype):
+    from deepinfer_core.kv.fp8 import Fp8KVFormat
+
+    T, H, D = 5, 20, 80  # nope 64 + RoPE 16; D=80: a partial channel tile
+    fmt = Fp8KVFormat(D, 16, dtype)
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv, cmp = fmt.pack(_spread(gen, 70, D)), fmt.pack(_spread(gen, 30, D))
+    kv_slots, cmp_slots = _slots(gen, T, 37, 70), _slots(gen, T, 19, 30)
+    sinks = rand(gen, H)
+    got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt)
+    ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.05, fmt)
+    assert got.dtype == dtype
+    assert rel_err(got, ref) < BOUND[dtype]
+    plain = REF.sparse_attention(q, fmt.unpack(kv), kv_slots, fmt.unpack(cmp), cmp_slots, sinks, 0.05)
+    assert torch.equal(ref, plain)  # the packed read is the unpacked values, nothing else
+
+
+def test_fp8_kv_store_rounds_ties_to_even_like_torch():
+    """Every midpoint between neighbouring e4m3 values (normal and subnormal), both signs, with a group
+    amax of 448 (scale 1): the kernel's float32 rounding must pick torch's even neighbour each time."""
+    from deepinfer_core.kv.fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100.kernels.kv_store import store_fp8
+
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    mids = (grid[1:] + grid[:-1]) / 2
+    vals = torch.cat([mids, -mids, grid, -grid])
+    rows = -(-vals.numel() // 63)
+    body = torch.zeros(rows * 63)
+    body[: vals.numel()] = vals
+    x = torch.cat([torch.full((rows, 1), 448.0), body.view(rows, 63)], dim=1)
+    fmt = Fp8KVFormat(64, 0, torch.float32)
+    pool = torch.zeros(rows, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
+    store_fp8(pool, *dev(torch.arange(rows), x), fmt)
+    assert torch.equal(pool.cpu(), fmt.pack(x))

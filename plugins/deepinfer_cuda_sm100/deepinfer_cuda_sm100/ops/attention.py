@@ -1,16 +1,29 @@
-"""CUDA attention ops: sparse shared-KV attention with sinks, indexer scoring, compressor (all Triton)."""
+"""CUDA attention ops: sparse shared-KV attention with sinks (plain or FP8 KV pools), the FP8 KV store, indexer
+scoring, compressor (all Triton)."""
 
 from __future__ import annotations
 
 import torch
 
+from deepinfer_core.kv.fp8 import KV_CACHE_DTYPES
 from deepinfer_core.ops.attention import AttentionOps
-from deepinfer_cuda_sm100.kernels import compressor, indexer, sparse_attention
+from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, sparse_attention
 
 
 class CudaAttentionOps(AttentionOps):
-    def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale) -> torch.Tensor:
-        return sparse_attention.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
+    kv_cache_dtypes = KV_CACHE_DTYPES
+
+    def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format=None):
+        return sparse_attention.sparse_attention(
+            q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format
+        )
+
+    def store_kv(self, pool, slots, values, kv_format) -> None:
+        """FP8 pools: one Triton launch packs and scatters the rows; plain pools: an indexed copy."""
+        if kv_format is None:
+            pool[slots] = values.to(pool.dtype)
+        else:
+            kv_store.store_fp8(pool, slots, values, kv_format)
 
     def indexer_topk(self, q, weights, key_pool, cand_slots, topk) -> torch.Tensor:
         """Triton scores; selection by ``torch.topk`` on them (a fused top-k kernel is future work)."""

@@ -1,0 +1,70 @@
+"""FP8 KV store: pack rows into an FP8 KV pool in one launch, byte for byte as ``Fp8KVFormat.pack``.
+
+One program per row. The ``nope`` channels are a ``[groups, 64]`` tile; each group's scale is the power of
+two built from the exponent and mantissa bits of its amax (see ``power_of_two_scale``), and the codes are
+``x * (1 / scale)``, both factors exact, rounded to the e4m3 grid (nearest, ties to even) in float32. The
+RoPE channels are stored in the model dtype. Padding bytes are never written (pools start zeroed).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_core.kv.fp8 import E4M3_MAX, GROUP, Fp8KVFormat
+from deepinfer_cuda_sm100.kernels._common import pow2
+
+_MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.kv.fp8
+_MAX = tl.constexpr(E4M3_MAX)
+
+
+@triton.jit
+def _e4m3_grid(y):
+    """``y`` (``|y| <= 448``) rounded to the nearest e4m3 value, ties to even, still in float32, so the cast
+    after it is exact. Triton's interpreter rounds float32 -> e4m3 without carrying a mantissa overflow
+    into the exponent (1.97 becomes 1.0), and an exact cast is the same on every implementation.
+    Normal range: keep 3 mantissa bits of the float32 pattern; below 2**-6: multiples of 2**-9."""
+    b = y.to(tl.int32, bitcast=True)
+    normal = ((b + 0x7FFFF + ((b >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # -1048576: 0xFFF00000
+    t = tl.abs(y) * 512.0
+    small = ((t + 8388608.0) - 8388608.0) * 0.001953125  # 2**23: float32 addition rounds t to an integer
+    return tl.where(tl.abs(y) >= 0.015625, normal, tl.where(b < 0, -small, small))  # b < 0: keeps -0.0
+
+
+@triton.jit
+def _pack_kernel(x_ptr, slots_ptr, code_ptr, rope_ptr, scale_ptr, stride_x, NOPE, ROPE, ROW, ROPE_ROW, ROPE_OFF,
+                 SCALE_ROW, SCALE_OFF, NG, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + r).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    ch = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    m = ch < NOPE
+    x = tl.load(x_ptr + r * stride_x + ch, mask=m, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), _MIN_AMAX)
+    bits = amax.to(tl.int32, bitcast=True)
+    # amax = m * 2**k, m in [0.5, 1): k = biased exponent - 126; m > 0.875 iff the mantissa field > 0.75 * 2**23
+    e = ((bits >> 23) & 0xFF) - 135 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
+    scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    y = tl.minimum(tl.maximum(x * inv[:, None], -_MAX), _MAX)
+    tl.store(code_ptr + slot * ROW + ch, _e4m3_grid(y).to(tl.float8e4nv), mask=m)
+    tl.store(scale_ptr + slot * SCALE_ROW + SCALE_OFF + g, scale, mask=g < NG)
+    j = tl.arange(0, BLOCK_R)
+    rope = tl.load(x_ptr + r * stride_x + NOPE + j, mask=j < ROPE, other=0.0)
+    tl.store(rope_ptr + slot * ROPE_ROW + ROPE_OFF + j, rope.to(rope_ptr.dtype.element_ty), mask=j < ROPE)
+
+
+def store_fp8(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt: Fp8KVFormat) -> None:
+    """``pool[slots] = fmt.pack(values)`` for a flat packed pool ``[S, row_bytes]`` uint8."""
+    n = values.shape[0]
+    if n == 0:
+        return
+    values, slots = values.contiguous(), slots.contiguous()
+    rs = fmt.rope_dtype.itemsize
+    _pack_kernel[(n,)](
+        values, slots, pool.view(torch.float8_e4m3fn), pool.view(fmt.rope_dtype), pool.view(torch.float32),
+        values.stride(0), fmt.nope, fmt.rope_dim, fmt.row_bytes, fmt.row_bytes // rs, fmt.rope_offset // rs,
+        fmt.row_bytes // 4, fmt.scale_offset // 4, fmt.num_scales,
+        GROUP=GROUP, BLOCK_G=pow2(fmt.num_scales, 1), BLOCK_R=pow2(max(fmt.rope_dim, 1), 16), num_warps=4,
+    )  # fmt: skip
