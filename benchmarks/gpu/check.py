@@ -29,6 +29,7 @@ if SMOKE:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from deepinfer_core.kv.fp8 import Fp8KVFormat  # noqa: E402
 from deepinfer_core.ops.sampling import SamplingTensors  # noqa: E402
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight  # noqa: E402
 from deepinfer_core.plugins.registry import reference_op  # noqa: E402
@@ -144,17 +145,25 @@ def check_dense():
         rnd((2 + HC) * HC, dtype=F32, scale=0.5),
     )
     scale = rnd(3, dtype=F32).abs() + 0.5
-    for T in sizes(16, 64, 8192):
+    for i, T in enumerate(sizes(16, 1, 8, 64, 8192)):
         x = rnd(T, HC, HIDDEN)
         outs = poisoned(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
         err = (
             max(rel_err(a, b) for a, b in zip(outs, ref.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)))
-            if T == 16
+            if i < 3
             else None
         )
         ms = bench(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
-        record("hc_pre", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], ms, 2 * x.numel() + 2 * T * HIDDEN + 4 * fn.numel(),
-               2 * x.numel() * fn.shape[0])  # fmt: skip
+        by = 2 * x.numel() + 2 * T * HIDDEN + 4 * fn.numel()
+        record("hc_pre", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], ms, by, 2 * x.numel() * fn.shape[0])
+        if T <= 64:  # side by side: v7's mixes (tensor cores at every T, at most 16 splits)
+            old = (dispatch.HC_SMALL_T, dispatch.HC_MAX_SPLITS)
+            dispatch.HC_SMALL_T, dispatch.HC_MAX_SPLITS = 0, 16
+            try:
+                record("  hc_pre, v7 mixes config", f"{T}x{HC}x{HIDDEN}", None, None,
+                       bench(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)), by, 2 * x.numel() * fn.shape[0])  # fmt: skip
+            finally:
+                dispatch.HC_SMALL_T, dispatch.HC_MAX_SPLITS = old
         from deepinfer_cuda_sm100.kernels import mhc
 
         record("  hc_pre launch 1 (mixes)", f"{T}x{HC}x{HIDDEN}", None, None, bench(lambda: mhc.mixes_partials(x, fn)),
@@ -228,6 +237,7 @@ def check_attention():
         record(f"sparse_attention[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
                bench(lambda: ops.sparse_attention(*args)), T * n * HEAD_DIM * 2 + 2 * q.numel() * 2,
                4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
+    check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale)
     keys = rnd(S // 4, IDX_DIM)
     for T, C in zip(sizes(8, 64, 64), (8192, 8192, 65536) if not SMOKE else (64, 64, 96)):
         q, w = rnd(T, IDX_HEADS, IDX_DIM), rnd(T, IDX_HEADS, dtype=F32).abs() * IDX_HEADS**-0.5
@@ -276,6 +286,35 @@ def check_attention():
         err = rel_err(out, ref.compress(kv, score, nw, 1e-6, pos, inv_freq)) if E == 16 else None
         record("compress", f"E={E} L={L} D={HEAD_DIM}", err, BOUND["bf16"],
                bench(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq)), E * L * HEAD_DIM * 6 + E * HEAD_DIM * 2)  # fmt: skip
+
+
+def check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale):
+    """Sparse attention over FP8-packed pools (against the reference reading the same bytes) and the packing
+    store (byte-equal to ``Fp8KVFormat.pack``)."""
+    fmt = Fp8KVFormat(HEAD_DIM, ROPE_DIM, BF16)
+    kv8, cmp8 = fmt.pack(kv_pool), fmt.pack(cmp_pool)
+    S = kv8.shape[0]
+    for T, tag in zip(sizes(16, 64, 256, 2048), ("check", "decode", "decode", "prefill")):
+        q = rnd(T, HEADS, HEAD_DIM)
+        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
+        kv_slots[0, 100:] = -1
+        cmp_slots = torch.randint(0, cmp8.shape[0], (T, IDX_TOPK), device=DEV, generator=G)
+        cmp_slots[1, 300:] = -1
+        args = (q, kv8, kv_slots, cmp8, cmp_slots, sinks, scale, fmt)
+        out = poisoned(lambda: ops.sparse_attention(*args))
+        err = rel_err(out, ref.sparse_attention(*args)) if tag == "check" else None
+        n = WINDOW + IDX_TOPK
+        record(f"sparse_attention fp8 KV[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
+               bench(lambda: ops.sparse_attention(*args)), T * n * fmt.row_bytes + 2 * q.numel() * 2,
+               4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
+    for n in sizes(64, 4096):
+        vals, slots = rnd(n, HEAD_DIM), torch.randperm(S, device=DEV, generator=G)[:n]
+        pool = torch.zeros_like(kv8)
+        ops.store_kv(pool, slots, vals, fmt)
+        same = torch.equal(pool[slots], fmt.pack(vals))
+        record("store_kv fp8 (pack + scatter)", f"N={n} D={HEAD_DIM}", 0.0 if same else float("inf"), BOUND["f32"],
+               bench(lambda: ops.store_kv(pool, slots, vals, fmt)), n * (HEAD_DIM * 2 + fmt.row_bytes),
+               note=f"torch pack {bench(lambda: pool.index_copy_(0, slots, fmt.pack(vals))) * 1e3:.1f} us")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- MoE
