@@ -16,6 +16,12 @@ class DenseOps(ABC):
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
         """``x [T, in] @ weight.T -> [T, out]`` in ``x.dtype``. ``weight`` may be a QuantizedWeight."""
 
+    def grouped_linear(self, x: torch.Tensor, weights: list[Weight]) -> torch.Tensor:
+        """``x [T, G, in]``, one weight per group ``[out, in]`` -> ``[T, G, out]``: ``out[:, g] =
+        linear(x[:, g], weights[g])`` (V4's grouped output projection). A platform may do all groups in
+        one launch; this default calls :meth:`linear` per group."""
+        return torch.stack([self.linear(x[:, g].contiguous(), w) for g, w in enumerate(weights)], dim=1)
+
     @abstractmethod
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         """RMSNorm over the last dim, computed in float32; ``weight`` (float32) multiplies before the

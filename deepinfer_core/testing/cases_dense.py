@@ -30,6 +30,16 @@ def _linear(quant: str | None, out_f: int = 48, in_f: int = 64):
     return make
 
 
+def _grouped_linear(quant: str | None):
+    """Three groups, each its own weight (V4's output projection), five token rows."""
+
+    def make(g):
+        ws = [_linear(quant, 40, 64)(g)[0][1] for _ in range(3)]
+        return (randn(g, 5, 3, 64), ws), {}
+
+    return make
+
+
 def _rms(weighted: bool):
     return lambda g: (
         (randn(g, 5, 3, 32, scale=3.0), randn(g, 32).abs() + 0.5 if weighted else None, 1e-6),
@@ -92,6 +102,8 @@ CASES = [
     OpCase("dense", "linear", "fp8_block_ragged", _linear("fp8", 200, 160), atol=1e-4, rtol=1e-4),
     OpCase("dense", "linear", "fp8_block_ue8m0", _linear("fp8_ue8m0"), atol=1e-4, rtol=1e-4),
     OpCase("dense", "linear", "fp4_e2m1", _linear("fp4"), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "grouped_linear", "fp8_block", _grouped_linear("fp8"), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "grouped_linear", "plain", _grouped_linear(None), atol=1e-4, rtol=1e-4),
     OpCase("dense", "rms_norm", "weighted", _rms(True)),
     OpCase("dense", "rms_norm", "unweighted", _rms(False)),
     OpCase("dense", "rope", "forward", _rope(False), atol=1e-5, rtol=1e-4),

@@ -230,5 +230,5 @@ class Attention(Module):
 
     def _output(self, groups: torch.Tensor, ops: Backends) -> torch.Tensor:
         """Grouped low-rank projection: each head group to ``o_lora_rank``, then all groups to ``hidden``."""
-        parts = [ops.dense.linear(groups[:, g].contiguous(), w) for g, w in enumerate(self.wo_a.value)]
-        return ops.dense.linear(torch.cat(parts, dim=1), self.wo_b.value)
+        low = ops.dense.grouped_linear(groups, self.wo_a.value)  # [T, groups, o_lora_rank]
+        return ops.dense.linear(low.flatten(1), self.wo_b.value)

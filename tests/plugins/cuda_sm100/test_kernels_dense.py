@@ -136,3 +136,28 @@ def test_linear_and_mlp_with_split_k_match_reference(ops, gen, gemm_kind, fmt, m
     w1, w3, w2 = _weight(gen, fmt, 128, 320), _weight(gen, fmt, 128, 320), _weight(gen, fmt, 320, 128)
     got = ops.swiglu_mlp(dev(x), *(_to_dev(v) for v in (w1, w3, w2)), 0.5)
     assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_grouped_linear_is_one_gemm_matching_the_reference(ops, gen, gemm_kind, fmt, rows, monkeypatch):
+    """Four groups, each its own weight (V4's wo_a has 8), through one grouped GEMM, with and without split-K."""
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+
+    launches = []
+    real = gg.grouped_gemm
+    monkeypatch.setattr(gg, "grouped_gemm", lambda *a, **k: launches.append(1) or real(*a, **k))
+    x = rand(gen, rows, 4, 128, dtype=torch.bfloat16)
+    ws = [_weight(gen, fmt, 48, 128) for _ in range(4)]
+    want = REF.grouped_linear(x, ws)
+    got = ops.grouped_linear(dev(x), [_to_dev(w) for w in ws])
+    assert got.shape == (rows, 4, 48) and got.dtype == torch.bfloat16 and len(launches) == 1
+    assert rel_err(got, want) < BOUND[torch.bfloat16]
+    for g in (0, 3):  # each group used its own weight
+        assert rel_err(got[:, g], REF.linear(x[:, g].contiguous(), ws[g])) < BOUND[torch.bfloat16]
+    orig = dispatch.gemm_config
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: replace(orig(*a, **k), split_k=3))
+    assert rel_err(ops.grouped_linear(dev(x), [_to_dev(w) for w in ws]), want) < BOUND[torch.bfloat16]

@@ -39,9 +39,7 @@ class ScheduleCache:
 
     def __init__(self, max_rows: int = 1024) -> None:
         self.max_rows = max_rows
-        self._entries: dict[
-            tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-        ] = {}
+        self._entries: dict[tuple, tuple[torch.Tensor, ...]] = {}
 
     def get(self, rows: int, block_m: int, device: torch.device):
         key = (rows, block_m, device)
@@ -51,7 +49,27 @@ class ScheduleCache:
         n = -(-rows // block_m)
         start = torch.arange(n, device=device, dtype=torch.int64) * block_m
         sched = (torch.zeros(n, dtype=torch.int64, device=device), start, torch.full_like(start, rows))
+        return self._keep(key, rows, sched, device)
+
+    def grouped(self, rows: int, groups: int, block_m: int, device: torch.device):
+        """``(row_index, tile_expert, tile_start, tile_end)`` of a grouped linear: sorted row ``g * rows + t``
+        is row ``t * groups + g`` of the ``[rows * groups, K]`` input (and output); group ``g``'s tiles
+        cover sorted rows ``[g * rows, (g + 1) * rows)``. Built on the host, one copy to the device."""
+        key = ("grouped", rows, groups, block_m, device)
+        hit = self._entries.get(key)
+        if hit is not None:
+            return hit
+        t = torch.arange(rows)
+        idx = (t[None, :] * groups + torch.arange(groups)[:, None]).reshape(-1)
+        per = -(-rows // block_m)
+        expert = torch.arange(groups).repeat_interleave(per)
+        start = expert * rows + torch.arange(per).repeat(groups) * block_m
+        end = (expert + 1) * rows
+        out = tuple(v.to(device) for v in (idx, expert, start, end))
+        return self._keep(key, rows, out, device)
+
+    def _keep(self, key, rows: int, value, device: torch.device):
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         if rows <= self.max_rows and not capturing:
-            self._entries[key] = sched
-        return sched
+            self._entries[key] = value
+        return value

@@ -48,6 +48,24 @@ class CudaDenseOps(DenseOps):
         gg.grouped_gemm(x2, table, self._schedules.get(x2.shape[0], cfg.block_m, x.device), out, cfg)
         return out.view(*lead, -1)
 
+    def grouped_linear(self, x: torch.Tensor, weights: list[Weight]) -> torch.Tensor:
+        """All groups in one grouped GEMM (the experts' kernel, groups as experts): row ``t * G + g`` of
+        ``x [T*G, K]`` is read and written in place through the same row index, sorted by group, so no
+        copy of ``x`` per group and one launch instead of ``G`` (plus their split-K epilogues)."""
+        T, G, K = x.shape
+        fmt = weights[0].format if isinstance(weights[0], QuantizedWeight) else None
+        same = all(isinstance(w, QuantizedWeight) and w.format == fmt for w in weights)
+        if fmt is None or not same or T == 0:
+            return super().grouped_linear(x, weights)
+        table = self._tables.get(tuple(weights), lambda: gg.WeightTable.build(list(weights), x.device))
+        a = x.reshape(T * G, K)
+        a = a if a.stride(-1) == 1 else a.contiguous()
+        out = torch.empty((T * G, table.n), dtype=x.dtype, device=x.device)
+        cfg = dispatch.gemm_config(T, table.n, table.k, fmt, gated=False, active=(T * G, G))
+        idx, *sched = self._schedules.grouped(T, G, cfg.block_m, x.device)
+        gg.grouped_gemm(a, table, sched, out, cfg, a_idx=idx, c_idx=idx)
+        return out.view(T, G, table.n)
+
     def rms_norm(self, x, weight, eps):
         return norm_rope.rms_norm(x, weight, eps)
 
