@@ -254,7 +254,15 @@ def profile_step(sr, batch: int, ctx: int, dev) -> dict:
     log(f"profile batch {batch} ctx {ctx}: kernel time {total:.3f} ms per step")
     for r in top:
         log("   ", r)
-    return {"kernel_ms_per_step": total, "launches_per_step": sum(r[2] for r in rows), "top": top}
+    most = sorted(rows, key=lambda r: -r[2])[:25]  # where the launches are (what fusing would remove)
+    by_calls = [{"kernel": k[:90], "calls": n, "ms": round(ms, 4)} for k, ms, n in most]
+    log("  by launches:", by_calls)
+    return {
+        "kernel_ms_per_step": total,
+        "launches_per_step": sum(r[2] for r in rows),
+        "top": top,
+        "by_calls": by_calls,
+    }
 
 
 def section_slice(args) -> None:
