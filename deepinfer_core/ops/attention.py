@@ -71,6 +71,54 @@ class AttentionOps(ABC):
         ``q [T, Hi, Di]``, ``weights [T, Hi]`` float32 (already scaled), ``key_pool [S, Di]``.
         """
 
+    def write_compressor_state(
+        self,
+        state: torch.Tensor,
+        slots: torch.Tensor,
+        kv: torch.Tensor,
+        gate: torch.Tensor,
+        ape: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> None:
+        """The compressor's per-token state: ``state [S, 2, C]`` float32 gets, at ``slots [T]``, the rows
+        ``kv [T, C]`` and ``gate [T, C] + ape[positions % ratio]`` (``ape [ratio, C]`` float32), both as float32.
+        This default is torch; a platform may do it in one launch."""
+        score = gate.float() + ape[positions % ape.shape[0]]
+        state[slots] = torch.stack([kv.float(), score], dim=1)
+
+    def compress_into(
+        self,
+        state: torch.Tensor,
+        src_slots: torch.Tensor,
+        overlap: bool,
+        norm_weight: torch.Tensor,
+        eps: float,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        entries: torch.Tensor,
+        entry_slots: torch.Tensor,
+        kv_format: Fp8KVFormat | None = None,
+    ) -> None:
+        """Compress ``E`` closing windows straight from the state pool into the entries pool.
+
+        ``src_slots [E, L]`` are state slots (``-1``: empty). Without ``overlap`` row ``l`` of window ``e`` is
+        ``state[src_slots[e, l]]`` over all ``C = D`` channels; with ``overlap`` (``L = 2 * ratio``,
+        ``C = 2 * D``) the first ``ratio`` rows give channels ``[:D]`` and the last ``ratio`` rows ``[D:]``.
+        Empty rows take no weight; a window with no rows at all compresses to zeros. The kv rows are cast to
+        the entries' dtype (``kv_format.rope_dtype`` for a packed pool) before :meth:`compress`, whose result is
+        stored at ``entry_slots`` by :meth:`store_kv`. This default gathers with torch and calls both."""
+        dtype = entries.dtype if kv_format is None else kv_format.rope_dtype
+        src = state[src_slots.clamp(min=0)]  # [E, L, 2, C]
+        empty = (src_slots < 0)[..., None]
+        src_kv = src[:, :, 0].masked_fill(empty, 0.0)
+        src_score = src[:, :, 1].masked_fill(empty & ~empty.all(dim=1, keepdim=True), float("-inf"))
+        if overlap:
+            r, d = src_slots.shape[1] // 2, state.shape[-1] // 2
+            src_kv = torch.cat([src_kv[:, :r, :d], src_kv[:, r:, d:]], dim=1)
+            src_score = torch.cat([src_score[:, :r, :d], src_score[:, r:, d:]], dim=1)
+        out = self.compress(src_kv.to(dtype), src_score, norm_weight, eps, positions, inv_freq)
+        self.store_kv(entries, entry_slots, out, kv_format)
+
     @abstractmethod
     def compress(
         self,

@@ -85,25 +85,19 @@ class Compressor(Module):
         """Write the step's per-token state, then every entry whose window closes in the step (packed by
         ``kv_format`` when the entries pool is an FP8 KV pool)."""
         state = flat(pools[f"{self.name}.state"])
-        kv = ops.dense.linear(x, self.wkv.value).float()
-        score = ops.dense.linear(x, self.wgate.value).float() + self.ape.value[addr.positions % self.ratio]
-        state[addr.token_slots] = torch.stack([kv, score], dim=1)
+        kv = ops.dense.linear(x, self.wkv.value)
+        gate = ops.dense.linear(x, self.wgate.value)
+        ops.attention.write_compressor_state(
+            state, addr.token_slots, kv, gate, self.ape.value, addr.positions
+        )
         comp = addr.compression(self.ratio, self.overlap)
         if comp.entry_slots.numel() == 0:
             return
-        src = state[comp.src_slots.clamp(min=0)]  # [E, L, 2, coff * D]
-        empty = (comp.src_slots < 0)[..., None]
-        src_kv = src[:, :, 0].masked_fill(empty, 0.0)
-        # a row with no source at all (an unused static-mode entry, written to scratch) gets finite scores
-        src_score = src[:, :, 1].masked_fill(empty & ~empty.all(dim=1, keepdim=True), float("-inf"))
-        if self.overlap:
-            r, d = self.ratio, self.head_dim
-            src_kv = torch.cat([src_kv[:, :r, :d], src_kv[:, r:, d:]], dim=1)
-            src_score = torch.cat([src_score[:, :r, :d], src_score[:, r:, d:]], dim=1)
-        out = ops.attention.compress(
-            src_kv.to(x.dtype), src_score, self.norm.value, self.eps, comp.entry_positions, inv_freq
-        )
-        ops.attention.store_kv(entries, comp.entry_slots, out, kv_format)
+        fp8 = {} if kv_format is None else {"kv_format": kv_format}
+        ops.attention.compress_into(
+            state, comp.src_slots, self.overlap, self.norm.value, self.eps, comp.entry_positions, inv_freq,
+            entries, comp.entry_slots, **fp8,
+        )  # fmt: skip
 
 
 class Indexer(Module):

@@ -181,3 +181,52 @@ def test_fp8_kv_store_rounds_ties_to_even_like_torch():
     pool = torch.zeros(rows, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
     store_fp8(pool, *dev(torch.arange(rows), x), fmt)
     assert torch.equal(pool.cpu(), fmt.pack(x))
+
+
+# ------------------------------------------------------------------ compressor from the state pool
+
+
+def _state_case(gen, overlap, D=48, ratio=4, S=40, E=5, dtype=torch.float32):
+    C = 2 * D if overlap else D
+    L = 2 * ratio if overlap else ratio
+    state = rand(gen, S, 2, C)
+    src = torch.randint(0, S, (E, L), generator=gen)
+    src[1, : ratio if overlap else 1] = -1  # CSA's first window: an empty Ca half (or one empty row)
+    src[3] = -1  # a static-mode row that closes nothing: no source at all
+    pos = torch.randint(0, 5000, (E,), generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16))
+    w = rand(gen, D).abs() + 0.5
+    return state, src, w, pos, inv_freq
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_compress_into_matches_the_reference_glue(ops, gen, dtype, overlap, fp8):
+    from deepinfer_core.kv.fp8 import Fp8KVFormat
+
+    state, src, w, pos, inv_freq = _state_case(gen, overlap)
+    fmt = Fp8KVFormat(48, 16, dtype) if fp8 else None
+    entries = torch.zeros(12, fmt.row_bytes, dtype=torch.uint8) if fp8 else torch.zeros(12, 48, dtype=dtype)
+    slots = torch.tensor([7, 0, 11, 3, 5])
+    ref = entries.clone()
+    REF.compress_into(state, src, overlap, w, 1e-6, pos, inv_freq, ref, slots, fmt)
+    got = dev(entries.clone())
+    ops.compress_into(*dev(state, src), overlap, dev(w), 1e-6, *dev(pos, inv_freq), got, dev(slots), fmt)
+    got = got.cpu()
+    if fp8:
+        got, ref = fmt.unpack(got), fmt.unpack(ref)
+    assert torch.equal(got[3], torch.zeros(48, dtype=got.dtype))  # no source: zeros
+    assert torch.equal(got[[1, 2, 4, 6, 8, 9, 10]], ref[[1, 2, 4, 6, 8, 9, 10]])  # untouched rows
+    assert rel_err(got, ref) < (BOUND[dtype] if not fp8 else 0.07)
+
+
+def test_write_compressor_state_matches_the_reference(ops, gen):
+    state = rand(gen, 20, 2, 24)
+    kv, gate = rand(gen, 6, 24, dtype=torch.bfloat16), rand(gen, 6, 24, dtype=torch.bfloat16)
+    ape, pos, slots = rand(gen, 4, 24), torch.tensor([0, 5, 6, 7, 130, 3]), torch.tensor([9, 2, 17, 0, 4, 12])
+    ref = state.clone()
+    REF.write_compressor_state(ref, slots, kv, gate, ape, pos)
+    got = dev(state.clone())
+    ops.write_compressor_state(got, *dev(slots, kv, gate, ape, pos))
+    assert torch.equal(got.cpu(), ref)

@@ -18,10 +18,15 @@ from deepinfer_cuda_sm100.kernels._common import pow2
 
 @triton.jit
 def _compress_kernel(
-    kv_ptr, score_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr,
-    L, D, R2, stride_ke, stride_kl, stride_se, stride_sl, stride_oe, eps,
-    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+    kv_ptr, score_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, src_ptr, out_slots_ptr,
+    L, D, R2, RATIO, stride_ke, stride_kl, stride_se, stride_sl, stride_oe, stride_src, eps,
+    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, FROM_STATE: tl.constexpr, OVERLAP: tl.constexpr,
+    OUT_SLOTS: tl.constexpr,
 ):  # fmt: skip
+    """``FROM_STATE``: row ``l`` of window ``e`` is state slot ``src[e, l]`` (``kv_ptr``/``score_ptr`` the kv and
+    score halves of the state pool, ``stride_kl`` its row stride; with ``OVERLAP`` rows ``l >= RATIO`` read the
+    second ``D`` channels), and its kv is rounded to the output dtype first, as the reference's cast does.
+    ``OUT_SLOTS``: window ``e`` is written to row ``out_slots[e]`` of ``out`` (the entries pool)."""
     e = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     dm = d < D
@@ -30,15 +35,26 @@ def _compress_kernel(
     l_i = tl.zeros([BLOCK_D], dtype=tl.float32)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for l0 in range(0, L, BLOCK_L):
-        msk = (l0 + rows < L)[:, None] & dm[None, :]
-        s = tl.load(
-            score_ptr + e * stride_se + (l0 + rows)[:, None] * stride_sl + d[None, :],
-            mask=msk,
-            other=float("-inf"),
-        )
-        v = tl.load(
-            kv_ptr + e * stride_ke + (l0 + rows)[:, None] * stride_kl + d[None, :], mask=msk, other=0.0
-        )
+        lm = l0 + rows < L
+        if FROM_STATE:
+            slot = tl.load(src_ptr + e * stride_src + l0 + rows, mask=lm, other=-1)
+            msk = (slot >= 0)[:, None] & dm[None, :]
+            ch = d[None, :]
+            if OVERLAP:
+                ch = ch + tl.where(l0 + rows >= RATIO, D, 0)[:, None]
+            off = slot[:, None] * stride_kl + ch
+            s = tl.load(score_ptr + off, mask=msk, other=float("-inf"))
+            v = tl.load(kv_ptr + off, mask=msk, other=0.0).to(out_ptr.dtype.element_ty)
+        else:
+            msk = lm[:, None] & dm[None, :]
+            s = tl.load(
+                score_ptr + e * stride_se + (l0 + rows)[:, None] * stride_sl + d[None, :],
+                mask=msk,
+                other=float("-inf"),
+            )
+            v = tl.load(
+                kv_ptr + e * stride_ke + (l0 + rows)[:, None] * stride_kl + d[None, :], mask=msk, other=0.0
+            )
         m_new = tl.maximum(m_i, tl.max(s.to(tl.float32), axis=0))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp(s.to(tl.float32) - m_ref[None, :])
@@ -59,7 +75,23 @@ def _compress_kernel(
     c = tl.where(rot, tl.cos(ang), 1.0)
     s_ = tl.where(rot, tl.sin(ang), 0.0)
     y = tl.reshape(tl.join(ev * c - od * s_, ev * s_ + od * c), (BLOCK_D,))
-    tl.store(out_ptr + e * stride_oe + d, y.to(out_ptr.dtype.element_ty), mask=dm)
+    row = tl.load(out_slots_ptr + e).to(tl.int64) if OUT_SLOTS else e
+    tl.store(out_ptr + row * stride_oe + d, y.to(out_ptr.dtype.element_ty), mask=dm)
+
+
+@triton.jit
+def _state_kernel(kv_ptr, gate_ptr, ape_ptr, pos_ptr, slots_ptr, state_ptr, C, RATIO, stride_kv, stride_g,
+                  stride_state, BLOCK_C: tl.constexpr):  # fmt: skip
+    """``state[slot[t], 0] = kv[t]``, ``state[slot[t], 1] = gate[t] + ape[pos[t] % RATIO]``, in float32."""
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = c < C
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    a = tl.load(ape_ptr + (tl.load(pos_ptr + t) % RATIO) * C + c, mask=cm, other=0.0)
+    kv = tl.load(kv_ptr + t * stride_kv + c, mask=cm, other=0.0).to(tl.float32)
+    g = tl.load(gate_ptr + t * stride_g + c, mask=cm, other=0.0).to(tl.float32)
+    tl.store(state_ptr + slot * stride_state + c, kv, mask=cm)
+    tl.store(state_ptr + slot * stride_state + C + c, g + a, mask=cm)
 
 
 def compress(
@@ -80,7 +112,53 @@ def compress(
     cfg = dispatch.compress_config(L, D)
     _compress_kernel[(E,)](
         kv, score, norm_weight.float().contiguous(), positions.contiguous(), inv_freq.float().contiguous(), out,
-        L, D, inv_freq.numel(), kv.stride(0), kv.stride(1), score.stride(0), score.stride(1), out.stride(0), eps,
-        BLOCK_L=cfg.block_l, BLOCK_D=pow2(D, 2), num_warps=cfg.num_warps,
+        positions, positions, L, D, inv_freq.numel(), 0, kv.stride(0), kv.stride(1), score.stride(0), score.stride(1),
+        out.stride(0), 0, eps,
+        BLOCK_L=cfg.block_l, BLOCK_D=pow2(D, 2), FROM_STATE=False, OVERLAP=False, OUT_SLOTS=False,
+        num_warps=cfg.num_warps,
     )  # fmt: skip
     return out
+
+
+def compress_from_state(
+    state: torch.Tensor,
+    src_slots: torch.Tensor,
+    overlap: bool,
+    norm_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    out: torch.Tensor,
+    out_slots: torch.Tensor | None,
+) -> None:
+    """One launch of :meth:`AttentionOps.compress_into`'s gather + compress: windows read straight from the
+    state pool ``[S, 2, C]``; written to ``out[out_slots]`` (the entries pool) or to ``out [E, D]``."""
+    E, L = src_slots.shape
+    if E == 0:
+        return
+    C = state.shape[-1]
+    D = C // 2 if overlap else C
+    state, src_slots = state.contiguous(), src_slots.contiguous()
+    cfg = dispatch.compress_config(L, D)
+    slots = out_slots.contiguous() if out_slots is not None else src_slots
+    _compress_kernel[(E,)](
+        state, state[:, 1], norm_weight.float().contiguous(), positions.contiguous(), inv_freq.float().contiguous(),
+        out, src_slots, slots, L, D, inv_freq.numel(), L // 2 if overlap else L, 0, state.stride(0), 0, 0,
+        out.stride(0), src_slots.stride(0), eps,
+        BLOCK_L=cfg.block_l, BLOCK_D=pow2(D, 2), FROM_STATE=True, OVERLAP=overlap, OUT_SLOTS=out_slots is not None,
+        num_warps=cfg.num_warps,
+    )  # fmt: skip
+
+
+def write_state(state, slots, kv, gate, ape, positions) -> None:
+    """See :meth:`AttentionOps.write_compressor_state`: one launch."""
+    T, C = kv.shape
+    if T == 0:
+        return
+    kv = kv if kv.stride(-1) == 1 else kv.contiguous()
+    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    bc = min(1024, pow2(C, 16))
+    _state_kernel[(T, triton.cdiv(C, bc))](
+        kv, gate, ape.float().contiguous(), positions.contiguous(), slots.contiguous(), state, C, ape.shape[0],
+        kv.stride(0), gate.stride(0), state.stride(0), BLOCK_C=bc, num_warps=4,
+    )  # fmt: skip

@@ -31,3 +31,20 @@ class CudaAttentionOps(AttentionOps):
 
     def compress(self, kv, score, norm_weight, eps, positions, inv_freq) -> torch.Tensor:
         return compressor.compress(kv, score, norm_weight, eps, positions, inv_freq)
+
+    def write_compressor_state(self, state, slots, kv, gate, ape, positions) -> None:
+        compressor.write_state(state, slots, kv, gate, ape, positions)
+
+    def compress_into(self, state, src_slots, overlap, norm_weight, eps, positions, inv_freq, entries, entry_slots,
+                      kv_format=None) -> None:  # fmt: skip
+        """Gather, compress, norm, RoPE and the cache insert in one launch (two with an FP8 pool: the packing
+        store reads the compressed rows back)."""
+        args = (state, src_slots, overlap, norm_weight, eps, positions, inv_freq)
+        if kv_format is None:
+            compressor.compress_from_state(*args, entries, entry_slots)
+            return
+        rows = torch.empty(
+            (src_slots.shape[0], kv_format.head_dim), dtype=kv_format.rope_dtype, device=state.device
+        )
+        compressor.compress_from_state(*args, rows, None)
+        kv_store.store_fp8(entries, entry_slots, rows, kv_format)
