@@ -3,7 +3,8 @@
 ``experts`` runs, with no host synchronisation:
 
 1. global ids -> local expert index (``-1`` for experts another EP rank owns) via a lookup table;
-2. ``tile_schedule``: stable sort of the ``T*k`` (token, slot) pairs by local expert and the tile list;
+2. the tile schedule: stable sort of the ``T*k`` (token, slot) pairs by local expert and the tile list
+   (one launch, ``kernels/schedule.py``, up to 4,096 pairs; ``grouped_gemm.tile_schedule`` above);
 3. gate+up grouped GEMM over the gathered token rows, with the clamped SwiGLU in its epilogue -> ``h``;
 4. down grouped GEMM over ``h``, each row scaled by its routing weight and scattered back to its
    (token, slot) position;
@@ -20,7 +21,7 @@ from deepinfer_core.ops.moe import MoEOps
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
-from deepinfer_cuda_sm100.kernels import routing
+from deepinfer_cuda_sm100.kernels import routing, schedule
 from deepinfer_cuda_sm100.ops._tables import TableCache
 
 
@@ -55,21 +56,25 @@ class CudaMoEOps(MoEOps):
             return torch.zeros((T, D), dtype=x.dtype, device=x.device)
         p = self._prepared.get((experts,), lambda: _Prepared(experts, x.device))
         E = experts.num_local_experts
-        flat = ids.reshape(-1)
-        known = (flat >= 0) & (flat < p.lut.numel())
-        local = torch.where(known, p.lut[flat.clamp(0, p.lut.numel() - 1)], -1)
         active = (T * k, min(E, T * k))  # rows, and experts holding them at most
         # rows per expert that has any, expected under uniform routing (decode: mostly 1-2)
         per = T * k / max(1.0, E * (1 - (1 - min(k, E) / E) ** T))
         cfg_up = dispatch.gemm_config(per, p.w1.n, p.w1.k, p.fmt, gated=True, active=active)
         cfg_dn = dispatch.gemm_config(per, p.w2.n, p.w2.k, p.fmt2, gated=False, active=active)
         cfg_dn = replace(cfg_dn, block_m=cfg_up.block_m)
-        order, *sched = gg.tile_schedule(local, E, cfg_up.block_m)
+        fused = schedule.moe_schedule(ids, p.lut, weights, E, cfg_up.block_m)
+        if fused is not None:  # decode sizes: one launch
+            order, a_idx, row_w, *sched = fused
+        else:
+            flat = ids.reshape(-1)
+            known = (flat >= 0) & (flat < p.lut.numel())
+            local = torch.where(known, p.lut[flat.clamp(0, p.lut.numel() - 1)], -1)
+            order, *sched = gg.tile_schedule(local, E, cfg_up.block_m)
+            a_idx, row_w = order // k, weights.reshape(-1).float()[order]
         h = torch.empty((T * k, p.w1.n), dtype=x.dtype, device=x.device)
         gg.grouped_gemm(
-            x.contiguous(), p.w3, sched, h, cfg_up, a_idx=order // k, gate_table=p.w1, limit=swiglu_limit
+            x.contiguous(), p.w3, sched, h, cfg_up, a_idx=a_idx, gate_table=p.w1, limit=swiglu_limit
         )
         y = torch.zeros((T * k, D), dtype=torch.float32, device=x.device)
-        row_w = weights.reshape(-1).float()[order]
         gg.grouped_gemm(h, p.w2, sched, y, cfg_dn, c_idx=order, row_w=row_w)
         return y.view(T, k, D).sum(1).to(x.dtype)
