@@ -112,7 +112,9 @@ class RankEngine:
     def _failed_ranks(self, store: dist.Store, me: int, world: int) -> list[int]:
         """Survivors mark themselves; the rest failed. On a single host a dead process is known at once;
         otherwise live ranks mark within a grace period of our own error (their collectives fail or time
-        out together with ours)."""
+        out together with ours). A process that died after marking itself a survivor (a peer's failure
+        made it exit) is not a cause: when rank 1 hangs, rank 2 may time out, mark and exit before our
+        own timeout fires."""
         deadline = time.monotonic() + _GRACE_S
         while True:
             dead = {r for r, p in enumerate(self.ctx.procs, start=1) if p.exitcode is not None}
@@ -121,9 +123,10 @@ class RankEngine:
                 if r != me and store.check([f"deepinfer/failed/{r}"]):
                     marks[r] = store.get(f"deepinfer/failed/{r}").decode()
             origins = {r for r, m in marks.items() if m.startswith("origin")}
+            survivors = set(marks) - origins
             silent = {r for r in range(world) if r != me and r not in marks}
-            if dead:
-                return sorted(origins | dead)
+            if dead - survivors:
+                return sorted(origins | (dead - survivors))
             if not silent or time.monotonic() > deadline:
                 return sorted(origins | silent)
             time.sleep(_POLL_S)

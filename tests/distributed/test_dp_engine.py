@@ -152,3 +152,22 @@ def test_cli_generate_with_data_parallel_and_expert_parallel(ckpt, single, tmp_p
     assert main(argv) == 0
     recs = json.loads(capsys.readouterr().out)
     assert [r["outputs"][0]["token_ids"] for r in recs] == [o.outputs[0].token_ids[:2] for o in single[0][:3]]
+
+
+def test_a_survivor_that_exited_first_is_not_named(monkeypatch):
+    """Rank 1 hangs; rank 2 times out first, marks itself a survivor ("peer") and exits; rank 0's own
+    timeout fires after that. Rank 0 must name rank 1 (silent), not rank 2 (dead, but a survivor)."""
+    import types
+
+    import torch.distributed as dist
+
+    from deepinfer_core.distributed import dp_engine
+
+    monkeypatch.setattr(dp_engine, "_GRACE_S", 0.2)
+    store = dist.HashStore()
+    store.set("deepinfer/failed/2", "peer: timed out")
+    procs = [types.SimpleNamespace(exitcode=None), types.SimpleNamespace(exitcode=1)]  # ranks 1 and 2
+    fake = types.SimpleNamespace(ctx=types.SimpleNamespace(procs=procs))
+    assert dp_engine.RankEngine._failed_ranks(fake, store, 0, 3) == [1]
+    procs[0].exitcode = -9  # and when rank 1 is dead too, it alone is named at once
+    assert dp_engine.RankEngine._failed_ranks(fake, store, 0, 3) == [1]
