@@ -51,7 +51,10 @@ class AttentionOps(ABC):
     ) -> None:
         """``pool[slots] = values`` (``[N, D]`` rows), packed by ``kv_format`` when it is given.
 
-        Every slot is a valid row (padding rows of a static batch write to a scratch slot)."""
+        Slots index as torch does: ``-1`` is the pool's last slot, the scratch block that padding rows and
+        entries that close nothing in a static batch write to (``deepinfer_core.models.deepseek_v4.addressing``).
+        The same holds for the slots of :meth:`write_compressor_state` and ``entry_slots`` of
+        :meth:`compress_into`."""
         pool[slots] = values.to(pool.dtype) if kv_format is None else kv_format.pack(values)
 
     @abstractmethod

@@ -138,7 +138,7 @@ def test_fp8_kv_store_writes_the_reference_bytes(gen, dtype, dims):
     fmt = Fp8KVFormat(*dims, dtype)
     x = _spread(gen, 9, dims[0]).to(dtype)
     x[3, :7] = 0.0  # an all-small row start: the scale comes from the rest of its group
-    slots = torch.tensor([11, 0, 5, 7, 2, 15, 9, 3, 13])
+    slots = torch.tensor([11, 0, 5, 7, 2, -1, 9, 3, 13])  # -1: the last (scratch) slot, as torch indexes it
     pool = torch.zeros(16, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
     store_fp8(pool, *dev(slots, x), fmt)
     want = torch.zeros(16, fmt.row_bytes, dtype=torch.uint8)
@@ -207,8 +207,11 @@ def test_compress_into_matches_the_reference_glue(ops, gen, dtype, overlap, fp8)
 
     state, src, w, pos, inv_freq = _state_case(gen, overlap)
     fmt = Fp8KVFormat(48, 16, dtype) if fp8 else None
-    entries = torch.zeros(12, fmt.row_bytes, dtype=torch.uint8) if fp8 else torch.zeros(12, 48, dtype=dtype)
-    slots = torch.tensor([7, 0, 11, 3, 5])
+    old = rand(gen, 12, 48)  # rows already in the pool: written rows must change, the others not
+    entries = fmt.pack(old) if fp8 else old.to(dtype)
+    slots = torch.tensor(
+        [7, 0, 11, -1, 5]
+    )  # the window with no source goes to the scratch slot (-1: the last)
     ref = entries.clone()
     REF.compress_into(state, src, overlap, w, 1e-6, pos, inv_freq, ref, slots, fmt)
     got = dev(entries.clone())
@@ -216,7 +219,7 @@ def test_compress_into_matches_the_reference_glue(ops, gen, dtype, overlap, fp8)
     got = got.cpu()
     if fp8:
         got, ref = fmt.unpack(got), fmt.unpack(ref)
-    assert torch.equal(got[3], torch.zeros(48, dtype=got.dtype))  # no source: zeros
+    assert torch.equal(got[11], torch.zeros(48, dtype=got.dtype))  # no source: zeros, in the last slot
     assert torch.equal(got[[1, 2, 4, 6, 8, 9, 10]], ref[[1, 2, 4, 6, 8, 9, 10]])  # untouched rows
     assert rel_err(got, ref) < (BOUND[dtype] if not fp8 else 0.07)
 
@@ -224,7 +227,7 @@ def test_compress_into_matches_the_reference_glue(ops, gen, dtype, overlap, fp8)
 def test_write_compressor_state_matches_the_reference(ops, gen):
     state = rand(gen, 20, 2, 24)
     kv, gate = rand(gen, 6, 24, dtype=torch.bfloat16), rand(gen, 6, 24, dtype=torch.bfloat16)
-    ape, pos, slots = rand(gen, 4, 24), torch.tensor([0, 5, 6, 7, 130, 3]), torch.tensor([9, 2, 17, 0, 4, 12])
+    ape, pos, slots = rand(gen, 4, 24), torch.tensor([0, 5, 6, 7, 130, 3]), torch.tensor([9, 2, 17, 0, 4, -1])
     ref = state.clone()
     REF.write_compressor_state(ref, slots, kv, gate, ape, pos)
     got = dev(state.clone())

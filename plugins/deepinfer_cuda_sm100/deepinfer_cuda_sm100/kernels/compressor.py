@@ -19,7 +19,7 @@ from deepinfer_cuda_sm100.kernels._common import pow2
 @triton.jit
 def _compress_kernel(
     kv_ptr, score_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, src_ptr, out_slots_ptr,
-    L, D, R2, RATIO, stride_ke, stride_kl, stride_se, stride_sl, stride_oe, stride_src, eps,
+    L, D, R2, RATIO, S_OUT, stride_ke, stride_kl, stride_se, stride_sl, stride_oe, stride_src, eps,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, FROM_STATE: tl.constexpr, OVERLAP: tl.constexpr,
     OUT_SLOTS: tl.constexpr,
 ):  # fmt: skip
@@ -75,18 +75,23 @@ def _compress_kernel(
     c = tl.where(rot, tl.cos(ang), 1.0)
     s_ = tl.where(rot, tl.sin(ang), 0.0)
     y = tl.reshape(tl.join(ev * c - od * s_, ev * s_ + od * c), (BLOCK_D,))
-    row = tl.load(out_slots_ptr + e).to(tl.int64) if OUT_SLOTS else e
+    row = e
+    if OUT_SLOTS:  # slot -1 (an entry that closes nothing in a static batch): the last, scratch slot
+        row = tl.load(out_slots_ptr + e).to(tl.int64)
+        row = tl.where(row < 0, row + S_OUT, row)
     tl.store(out_ptr + row * stride_oe + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 
 
 @triton.jit
-def _state_kernel(kv_ptr, gate_ptr, ape_ptr, pos_ptr, slots_ptr, state_ptr, C, RATIO, stride_kv, stride_g,
+def _state_kernel(kv_ptr, gate_ptr, ape_ptr, pos_ptr, slots_ptr, state_ptr, C, RATIO, S, stride_kv, stride_g,
                   stride_state, BLOCK_C: tl.constexpr):  # fmt: skip
-    """``state[slot[t], 0] = kv[t]``, ``state[slot[t], 1] = gate[t] + ape[pos[t] % RATIO]``, in float32."""
+    """``state[slot[t], 0] = kv[t]``, ``state[slot[t], 1] = gate[t] + ape[pos[t] % RATIO]``, in float32; slot
+    ``-1`` (a padding row of a static batch) is the pool's last slot, the scratch block, as in torch."""
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = c < C
     slot = tl.load(slots_ptr + t).to(tl.int64)
+    slot = tl.where(slot < 0, slot + S, slot)
     a = tl.load(ape_ptr + (tl.load(pos_ptr + t) % RATIO) * C + c, mask=cm, other=0.0)
     kv = tl.load(kv_ptr + t * stride_kv + c, mask=cm, other=0.0).to(tl.float32)
     g = tl.load(gate_ptr + t * stride_g + c, mask=cm, other=0.0).to(tl.float32)
@@ -112,7 +117,7 @@ def compress(
     cfg = dispatch.compress_config(L, D)
     _compress_kernel[(E,)](
         kv, score, norm_weight.float().contiguous(), positions.contiguous(), inv_freq.float().contiguous(), out,
-        positions, positions, L, D, inv_freq.numel(), 0, kv.stride(0), kv.stride(1), score.stride(0), score.stride(1),
+        positions, positions, L, D, inv_freq.numel(), 0, E, kv.stride(0), kv.stride(1), score.stride(0), score.stride(1),
         out.stride(0), 0, eps,
         BLOCK_L=cfg.block_l, BLOCK_D=pow2(D, 2), FROM_STATE=False, OVERLAP=False, OUT_SLOTS=False,
         num_warps=cfg.num_warps,
@@ -143,7 +148,7 @@ def compress_from_state(
     slots = out_slots.contiguous() if out_slots is not None else src_slots
     _compress_kernel[(E,)](
         state, state[:, 1], norm_weight.float().contiguous(), positions.contiguous(), inv_freq.float().contiguous(),
-        out, src_slots, slots, L, D, inv_freq.numel(), L // 2 if overlap else L, 0, state.stride(0), 0, 0,
+        out, src_slots, slots, L, D, inv_freq.numel(), L // 2 if overlap else L, out.shape[0], 0, state.stride(0), 0, 0,
         out.stride(0), src_slots.stride(0), eps,
         BLOCK_L=cfg.block_l, BLOCK_D=pow2(D, 2), FROM_STATE=True, OVERLAP=overlap, OUT_SLOTS=out_slots is not None,
         num_warps=cfg.num_warps,
@@ -160,5 +165,5 @@ def write_state(state, slots, kv, gate, ape, positions) -> None:
     bc = min(1024, pow2(C, 16))
     _state_kernel[(T, triton.cdiv(C, bc))](
         kv, gate, ape.float().contiguous(), positions.contiguous(), slots.contiguous(), state, C, ape.shape[0],
-        kv.stride(0), gate.stride(0), state.stride(0), BLOCK_C=bc, num_warps=4,
+        state.shape[0], kv.stride(0), gate.stride(0), state.stride(0), BLOCK_C=bc, num_warps=4,
     )  # fmt: skip

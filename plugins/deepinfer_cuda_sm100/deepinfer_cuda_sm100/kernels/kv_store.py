@@ -34,9 +34,12 @@ def _e4m3_grid(y):
 
 @triton.jit
 def _pack_kernel(x_ptr, slots_ptr, code_ptr, rope_ptr, scale_ptr, stride_x, NOPE, ROPE, ROW, ROPE_ROW, ROPE_OFF,
-                 SCALE_ROW, SCALE_OFF, NG, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
+                 SCALE_ROW, SCALE_OFF, NG, S, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
     r = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + r).to(tl.int64)
+    slot = tl.where(
+        slot < 0, slot + S, slot
+    )  # -1: the pool's last (scratch) slot, as torch indexing reads it
     g = tl.arange(0, BLOCK_G)
     ch = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     m = ch < NOPE
@@ -65,6 +68,6 @@ def store_fp8(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt
     _pack_kernel[(n,)](
         values, slots, pool.view(torch.float8_e4m3fn), pool.view(fmt.rope_dtype), pool.view(torch.float32),
         values.stride(0), fmt.nope, fmt.rope_dim, fmt.row_bytes, fmt.row_bytes // rs, fmt.rope_offset // rs,
-        fmt.row_bytes // 4, fmt.scale_offset // 4, fmt.num_scales,
+        fmt.row_bytes // 4, fmt.scale_offset // 4, fmt.num_scales, pool.shape[0],
         GROUP=GROUP, BLOCK_G=pow2(fmt.num_scales, 1), BLOCK_R=pow2(max(fmt.rope_dim, 1), 16), num_warps=4,
     )  # fmt: skip
