@@ -156,14 +156,6 @@ def check_dense():
         ms = bench(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
         by = 2 * x.numel() + 2 * T * HIDDEN + 4 * fn.numel()
         record("hc_pre", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], ms, by, 2 * x.numel() * fn.shape[0])
-        if T <= 64:  # side by side: v7's mixes (tensor cores at every T, at most 16 splits)
-            old = (dispatch.HC_SMALL_T, dispatch.HC_MAX_SPLITS)
-            dispatch.HC_SMALL_T, dispatch.HC_MAX_SPLITS = 0, 16
-            try:
-                record("  hc_pre, v7 mixes config", f"{T}x{HC}x{HIDDEN}", None, None,
-                       bench(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)), by, 2 * x.numel() * fn.shape[0])  # fmt: skip
-            finally:
-                dispatch.HC_SMALL_T, dispatch.HC_MAX_SPLITS = old
         from deepinfer_cuda_sm100.kernels import mhc
 
         record("  hc_pre launch 1 (mixes)", f"{T}x{HC}x{HIDDEN}", None, None, bench(lambda: mhc.mixes_partials(x, fn)),
@@ -435,7 +427,7 @@ def sweep():
         cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
         for cfg in [(16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 8, 2), (32, 32, 8, 2), (64, 16, 8, 2), (16, 16, 4, 3),
                     (32, 64, 8, 2), (64, 32, 8, 1)]:  # fmt: skip
-            dispatch.attention_config = lambda *a, c=cfg: dispatch.AttentionConfig(*c)
+            dispatch.attention_config = lambda *a, c=cfg, **k: dispatch.AttentionConfig(*c)
             try:
                 ms = bench(
                     lambda: sa.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, 0.04)

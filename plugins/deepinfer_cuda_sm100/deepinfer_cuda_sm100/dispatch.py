@@ -87,10 +87,14 @@ class AttentionConfig:
     num_stages: int
 
 
-def attention_config(t: int, h: int, d: int, n_slots: int) -> AttentionConfig:
+def attention_config(t: int, h: int, d: int, n_slots: int, fp8: bool = False) -> AttentionConfig:
     """Sparse attention: ``block_h`` heads per program share each gathered KV tile."""
     if arch() == "interpreter":
         return AttentionConfig(16, 16, 4, 1)
+    if d >= 256 and fp8:
+        # packed FP8 rows decode through extra register tiles: 64 slots needed 264,704 bytes of shared
+        # memory on the H200 (limit 232,448; v8 run 10); 32 slots need about 60% of that
+        return AttentionConfig(32, 32, 8, 2)
     if d >= 256:
         # H200 sweep (NOTES.md v1): 32 heads x 64 slots, 8 warps beat 16 x 32 x 4 warps by 18% at
         # decode (T=64) and 25% at prefill (T=2048), and every other of 8 shapes tried.
@@ -152,27 +156,18 @@ class HcMixesConfig:
     splits: int
     num_warps: int
     num_stages: int
-    dot: bool = True  # tensor cores (3xTF32); False: CUDA-core float32 products for a few rows
-
-
-#: mHC mixes at up to this many tokens skip ``tl.dot`` (whose 16-row minimum would waste 15 of 16 rows at
-#: batch 1) and use CUDA-core float32 products
-HC_SMALL_T = 8
-#: most split-K programs for the mixes; the second kernel sums the partials in an unrolled loop
-HC_MAX_SPLITS = 64
 
 
 def hc_mixes_config(t: int, k: int, m: int) -> HcMixesConfig:
     """mHC mixes: split K so that about two programs per multiprocessor run at decode sizes.
 
-    v1 capped the splits at 16 because the second kernel summed the partials with one dependent load per
-    split (128 splits cost ~75 us at T=16 on the H200); the sum is unrolled now (``N_SPLIT`` constexpr)."""
-    small = t <= HC_SMALL_T
-    bt = _p2(t) if small else (16 if t <= 1024 else 32)
+    At most 16 splits: the second kernel sums the partials with one dependent load per split
+    (128 splits cost ~75 us at T=16 on the H200, v1)."""
+    bt = 16 if t <= 1024 else 32
     bk = 128 if arch() != "interpreter" else 64
     programs = _cdiv(t, bt)
-    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), HC_MAX_SPLITS))
-    return HcMixesConfig(bt, bk, splits, 4, 1 if arch() == "interpreter" else 3, dot=not small)
+    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), 16))
+    return HcMixesConfig(bt, bk, splits, 4, 1 if arch() == "interpreter" else 3)
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,8 @@ def sparse_attention(
         rs = fmt.rope_dtype.itemsize
         layout = (fmt.nope, fmt.num_scales, fmt.row_bytes // rs, fmt.rope_offset // rs, fmt.row_bytes // 4,
                   fmt.scale_offset // 4)  # fmt: skip
-    cfg = dispatch.attention_config(T, H, D, kv_slots.shape[1] + (cmp_slots.shape[1] if has_cmp else 0))
+    n_slots = kv_slots.shape[1] + (cmp_slots.shape[1] if has_cmp else 0)
+    cfg = dispatch.attention_config(T, H, D, n_slots, fp8=fmt is not None)
     grid = (T, triton.cdiv(H, cfg.block_h))
     _sparse_attn_kernel[grid](
         q, *_views(kv_pool, fmt), kv_slots, *_views(cmp_pool, fmt), cmp_slots, sinks.float().contiguous(), out,
