@@ -45,7 +45,8 @@ def power_of_two_scale(amax: torch.Tensor) -> torch.Tensor:
     ``m`` in [0.5, 1), and ``448 = 0.875 * 2**9``, ``e = k - 9`` when ``m <= 0.875``, else ``k - 8``."""
     m, k = torch.frexp(amax.float().clamp_min(_MIN_AMAX))
     e = k - 9 + (m > 0.875).to(k.dtype)
-    return torch.ldexp(torch.ones_like(m), e)
+    # 2**e from its bits: torch.ldexp multiplies by pow(2, e), which CUDA's powf need not give exactly
+    return ((e.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
 @dataclass(frozen=True)

@@ -156,18 +156,22 @@ class HcMixesConfig:
     splits: int
     num_warps: int
     num_stages: int
+    dot: bool = True  # tensor cores (3xTF32, 16 rows at least); False: CUDA-core float32 for one token
 
 
 def hc_mixes_config(t: int, k: int, m: int) -> HcMixesConfig:
     """mHC mixes: split K so that about two programs per multiprocessor run at decode sizes.
 
-    At most 16 splits: the second kernel sums the partials with one dependent load per split
-    (128 splits cost ~75 us at T=16 on the H200, v1)."""
-    bt = 16 if t <= 1024 else 32
+    v1 capped the splits at 16 because the second kernel summed the partials with one dependent load per
+    split (128 splits cost ~75 us at T=16 on the H200); it now loads all splits at once, so up to 64.
+    One token skips ``tl.dot`` (its 16-row tile would be 15/16 padding): v8 run 10 measured those mixes at
+    9.5 us against 18 us. At 8 tokens the broadcast products spilled (46 us), so only one."""
+    one = t == 1
+    bt = 1 if one else (16 if t <= 1024 else 32)
     bk = 128 if arch() != "interpreter" else 64
     programs = _cdiv(t, bt)
-    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), 16))
-    return HcMixesConfig(bt, bk, splits, 4, 1 if arch() == "interpreter" else 3)
+    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), 64))
+    return HcMixesConfig(bt, bk, splits, 4, 1 if arch() == "interpreter" else 3, dot=not one)
 
 
 @dataclass(frozen=True)

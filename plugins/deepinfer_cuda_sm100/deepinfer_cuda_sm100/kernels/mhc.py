@@ -27,8 +27,9 @@ from deepinfer_cuda_sm100.kernels._common import pow2
 
 @triton.jit
 def _hc_mixes_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, M, k_per_split, stride_xt, stride_fn,
-                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
-    """Split-K partials: ``part[s, t, :] = x[t, Ks] @ fn[:, Ks].T`` and ``sq[s, t] = sum(x[t, Ks]^2)``."""
+                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
+    """Split-K partials: ``part[s, t, :] = x[t, Ks] @ fn[:, Ks].T`` and ``sq[s, t] = sum(x[t, Ks]^2)``
+    (``DOT``: on the tensor cores, 16 rows at least; else, for one token, float32 products on the CUDA cores)."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     split = tl.program_id(1)
     rm = rows < T
@@ -46,44 +47,49 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, M, k_per_split, stri
             fn_ptr + ms[:, None] * stride_fn + k0 + ks[None, :], mask=mm[:, None] & km[None, :], other=0.0
         )
         sq += tl.sum(x * x, axis=1)
-        acc += tl.dot(x, tl.trans(f), input_precision="tf32x3")
+        if DOT:
+            acc += tl.dot(x, tl.trans(f), input_precision="tf32x3")
+        else:
+            acc += tl.sum(x[:, None, :] * f[None, :, :], axis=2)
     tl.store(part_ptr + (split * T + rows[:, None]) * M + ms[None, :], acc, mask=rm[:, None] & mm[None, :])
     tl.store(sq_ptr + split * T + rows, sq, mask=rm)
 
 
 @triton.jit
-def _load_mix(part_ptr, sq_ptr, offs, mask, t, T, M, n_split, rstd_k, eps):
-    """Sum the split-K partials of mixes ``offs`` of token ``t`` and apply the RMSNorm scalar."""
-    acc = tl.zeros(offs.shape, dtype=tl.float32)
-    sq = 0.0
-    for s in range(n_split):
-        acc += tl.load(part_ptr + (s * T + t) * M + offs, mask=mask, other=0.0)
-        sq += tl.load(sq_ptr + s * T + t)
-    return acc / tl.sqrt(sq * rstd_k + eps)
+def _load_mix(part_ptr, sq_ptr, offs, mask, t, T, M, n_split, rstd_k, eps, BLOCK_S: tl.constexpr):
+    """Sum the split-K partials of mixes ``offs`` (1-D) of token ``t`` and apply the RMSNorm scalar. All
+    splits are one ``[BLOCK_S, len(offs)]`` load, so the sum costs one memory latency, not one per split."""
+    s = tl.arange(0, BLOCK_S)
+    sm = s < n_split
+    acc = tl.load(
+        part_ptr + ((s * T + t) * M)[:, None] + offs[None, :], mask=sm[:, None] & mask[None, :], other=0.0
+    )
+    sq = tl.sum(tl.load(sq_ptr + s * T + t, mask=sm, other=0.0), axis=0)
+    return tl.sum(acc, axis=0) / tl.sqrt(sq * rstd_k + eps)
 
 
 @triton.jit
 def _hc_split_kernel(
     x_ptr, part_ptr, sq_ptr, scale_ptr, base_ptr, out_ptr, post_ptr, comb_ptr,
     T, N, D, M, n_split, stride_xt, stride_xn, stride_ot, iters, inv_k, hc_eps, norm_eps,
-    HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     db = tl.program_id(1)
     n = tl.arange(0, BLOCK_N)
     nm = n < N
-    pre_l = _load_mix(part_ptr, sq_ptr, n, nm, t, T, M, n_split, inv_k, norm_eps)
+    pre_l = _load_mix(part_ptr, sq_ptr, n, nm, t, T, M, n_split, inv_k, norm_eps, BLOCK_S)
     pre = tl.sigmoid(pre_l * tl.load(scale_ptr) + tl.load(base_ptr + n, mask=nm, other=0.0)) + hc_eps
     if not HEAD:
         if db == 0:
-            post_l = _load_mix(part_ptr, sq_ptr, N + n, nm, t, T, M, n_split, inv_k, norm_eps)
+            post_l = _load_mix(part_ptr, sq_ptr, N + n, nm, t, T, M, n_split, inv_k, norm_eps, BLOCK_S)
             post_l = post_l * tl.load(scale_ptr + 1) + tl.load(base_ptr + N + n, mask=nm, other=0.0)
             tl.store(post_ptr + t * N + n, 2.0 * tl.sigmoid(post_l), mask=nm)
             cm = nm[:, None] & nm[None, :]
             jk = n[:, None] * N + n[None, :]
-            c = _load_mix(part_ptr, sq_ptr, 2 * N + jk, cm, t, T, M, n_split, inv_k, norm_eps) * tl.load(
-                scale_ptr + 2
-            )
+            c = _load_mix(part_ptr, sq_ptr, tl.reshape(2 * N + jk, [BLOCK_NN]), tl.reshape(cm, [BLOCK_NN]), t, T, M,
+                          n_split, inv_k, norm_eps, BLOCK_S)  # fmt: skip
+            c = tl.reshape(c, [BLOCK_N, BLOCK_N]) * tl.load(scale_ptr + 2)
             c = tl.where(cm, c + tl.load(base_ptr + 2 * N + jk, mask=cm, other=0.0), float("-inf"))
             c = tl.exp(c - tl.max(c, axis=1)[:, None])
             c = tl.where(cm, c / tl.sum(c, axis=1)[:, None] + hc_eps, 0.0)
@@ -113,7 +119,7 @@ def mixes_partials(x: torch.Tensor, fn: torch.Tensor):
     sq = torch.empty((n_split, T), dtype=torch.float32, device=x.device)
     _hc_mixes_kernel[(triton.cdiv(T, cfg.block_t), n_split)](
         x, fn, part, sq, T, K, M, k_per_split, x.stride(0), fn.stride(0),
-        BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, BLOCK_M=pow2(M, 16), num_warps=cfg.num_warps,
+        BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, BLOCK_M=pow2(M, 16), DOT=cfg.dot, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
     return part, sq
@@ -130,7 +136,8 @@ def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, he
     _hc_split_kernel[(T, triton.cdiv(D, cfg.block_d))](
         x, part, sq, scale.float().contiguous(), base.float().contiguous(), out, post, comb,
         T, N, D, fn.shape[0], part.shape[0], x.stride(0), x.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps,
-        norm_eps, HEAD=head, BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+        norm_eps, HEAD=head, BLOCK_N=pow2(N), BLOCK_NN=pow2(N) ** 2, BLOCK_D=cfg.block_d,
+        BLOCK_S=pow2(part.shape[0]), num_warps=cfg.num_warps,
     )  # fmt: skip
     return out, post, comb
 
