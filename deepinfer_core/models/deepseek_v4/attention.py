@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_core.kv.fp8 import Fp8KVFormat
-from deepinfer_core.kv.spec import CacheSpec
+from deepinfer_core.kv.spec import CacheGroup, CacheSpec
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
@@ -34,10 +34,10 @@ def flat(pool: torch.Tensor) -> torch.Tensor:
 
 def entry_spec(
     name: str,
-    group,
+    group: CacheGroup,
     tokens_per_entry: int,
     head_dim: int,
-    dtype,
+    dtype: torch.dtype,
     kv_format: Fp8KVFormat | None,
     window: int = 0,
 ) -> CacheSpec:
@@ -93,10 +93,9 @@ class Compressor(Module):
         comp = addr.compression(self.ratio, self.overlap)
         if comp.entry_slots.numel() == 0:
             return
-        fp8 = {} if kv_format is None else {"kv_format": kv_format}
-        ops.attention.compress_into(
+        ops.attention.compress_into(  # new in plugin API 1.1: every implementation takes kv_format
             state, comp.src_slots, self.overlap, self.norm.value, self.eps, comp.entry_positions, inv_freq,
-            entries, comp.entry_slots, **fp8,
+            entries, comp.entry_slots, kv_format,
         )  # fmt: skip
 
 

@@ -54,18 +54,19 @@ class ScheduleCache:
     def grouped(self, rows: int, groups: int, block_m: int, device: torch.device):
         """``(row_index, tile_expert, tile_start, tile_end)`` of a grouped linear: sorted row ``g * rows + t``
         is row ``t * groups + g`` of the ``[rows * groups, K]`` input (and output); group ``g``'s tiles
-        cover sorted rows ``[g * rows, (g + 1) * rows)``. Built on the host, one copy to the device."""
+        cover sorted rows ``[g * rows, (g + 1) * rows)``. Built on the device (a host-to-device copy of
+        pageable memory would wait for the stream, and prefill sizes are not cached)."""
         key = ("grouped", rows, groups, block_m, device)
         hit = self._entries.get(key)
         if hit is not None:
             return hit
-        t = torch.arange(rows)
-        idx = (t[None, :] * groups + torch.arange(groups)[:, None]).reshape(-1)
+        i64 = dict(dtype=torch.int64, device=device)
+        g = torch.arange(groups, **i64)
+        idx = (torch.arange(rows, **i64)[None, :] * groups + g[:, None]).reshape(-1)
         per = -(-rows // block_m)
-        expert = torch.arange(groups).repeat_interleave(per)
-        start = expert * rows + torch.arange(per).repeat(groups) * block_m
-        end = (expert + 1) * rows
-        out = tuple(v.to(device) for v in (idx, expert, start, end))
+        expert = g.repeat_interleave(per)
+        start = expert * rows + torch.arange(per, **i64).repeat(groups) * block_m
+        out = (idx, expert, start, (expert + 1) * rows)
         return self._keep(key, rows, out, device)
 
     def _keep(self, key, rows: int, value, device: torch.device):

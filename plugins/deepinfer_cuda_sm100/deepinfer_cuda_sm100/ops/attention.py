@@ -19,14 +19,14 @@ class CudaAttentionOps(AttentionOps):
         )
 
     def store_kv(self, pool, slots, values, kv_format) -> None:
-        """FP8 pools: one Triton launch packs and scatters the rows; plain pools: an indexed copy."""
+        """FP8 pools: one Triton launch packs and scatters the rows; plain pools: the base class's copy."""
         if kv_format is None:
-            pool[slots] = values.to(pool.dtype)
+            super().store_kv(pool, slots, values, None)
         else:
             kv_store.store_fp8(pool, slots, values, kv_format)
 
     def indexer_topk(self, q, weights, key_pool, cand_slots, topk) -> torch.Tensor:
-        """Triton scores; selection by ``torch.topk`` on them (a fused top-k kernel is future work)."""
+        """Triton scores, then the select kernel or ``torch.topk`` as ``dispatch.indexer_select`` picks."""
         return indexer.indexer_topk(q, weights, key_pool, cand_slots, topk)
 
     def compress(self, kv, score, norm_weight, eps, positions, inv_freq) -> torch.Tensor:
