@@ -82,6 +82,20 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def bench_graph(fn, calls: int = 20) -> float:
+    """Median milliseconds of one ``fn`` call replayed inside a CUDA graph of ``calls`` calls: the kernel time
+    a decode step sees, without the host's launch cost (which ``bench`` includes for kernels of a few us)."""
+    if SMOKE:
+        return bench(fn)
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return bench(g.replay) / calls
+
+
 def record(name, shape, err=None, bound=None, ms=None, nbytes=0.0, flops=0.0, note=""):
     floor = max(nbytes / CEIL["bw"], flops / CEIL["flops"]) * 1e3 if ms is not None else None
     row = {"kernel": name, "shape": shape, "rel_err": err, "bound": bound,
@@ -229,6 +243,7 @@ def check_attention():
         record(f"sparse_attention[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
                bench(lambda: ops.sparse_attention(*args)), T * n * HEAD_DIM * 2 + 2 * q.numel() * 2,
                4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
+    check_split_kv(kv_pool, cmp_pool, sinks, scale, ref)
     check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale)
     keys = rnd(S // 4, IDX_DIM)
     for T, C in zip(sizes(8, 64, 64), (8192, 8192, 65536) if not SMOKE else (64, 64, 96)):
@@ -278,6 +293,27 @@ def check_attention():
         err = rel_err(out, ref.compress(kv, score, nw, 1e-6, pos, inv_freq)) if E == 16 else None
         record("compress", f"E={E} L={L} D={HEAD_DIM}", err, BOUND["bf16"],
                bench(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq)), E * L * HEAD_DIM * 6 + E * HEAD_DIM * 2)  # fmt: skip
+
+
+def check_split_kv(kv_pool, cmp_pool, sinks, scale, ref):
+    """Split-KV decode at the few-token sizes it is chosen for, in a graph, against one program per head block."""
+    import deepinfer_cuda_sm100.kernels.sparse_attention as sa
+
+    S = kv_pool.shape[0]
+    for T in sizes(1, 4, 16, 32):
+        q = rnd(T, HEADS, HEAD_DIM)
+        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
+        cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
+        cmp_slots[0, 200:] = -1
+        args = (q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
+        cfg = dispatch.attention_config(T, HEADS, HEAD_DIM, WINDOW + IDX_TOPK)
+        splits = dispatch.attention_splits(T * -(-HEADS // cfg.block_h), WINDOW + IDX_TOPK, cfg.block_n)
+        out = poisoned(lambda: sa.sparse_attention(*args))
+        one = bench_graph(lambda: sa.sparse_attention(*args, splits=1))
+        n = WINDOW + IDX_TOPK
+        record("sparse_attention split-KV[graph]", f"T={T} splits={splits}", rel_err(out, ref.sparse_attention(*args)),
+               BOUND["bf16"], bench_graph(lambda: sa.sparse_attention(*args)), T * n * HEAD_DIM * 2,
+               note=f"one program per head block: {one * 1e3:.1f} us")  # fmt: skip
 
 
 def check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale):

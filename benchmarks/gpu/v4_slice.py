@@ -231,6 +231,22 @@ def time_call(fn, reps: int = 20) -> float:
     return ts[len(ts) // 2]
 
 
+def step_sequence(prof, steps: int = 5) -> list[tuple[str, float]]:
+    """The last profiled step's kernels in launch order with their microseconds (which layer op is slow)."""
+    from torch.autograd import DeviceType
+
+    kernels = sorted(
+        (
+            e
+            for e in prof.events()
+            if e.device_type == DeviceType.CUDA or (SMOKE and e.name.startswith("aten::"))
+        ),
+        key=lambda e: e.time_range.start,
+    )
+    per = len(kernels) // steps
+    return [(e.name, round(e.time_range.elapsed_us(), 2)) for e in kernels[len(kernels) - per :]]
+
+
 def profile_step(sr, batch: int, ctx: int, dev) -> dict:
     """GPU time per kernel of an eager decode step (the graph replays the same kernels back to back)."""
     from torch.profiler import ProfilerActivity, profile
@@ -257,7 +273,12 @@ def profile_step(sr, batch: int, ctx: int, dev) -> dict:
     most = sorted(rows, key=lambda r: -r[2])[:25]  # where the launches are (what fusing would remove)
     by_calls = [{"kernel": k[:90], "calls": n, "ms": round(ms, 4)} for k, ms, n in most]
     log("  by launches:", by_calls)
+    seq = step_sequence(prof)
+    log(f"  one step in launch order ({len(seq)} kernels; name, us):")
+    for i in range(0, len(seq), 6):
+        log("    " + " | ".join(f"{k[:28]} {us:.1f}" for k, us in seq[i : i + 6]))
     return {
+        "sequence": seq,
         "kernel_ms_per_step": total,
         "launches_per_step": sum(r[2] for r in rows),
         "top": top,

@@ -102,6 +102,15 @@ def attention_config(t: int, h: int, d: int, n_slots: int, fp8: bool = False) ->
     return AttentionConfig(_p2(h, 16, 64), 64, 4, 2)
 
 
+def attention_splits(programs: int, n_slots: int, block_n: int) -> int:
+    """Split-KV chunks per (token, head block) for sparse attention: only while ``programs`` (tokens x head
+    blocks) fill under half the SMs (batch 1 has 2 programs for 64 heads), enough chunks of whole tiles to
+    reach about one program per SM. Prediction (NOTES.md v9): batch-1 attention 28 -> under 10 us a layer."""
+    if 2 * programs > num_sms():
+        return 1
+    return max(1, min(_cdiv(n_slots, block_n), _cdiv(num_sms(), programs)))
+
+
 @dataclass(frozen=True)
 class IndexerConfig:
     block_c: int

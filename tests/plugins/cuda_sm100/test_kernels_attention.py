@@ -42,6 +42,33 @@ def test_sparse_attention_matches_reference(ops, gen, dtype, with_cmp):
     assert rel_err(got, ref) < BOUND[dtype]
 
 
+@pytest.mark.parametrize("splits", [2, 3, 8])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_split_kv_attention_matches_reference(gen, splits, fp8):
+    """Split-KV decode (chunks of the window + compressed lists, then a combine): the same attention as the
+    reference, for chunks that straddle the two lists (37 window slots), a row with no valid slot at all
+    (only the sink: zeros) and a chunk whose slots are all padding."""
+    from deepinfer_core.kv.fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
+
+    T, H, D = 3, 20, 80
+    fmt = Fp8KVFormat(D, 16, torch.float32) if fp8 else None
+    q = rand(gen, T, H, D)
+    kv, cmp = _spread(gen, 70, D), _spread(gen, 30, D)
+    if fp8:
+        kv, cmp = fmt.pack(kv), fmt.pack(cmp)
+    kv_slots, cmp_slots = _slots(gen, T, 37, 70), _slots(gen, T, 19, 30)
+    kv_slots[1], cmp_slots[1] = -1, -1
+    kv_slots[2, :20] = -1
+    sinks = rand(gen, H)
+    got = sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt, splits=splits).cpu()
+    ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.05, fmt)
+    one = sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt, splits=1).cpu()
+    assert rel_err(got, ref) < BOUND[torch.float32]
+    assert rel_err(got, one) < BOUND[torch.float32]
+    assert torch.equal(got[1], torch.zeros(H, D))
+
+
 def test_sparse_attention_row_without_slots_is_zero(ops, gen):
     q = rand(gen, 3, 4, 16)
     kv = rand(gen, 10, 16)

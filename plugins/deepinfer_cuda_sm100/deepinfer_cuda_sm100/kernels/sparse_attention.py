@@ -7,6 +7,12 @@ whose slots are all padding returns zeros without a special case. Window slots a
 slots are two loops over two pools that feed the same running state. Decode and prefill are the
 same kernel: every query token carries its own slot lists. With an FP8 KV cache the pools are packed byte
 rows (``deepinfer_core.kv.fp8``) decoded in registers as the tile is loaded.
+
+Split-KV (flash decoding): with few query tokens (``T * H / BLOCK_H`` programs well under the SM count; at
+batch 1 that is 2 programs for 64 heads) the window and compressed slot lists, taken as one list, are cut
+into ``splits`` chunks of whole tiles, one program each. A chunk's program starts without the sink (running
+max ``-1e30``, sum 0) and writes its unnormalised state ``(m, l, acc)``; :func:`_combine_kernel` folds the
+chunks into the sink's starting state and divides.
 """
 
 from __future__ import annotations
@@ -53,12 +59,12 @@ def _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, 
 
 
 @triton.jit
-def _attend(q, pool_ptr, rope_ptr, scale_ptr, slots_ptr, n_slots, stride_pool, d, dmask, m_i, l_i, acc, qk_scale,
+def _attend(q, pool_ptr, rope_ptr, scale_ptr, slots_ptr, start, end, stride_pool, d, dmask, m_i, l_i, acc, qk_scale,
             NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T: tl.constexpr, BLOCK_N: tl.constexpr,
             FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     cols = tl.arange(0, BLOCK_N)
-    for n0 in range(0, n_slots, BLOCK_N):
-        slot = tl.load(slots_ptr + n0 + cols, mask=n0 + cols < n_slots, other=-1)
+    for n0 in range(start, end, BLOCK_N):
+        slot = tl.load(slots_ptr + n0 + cols, mask=n0 + cols < end, other=-1)
         valid = slot >= 0
         k = _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, NOPE, NG, ROPE_ROW, ROPE_OFF,
                      SCALE_ROW, SCALE_OFF, FP8, GROUP, BLOCK_N, BLOCK_D)  # fmt: skip
@@ -77,13 +83,15 @@ def _attend(q, pool_ptr, rope_ptr, scale_ptr, slots_ptr, n_slots, stride_pool, d
 @triton.jit
 def _sparse_attn_kernel(
     q_ptr, kv_ptr, kv_rope_ptr, kv_scale_ptr, kv_slots_ptr, cmp_ptr, cmp_rope_ptr, cmp_scale_ptr, cmp_slots_ptr,
-    sinks_ptr, out_ptr,
-    H, D, n_kv, n_cmp,
+    sinks_ptr, out_ptr, part_ptr, ml_ptr,
+    H, D, n_kv, n_cmp, CHUNK,
     stride_qt, stride_qh, stride_kv, stride_kvs, stride_cmp, stride_cmps, stride_ot, stride_oh,
     qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF,
     HAS_CMP: tl.constexpr, DOT_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    FP8: tl.constexpr, GROUP: tl.constexpr,
+    FP8: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
+    """``SPLIT``: program ``(t, h, s)`` covers slots ``[s * CHUNK, (s + 1) * CHUNK)`` of the window list followed
+    by the compressed list and writes ``acc`` to ``part[t, s, heads]`` and ``(m, l)`` to ``ml[t, s, heads]``."""
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = heads < H
@@ -95,19 +103,60 @@ def _sparse_attn_kernel(
         other=0.0,
     )
     q = q.to(DOT_T)
-    m_i = tl.load(sinks_ptr + heads, mask=hm, other=0.0) * 1.4426950408889634
-    l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+    if SPLIT:
+        lo = tl.program_id(2) * CHUNK
+        hi = lo + CHUNK
+        m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    else:
+        lo = 0
+        hi = n_kv + n_cmp
+        m_i = tl.load(sinks_ptr + heads, mask=hm, other=0.0) * 1.4426950408889634
+        l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    m_i, l_i, acc = _attend(q, kv_ptr, kv_rope_ptr, kv_scale_ptr, kv_slots_ptr + t * stride_kvs, n_kv, stride_kv, d,
-                            dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF,
-                            DOT_T, BLOCK_N, FP8, GROUP, BLOCK_D)  # fmt: skip
+    m_i, l_i, acc = _attend(q, kv_ptr, kv_rope_ptr, kv_scale_ptr, kv_slots_ptr + t * stride_kvs, tl.minimum(lo, n_kv),
+                            tl.minimum(hi, n_kv), stride_kv, d, dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW,
+                            ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T, BLOCK_N, FP8, GROUP, BLOCK_D)  # fmt: skip
     if HAS_CMP:
-        m_i, l_i, acc = _attend(q, cmp_ptr, cmp_rope_ptr, cmp_scale_ptr, cmp_slots_ptr + t * stride_cmps, n_cmp,
-                                stride_cmp, d, dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW,
-                                SCALE_OFF, DOT_T, BLOCK_N, FP8, GROUP, BLOCK_D)  # fmt: skip
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=hm[:, None] & dm[None, :])  # fmt: skip
+        m_i, l_i, acc = _attend(q, cmp_ptr, cmp_rope_ptr, cmp_scale_ptr, cmp_slots_ptr + t * stride_cmps,
+                                tl.maximum(lo - n_kv, 0), tl.maximum(tl.minimum(hi - n_kv, n_cmp), 0), stride_cmp, d,
+                                dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T,
+                                BLOCK_N, FP8, GROUP, BLOCK_D)  # fmt: skip
+    if SPLIT:
+        row = (t * tl.num_programs(2) + tl.program_id(2)) * H + heads
+        tl.store(part_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hm[:, None])
+        tl.store(ml_ptr + row * 2, m_i, mask=hm)
+        tl.store(ml_ptr + row * 2 + 1, l_i, mask=hm)
+    else:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=hm[:, None] & dm[None, :])  # fmt: skip
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr, ml_ptr, sinks_ptr, out_ptr, H, D, S, stride_ot, stride_oh, BLOCK_D: tl.constexpr
+):
+    """Program ``(t, h)``: the sink's state (max = sink, sum 1, no value) merged with the ``S`` chunk states."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    m_i = tl.load(sinks_ptr + h) * 1.4426950408889634
+    l_i = 1.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s in range(0, S):
+        row = (t * S + s) * H + h
+        m_s = tl.load(ml_ptr + row * 2)
+        l_s = tl.load(ml_ptr + row * 2 + 1)
+        m_new = tl.maximum(m_i, m_s)
+        a = tl.exp2(m_i - m_new)
+        b = tl.exp2(m_s - m_new)
+        l_i = l_i * a + l_s * b
+        acc = acc * a + tl.load(part_ptr + row * BLOCK_D + d) * b
+        m_i = m_new
+    tl.store(
+        out_ptr + t * stride_ot + h * stride_oh + d, (acc / l_i).to(out_ptr.dtype.element_ty), mask=d < D
+    )
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -130,8 +179,10 @@ def sparse_attention(
     sinks: torch.Tensor,
     scale: float,
     kv_format: Fp8KVFormat | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
-    """See :meth:`deepinfer_core.ops.attention.AttentionOps.sparse_attention`."""
+    """See :meth:`deepinfer_core.ops.attention.AttentionOps.sparse_attention`. ``splits``: split-KV chunks
+    (default: :func:`dispatch.attention_splits`; 1 = one program per token and head block)."""
     T, H, D = q.shape
     out = torch.empty_like(q)
     if T == 0:
@@ -143,27 +194,32 @@ def sparse_attention(
     else:
         cmp_pool, cmp_slots = kv_pool, kv_slots
     fmt = kv_format
-    layout = (
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-    )  # NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF (in elements of each view)
+    layout = (0,) * 6  # NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF (in elements of each view)
     if fmt is not None:
         rs = fmt.rope_dtype.itemsize
         layout = (fmt.nope, fmt.num_scales, fmt.row_bytes // rs, fmt.rope_offset // rs, fmt.row_bytes // 4,
                   fmt.scale_offset // 4)  # fmt: skip
-    n_slots = kv_slots.shape[1] + (cmp_slots.shape[1] if has_cmp else 0)
-    cfg = dispatch.attention_config(T, H, D, n_slots, fp8=fmt is not None)
-    grid = (T, triton.cdiv(H, cfg.block_h))
-    _sparse_attn_kernel[grid](
-        q, *_views(kv_pool, fmt), kv_slots, *_views(cmp_pool, fmt), cmp_slots, sinks.float().contiguous(), out,
-        H, D, kv_slots.shape[1], cmp_slots.shape[1] if has_cmp else 0,
+    n_kv, n_cmp = kv_slots.shape[1], cmp_slots.shape[1] if has_cmp else 0
+    cfg = dispatch.attention_config(T, H, D, n_kv + n_cmp, fp8=fmt is not None)
+    hb = triton.cdiv(H, cfg.block_h)
+    splits = dispatch.attention_splits(T * hb, n_kv + n_cmp, cfg.block_n) if splits is None else splits
+    chunk = triton.cdiv(triton.cdiv(n_kv + n_cmp, max(splits, 1)), cfg.block_n) * cfg.block_n
+    splits = triton.cdiv(n_kv + n_cmp, chunk) if splits > 1 else 1
+    bd = pow2(D, 16)
+    part = ml = out
+    if splits > 1:
+        part = torch.empty((T, splits, H, bd), dtype=torch.float32, device=q.device)
+        ml = torch.empty((T, splits, H, 2), dtype=torch.float32, device=q.device)
+    sinks = sinks.float().contiguous()
+    _sparse_attn_kernel[(T, hb, splits)](
+        q, *_views(kv_pool, fmt), kv_slots, *_views(cmp_pool, fmt), cmp_slots, sinks, out, part, ml,
+        H, D, n_kv, n_cmp, chunk,
         q.stride(0), q.stride(1), kv_pool.stride(0), kv_slots.stride(0), cmp_pool.stride(0), cmp_slots.stride(0),
         out.stride(0), out.stride(1), scale * LOG2E, *layout,
-        HAS_CMP=has_cmp, DOT_T=dot_dtype(q.dtype), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=pow2(D, 16),
-        FP8=fmt is not None, GROUP=GROUP, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_CMP=has_cmp, DOT_T=dot_dtype(q.dtype), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=bd,
+        FP8=fmt is not None, GROUP=GROUP, SPLIT=splits > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if splits > 1:
+        _combine_kernel[(T, H)](part, ml, sinks, out, H, D, splits, out.stride(0), out.stride(1), BLOCK_D=bd,
+                                num_warps=4)  # fmt: skip
     return out
