@@ -155,7 +155,17 @@ class CompressConfig:
 
 
 def compress_config(length: int, d: int) -> CompressConfig:
+    if arch() == "interpreter":  # several row blocks per window even in small tests
+        return CompressConfig(_p2(length, 1, 4), 4)
     return CompressConfig(_p2(length, 1, max(1, 4096 // _p2(d))), 4)
+
+
+def compress_splits(windows: int, length: int, block_l: int) -> int:
+    """Chunks of ``block_l`` rows per window, summed by separate programs, while ``windows`` fill under half
+    the SMs: an HCA window (128 rows of 512 channels) at decode is one program streaming 512 KB otherwise."""
+    if 2 * windows > num_sms():
+        return 1
+    return max(1, min(_cdiv(length, block_l), _cdiv(num_sms(), windows)))
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,26 @@ def test_compress_into_matches_the_reference_glue(ops, gen, dtype, overlap, fp8)
     assert rel_err(got, ref) < (BOUND[dtype] if not fp8 else 0.07)
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("splits", [2, 3, 16])
+def test_compress_in_chunks_matches_one_program(gen, overlap, splits):
+    """Long windows summed in chunks by separate programs, then merged: the reference's rows, including the
+    window with no source (zeros) and the one with an empty first half; the chunk sums are an online
+    softmax, so equal to one program's up to rounding."""
+    from deepinfer_cuda_sm100.kernels.compressor import compress_from_state
+
+    state, src, w, pos, inv_freq = _state_case(gen, overlap, ratio=16)
+    D = state.shape[-1] // (2 if overlap else 1)
+    ref = torch.zeros(src.shape[0], D)
+    REF.compress_into(state, src, overlap, w, 1e-6, pos, inv_freq, ref, torch.arange(src.shape[0]), None)
+    got, one = dev(torch.zeros_like(ref)), dev(torch.zeros_like(ref))
+    compress_from_state(*dev(state, src), overlap, dev(w), 1e-6, *dev(pos, inv_freq), got, None, splits)
+    compress_from_state(*dev(state, src), overlap, dev(w), 1e-6, *dev(pos, inv_freq), one, None, 1)
+    assert rel_err(got.cpu(), ref) < BOUND[torch.float32]
+    assert rel_err(got.cpu(), one.cpu()) < 1e-5
+    assert torch.equal(got[3].cpu(), torch.zeros(D))
+
+
 def test_write_compressor_state_matches_the_reference(ops, gen):
     state = rand(gen, 20, 2, 24)
     kv, gate = rand(gen, 6, 24, dtype=torch.bfloat16), rand(gen, 6, 24, dtype=torch.bfloat16)
