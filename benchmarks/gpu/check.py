@@ -293,6 +293,33 @@ def check_attention():
         err = rel_err(out, ref.compress(kv, score, nw, 1e-6, pos, inv_freq)) if E == 16 else None
         record("compress", f"E={E} L={L} D={HEAD_DIM}", err, BOUND["bf16"],
                bench(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq)), E * L * HEAD_DIM * 6 + E * HEAD_DIM * 2)  # fmt: skip
+    check_compress_into(ref, nw, inv_freq)
+
+
+def check_compress_into(ref, nw, inv_freq):
+    """``compress_into`` from the state pool at decode (one window per token), in a graph: HCA's 128-row windows
+    in chunks against one program per window, and CSA's 8-row overlapping windows."""
+    from deepinfer_cuda_sm100.kernels import compressor
+
+    S = 4096
+    for E, L, overlap in ((1, 128, False), (16, 128, False), (1, 8, True), (16, 8, True)):
+        C = 2 * HEAD_DIM if overlap else HEAD_DIM
+        state = rnd(S, 2, C, dtype=F32)
+        src = torch.randint(0, S, (E, L), device=DEV, generator=G)
+        src[0, : L // 2] = -1
+        pos = torch.randint(0, 1 << 20, (E,), device=DEV, generator=G)
+        slots = torch.randperm(S, device=DEV, generator=G)[:E]
+        out = torch.zeros(S, HEAD_DIM, dtype=BF16, device=DEV)
+        args = (state, src, overlap, nw, 1e-6, pos, inv_freq)
+        want = out.clone()
+        ref.compress_into(*args, want, slots, None)
+        compressor.compress_from_state(*args, out, slots)
+        cfg = dispatch.compress_config(L, HEAD_DIM)
+        one = bench_graph(lambda: compressor.compress_from_state(*args, out, slots, 1))
+        record("compress_into[graph]", f"E={E} L={L} D={HEAD_DIM} splits={dispatch.compress_splits(E, L, cfg.block_l)}",
+               rel_err(out[slots], want[slots]), BOUND["bf16"],
+               bench_graph(lambda: compressor.compress_from_state(*args, out, slots)), E * L * C * 8,
+               note=f"one program per window: {one * 1e3:.1f} us")  # fmt: skip
 
 
 def check_split_kv(kv_pool, cmp_pool, sinks, scale, ref):
