@@ -59,3 +59,33 @@ class ExpertWeights:
     @property
     def num_local_experts(self) -> int:
         return len(self.w1)
+
+
+def concat_rows(weights: list[Weight]) -> tuple[Weight, list[Weight]] | None:
+    """Linears that read the same input as one ``[sum(out), in]`` matrix, plus each one's row view of it, or
+    ``None`` where they cannot share a matrix: plain tensors of one dtype, or FP8-block weights whose row
+    counts (all but the last) are whole 128-row scale blocks. One GEMV instead of several at decode."""
+    if len({w.shape[1] for w in weights}) != 1 or len(weights) < 2:
+        return None
+    if all(isinstance(w, torch.Tensor) for w in weights):
+        if len({w.dtype for w in weights}) != 1:
+            return None
+        fused = torch.cat(weights, dim=0)
+        rows = [w.shape[0] for w in weights]
+        return fused, list(fused.split(rows, dim=0))
+    fp8 = all(isinstance(w, QuantizedWeight) and w.format == "fp8_block" for w in weights)
+    if not fp8 or any(w.out_features % 128 for w in weights[:-1]):
+        return None
+    data = torch.cat([w.data for w in weights], dim=0)
+    scale = torch.cat([w.scale for w in weights], dim=0)
+    fused = QuantizedWeight(data, scale, "fp8_block", (data.shape[0], data.shape[1]))
+    views, r = [], 0
+    for w in weights:
+        n = w.out_features
+        views.append(
+            QuantizedWeight(
+                data[r : r + n], scale[r // 128 : -(-(r + n) // 128)], "fp8_block", (n, w.in_features)
+            )
+        )
+        r += n
+    return fused, views

@@ -70,3 +70,32 @@ def test_published_storage_dtypes_round_trip(tmp_path):
     back = load_file(str(tmp_path / "x.safetensors"))
     assert torch.equal(fp4_data_to_uint8(back["w"]), q.data)
     assert torch.equal(back["s"].float(), q.scale)  # ue8m0 scales are exact powers of two
+
+
+def test_concat_rows_fuses_linears_that_share_an_input():
+    """One matrix for several linears of one input (decode: one GEMV instead of several): the fused product is
+    the products side by side, and the row views are the original weights."""
+    from deepinfer_core.ops.reference.dense import ReferenceDenseOps
+    from deepinfer_core.ops.weights import concat_rows
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 256, generator=g)
+    ops = ReferenceDenseOps()
+    ws = [quantize_fp8_block(torch.randn(n, 256, generator=g) * 0.1, "ue8m0") for n in (256, 128, 96)]
+    fused, views = concat_rows(ws)
+    want = torch.cat([ops.linear(x, w) for w in ws], dim=-1)
+    assert torch.equal(ops.linear(x, fused), want)
+    for w, v in zip(ws, views):
+        assert torch.equal(v.data, w.data) and torch.equal(v.scale, w.scale) and v.shape == w.shape
+        assert v.data.data_ptr() >= fused.data.data_ptr()  # a view: no second copy
+    plain = [torch.randn(n, 64, generator=g) for n in (5, 7)]
+    fused, views = concat_rows(plain)
+    assert fused.shape == (12, 64) and all(torch.equal(a, b) for a, b in zip(plain, views))
+    # FP8 row counts off the 128-row scale blocks, mixed formats or dtypes, other input widths: no fusion
+    assert (
+        concat_rows([quantize_fp8_block(torch.randn(n, 256, generator=g), "ue8m0") for n in (96, 128)])
+        is None
+    )
+    assert concat_rows([ws[0], torch.randn(8, 256)]) is None
+    assert concat_rows([plain[0], plain[1].double()]) is None
+    assert concat_rows([plain[0], torch.randn(5, 32)]) is None

@@ -18,7 +18,7 @@ from deepinfer_core.kv.fp8 import Fp8KVFormat
 from deepinfer_core.kv.spec import CacheGroup, CacheSpec
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
-from deepinfer_core.models.deepseek_v4.params import Module, Slot
+from deepinfer_core.models.deepseek_v4.params import Module, SharedInput, Slot
 from deepinfer_core.models.deepseek_v4.rope import layer_inv_freq
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
@@ -74,7 +74,8 @@ class Compressor(Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        kv: torch.Tensor,
+        gate: torch.Tensor,
         addr: StepAddressing,
         pools: Pools,
         entries: torch.Tensor,
@@ -82,11 +83,9 @@ class Compressor(Module):
         inv_freq: torch.Tensor,
         kv_format: Fp8KVFormat | None = None,
     ) -> None:
-        """Write the step's per-token state, then every entry whose window closes in the step (packed by
-        ``kv_format`` when the entries pool is an FP8 KV pool)."""
+        """From the step's ``wkv`` and ``wgate`` projections: write the per-token state, then every entry whose
+        window closes in the step (packed by ``kv_format`` when the entries pool is an FP8 KV pool)."""
         state = flat(pools[f"{self.name}.state"])
-        kv = ops.dense.linear(x, self.wkv.value)
-        gate = ops.dense.linear(x, self.wgate.value)
         ops.attention.write_compressor_state(
             state, addr.token_slots, kv, gate, self.ape.value, addr.positions
         )
@@ -115,20 +114,22 @@ class Indexer(Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        proj: list[torch.Tensor],
         qr: torch.Tensor,
         addr: StepAddressing,
         pools: Pools,
         ops: Backends,
         inv_freq: torch.Tensor,
     ) -> torch.Tensor:
-        """-> ``[T, k]`` compressed-pool slots each query attends (``-1`` padding)."""
+        """``proj``: the step's compressor ``wkv``, ``wgate`` and ``weights_proj`` projections -> ``[T, k]``
+        compressed-pool slots each query attends (``-1`` padding)."""
         keys = flat(pools[f"{self.name}.keys"])
-        self.compressor.forward(x, addr, pools, keys, ops, inv_freq)
+        kv, gate, weights = proj
+        self.compressor.forward(kv, gate, addr, pools, keys, ops, inv_freq)
         hi, di = self.cfg.index_n_heads, self.cfg.index_head_dim
-        q = ops.dense.linear(qr, self.wq_b.value).view(x.shape[0], hi, di)
+        q = ops.dense.linear(qr, self.wq_b.value).view(qr.shape[0], hi, di)
         q = ops.dense.rope(q, addr.positions, inv_freq)
-        weights = ops.dense.linear(x, self.weights_proj.value).float() * (di**-0.5 * hi**-0.5)
+        weights = weights.float() * (di**-0.5 * hi**-0.5)
         cand = addr.compression(self.ratio, True).cand_slots
         cols = ops.attention.indexer_topk(q, weights, keys, cand, self.cfg.index_topk)
         return torch.where(cols >= 0, cand.gather(1, cols.clamp(min=0)), -1)
@@ -162,6 +163,15 @@ class Attention(Module):
 
     def post_load(self) -> None:
         self.inv_freq = self.inv_freq.to(self.attn_sink.value.device)  # RoPE frequencies beside the weights
+        # the projections of the layer input: FP8 ``wq_a`` + ``wkv``, and the BF16 compressor/indexer ones
+        self.x_proj = SharedInput([self.wq_a, self.wkv])
+        side = []
+        if self.kind != SLIDING:
+            side = [self.compressor.wkv, self.compressor.wgate]
+        if self.kind == CSA:
+            ic = self.indexer.compressor
+            side += [ic.wkv, ic.wgate, self.indexer.weights_proj]
+        self.side_proj = SharedInput(side) if side else None
 
     def _split_groups(self, w: Weight) -> list[Weight]:
         """``wo_a`` as one ``[o_lora_rank, in/groups]`` weight per output group (FP8 stays FP8 when the
@@ -197,10 +207,11 @@ class Attention(Module):
         """``x [T, hidden]`` (normed) -> ``[T, hidden]``."""
         cfg, dense, pos = self.cfg, ops.dense, addr.positions
         t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
-        qr = dense.rms_norm(dense.linear(x, self.wq_a.value), self.q_norm.value, cfg.rms_norm_eps)
+        qr, kv = self.x_proj(x, ops)
+        qr = dense.rms_norm(qr, self.q_norm.value, cfg.rms_norm_eps)
         q = dense.rms_norm(dense.linear(qr, self.wq_b.value).view(t, h, d), None, cfg.rms_norm_eps)
         q = dense.rope(q, pos, self.inv_freq)
-        kv = dense.rms_norm(dense.linear(x, self.wkv.value), self.kv_norm.value, cfg.rms_norm_eps)
+        kv = dense.rms_norm(kv, self.kv_norm.value, cfg.rms_norm_eps)
         kv = dense.rope(kv.view(t, 1, d), pos, self.inv_freq).view(t, d)
         swa = flat(pools[f"{self.name}.swa_kv"])
         ops.attention.store_kv(swa, addr.token_slots, kv, self.kv_format)
@@ -216,9 +227,10 @@ class Attention(Module):
         if self.kind == SLIDING:
             return None, None
         entries = flat(pools[f"{self.name}.compressor.kv"])
-        self.compressor.forward(x, addr, pools, entries, ops, self.inv_freq, self.kv_format)
+        kv, gate, *indexer = self.side_proj(x, ops)
+        self.compressor.forward(kv, gate, addr, pools, entries, ops, self.inv_freq, self.kv_format)
         if self.kind == CSA:
-            return entries, self.indexer.forward(x, qr, addr, pools, ops, self.inv_freq)
+            return entries, self.indexer.forward(indexer, qr, addr, pools, ops, self.inv_freq)
         return entries, addr.compression(self.ratio, False).cand_slots
 
     def _output(self, groups: torch.Tensor, ops: Backends) -> torch.Tensor:

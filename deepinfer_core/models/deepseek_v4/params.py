@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import torch
 
-from deepinfer_core.ops.weights import QuantizedWeight
+from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.weights import QuantizedWeight, concat_rows
 from deepinfer_core.quant.formats import fp4_data_to_uint8, scale_to_float32
 
 SlotKind = Literal["linear", "float32", "model", "index"]
@@ -66,6 +67,27 @@ def quantized(
     return QuantizedWeight(
         data=fp4_data_to_uint8(data).to(device), scale=s, format="fp4_e2m1", shape=(shape[0], shape[1])
     )
+
+
+class SharedInput:
+    """Linear slots that read the same input, run as one matrix (:func:`concat_rows`) where their formats allow
+    it, else one by one. Built after load; the slots then hold row views of the fused matrix (no extra
+    memory). Decode runs one GEMV per layer for ``wq_a`` + ``wkv`` instead of two, and one for the BF16
+    compressor and indexer projections instead of up to five."""
+
+    def __init__(self, slots: list[Slot]):
+        self.slots = slots
+        self.sizes = [s.value.shape[0] for s in slots]
+        both = concat_rows([s.value for s in slots])
+        self.fused = None if both is None else both[0]
+        if both is not None:
+            for s, view in zip(slots, both[1]):
+                s.value = view
+
+    def __call__(self, x: torch.Tensor, ops: Backends) -> list[torch.Tensor]:
+        if self.fused is None:
+            return [ops.dense.linear(x, s.value) for s in self.slots]
+        return list(ops.dense.linear(x, self.fused).split(self.sizes, dim=-1))
 
 
 class Module:
