@@ -158,3 +158,22 @@ def test_grouped_linear_is_one_gemm_matching_the_reference(ops, gen, gemm_kind, 
     orig = dispatch.gemm_config
     monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: replace(orig(*a, **k), split_k=3))
     assert rel_err(ops.grouped_linear(dev(x), [_to_dev(w) for w in ws]), want) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
+@pytest.mark.parametrize("block_k,split_k", [(256, 1), (128, 3)])
+def test_one_row_gemv_with_whole_scale_blocks(ops, gen, fmt, block_k, split_k, monkeypatch):
+    """The decode GEMV's unmasked path (K whole steps, N whole blocks): FP8 tiles of whole 128-wide scale blocks,
+    gated (SwiGLU) and not, with and without split-K; against the reference, and beside N with a partial block
+    (the masked path)."""
+    from deepinfer_cuda_sm100 import dispatch
+
+    cfg = dispatch.GemmConfig(1, 16, block_k, 4, 1, split_k=split_k, gemv=True)
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: cfg)
+    x = rand(gen, 1, 768, dtype=torch.bfloat16)
+    for n in (256, 144):
+        w = _weight(gen, fmt, n, 768)
+        assert rel_err(ops.linear(dev(x), _to_dev(w)), REF.linear(x, w)) < BOUND[torch.bfloat16], n
+    w1, w3, w2 = _weight(gen, fmt, 256, 768), _weight(gen, fmt, 256, 768), _weight(gen, fmt, 768, 256)
+    got = ops.swiglu_mlp(dev(x), *(_to_dev(v) for v in (w1, w3, w2)), 0.5)
+    assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]

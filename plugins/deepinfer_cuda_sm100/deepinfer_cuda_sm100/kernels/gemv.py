@@ -135,42 +135,36 @@ def _tile(base, n, nm, k0, K, stride_wn, BLOCK_K: tl.constexpr, FMT: tl.constexp
 
 
 @triton.jit
-def _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K: tl.constexpr):
+def _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr = False):
     """FP8 block scales along K for the 128-row block holding ``n0``."""
     ks = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(s_base + (n0 // 128) * stride_sn + (ks // 128) * stride_sk, mask=ks < K, other=0.0)
+    if ALIGNED:
+        return tl.load(s_base + (n0 // 128) * stride_sn + (ks // 128) * stride_sk)
+    else:
+        return tl.load(s_base + (n0 // 128) * stride_sn + (ks // 128) * stride_sk, mask=ks < K, other=0.0)
 
 
 @triton.jit
-def _grouped_gemv_kernel(
-    a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr,
-    w_tab, s_tab, up_tab, up_s_tab,
-    tile_expert_ptr, tile_start_ptr, tile_end_ptr,
-    N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
-    ws_ptr, R, k_per_split,
-    FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr,
-    GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr,
-):  # fmt: skip
-    tile = tl.program_id(0)
-    ex = tl.load(tile_expert_ptr + tile)
-    if ex < 0:
-        return
-    r0 = tl.load(tile_start_ptr + tile)
-    r1 = tl.load(tile_end_ptr + tile)
-    n0 = tl.program_id(1) * BLOCK_N
-    n = n0 + tl.arange(0, BLOCK_N)
-    nm = n < N
+def _row_tile(base, n, nm, k0, K, stride_wn, BLOCK_K: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr,
+              EVEN_N: tl.constexpr):  # fmt: skip
+    """:func:`_tile`, without any mask when the tile lies inside the matrix (``ALIGNED`` and ``EVEN_N``)."""
+    if FMT == 1 and ALIGNED and EVEN_N:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ptr = base + n[:, None] * stride_wn + ks[None, :]
+        return tl.load(tl.max_contiguous(tl.multiple_of(ptr, [16, 16]), [1, 16])).to(tl.float32)
+    else:
+        return _tile(base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED)
+
+
+@triton.jit
+def _few_rows(a_ptr, a_idx_ptr, r0, r1, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0, k_lo, k_hi, K,
+              stride_wn, stride_sn, stride_sk, FMT: tl.constexpr, GATED: tl.constexpr, HAS_A_IDX: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
+              FP4_ASM: tl.constexpr):  # fmt: skip
+    """Tiles of 2-8 rows: each weight tile is reduced against every row of the tile in turn."""
     mi = tl.arange(0, BLOCK_M)
-    w_base = weight_base(w_tab, ex, W_T, ALIGNED)
-    s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
-    up_base = weight_base(up_tab, ex, W_T, ALIGNED)
-    up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_lo = tl.program_id(2) * k_per_split
-    k_hi = tl.minimum(K, k_lo + k_per_split)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if FMT == 2:
             w_lo, w_hi, w_s = _fp4_tile(
@@ -218,6 +212,126 @@ def _grouped_gemv_kernel(
             acc = tl.where(mi[:, None] == m, acc + p[None, :], acc)
             if GATED:
                 acc2 = tl.where(mi[:, None] == m, acc2 + p2[None, :], acc2)
+    return acc, acc2
+
+
+@triton.jit
+def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0, k_lo, k_hi, K,
+             stride_wn, stride_sn, stride_sk, FMT: tl.constexpr, GATED: tl.constexpr, HAS_A_IDX: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr,
+             EVEN_N: tl.constexpr):  # fmt: skip
+    """One row per tile (decode): the products accumulate elementwise in a tile-shaped float32 register array
+    and are reduced across threads once, after the K loop, not once per K step (that reduction's shuffles and
+    barriers were about half the FP8 loop's instructions; NOTES.md v9)."""
+    if HAS_A_IDX:
+        a_row = tl.load(a_idx_ptr + r0)
+    else:
+        a_row = r0
+    x_base = a_ptr + a_row.to(tl.int64) * stride_am
+    if FMT == 2:
+        acc_t = tl.zeros([BLOCK_N, BLOCK_K // 32, 16], dtype=tl.float32)
+    elif FMT == 1 and ALIGNED and EVEN_N and BLOCK_K % 128 == 0:
+        acc_t = tl.zeros([BLOCK_N, BLOCK_K // 128, 128], dtype=tl.float32)
+    else:
+        acc_t = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2_t = tl.zeros_like(acc_t)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if FMT == 1 and ALIGNED and EVEN_N and BLOCK_K % 128 == 0:
+            # whole 128-wide scale blocks, no masks: [BLOCK_N, BLOCK_K / 128, 128] tiles, one scale per block
+            kb = k0 + tl.arange(0, BLOCK_K // 128)[:, None] * 128 + tl.arange(0, 128)[None, :]
+            x = tl.load(x_base + kb).to(tl.float32)
+            sb = k0 // 128 + tl.arange(0, BLOCK_K // 128)
+            w_ptr = w_base + n[:, None, None] * stride_wn + kb[None, :, :]
+            sc = tl.load(s_base + (n0 // 128) * stride_sn + sb * stride_sk)
+            w = tl.load(tl.max_contiguous(tl.multiple_of(w_ptr, [1, 16, 16]), [1, 1, 16])).to(tl.float32)
+            acc_t += w * (x * sc[:, None])[None, :, :]
+            if GATED:
+                u_ptr = up_base + n[:, None, None] * stride_wn + kb[None, :, :]
+                su = tl.load(up_s_base + (n0 // 128) * stride_sn + sb * stride_sk)
+                u = tl.load(tl.max_contiguous(tl.multiple_of(u_ptr, [1, 16, 16]), [1, 1, 16])).to(tl.float32)
+                acc2_t += u * (x * su[:, None])[None, :, :]
+        elif FMT == 2:
+            ke = k0 + tl.arange(0, BLOCK_K // 32)[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
+            xe = tl.load(x_base + ke, mask=ke < K, other=0.0).to(tl.float32)[None, :, :]
+            xo = tl.load(x_base + ke + 1, mask=ke + 1 < K, other=0.0).to(tl.float32)[None, :, :]
+            w_lo, w_hi, w_s = _fp4_tile(
+                w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM
+            )
+            if FP4_ASM:  # scales applied by the decode
+                acc_t += w_lo * xe + w_hi * xo
+            else:
+                acc_t += (w_lo * xe + w_hi * xo) * w_s[:, :, None]
+            if GATED:
+                u_lo, u_hi, u_s = _fp4_tile(
+                    up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM
+                )
+                if FP4_ASM:
+                    acc2_t += u_lo * xe + u_hi * xo
+                else:
+                    acc2_t += (u_lo * xe + u_hi * xo) * u_s[:, :, None]
+        else:
+            ks = k0 + tl.arange(0, BLOCK_K)
+            if ALIGNED:  # K is whole steps: no mask (and no predicated loads) along K
+                x = tl.load(x_base + ks).to(tl.float32)
+            else:
+                x = tl.load(x_base + ks, mask=ks < K, other=0.0).to(tl.float32)
+            xw = x
+            if FMT == 1:
+                xw = x * _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED)
+            acc_t += _row_tile(w_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xw[None, :]
+            if GATED:
+                xu = x
+                if FMT == 1:
+                    xu = x * _k_scale(up_s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED)
+                acc2_t += (
+                    _row_tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xu[None, :]
+                )
+    if FMT == 2 or (FMT == 1 and ALIGNED and EVEN_N and BLOCK_K % 128 == 0):
+        acc = tl.sum(tl.sum(acc_t, axis=2), axis=1)[None, :]
+        acc2 = tl.sum(tl.sum(acc2_t, axis=2), axis=1)[None, :]
+    else:
+        acc = tl.sum(acc_t, axis=1)[None, :]
+        acc2 = tl.sum(acc2_t, axis=1)[None, :]
+    return acc, acc2
+
+
+@triton.jit
+def _grouped_gemv_kernel(
+    a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr,
+    w_tab, s_tab, up_tab, up_s_tab,
+    tile_expert_ptr, tile_start_ptr, tile_end_ptr,
+    N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
+    ws_ptr, R, k_per_split,
+    FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr,
+    GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
+):  # fmt: skip
+    """``EVEN_N``: ``N`` is whole ``BLOCK_N`` blocks (with ``ALIGNED``, one-row FP8 tiles load without masks)."""
+    tile = tl.program_id(0)
+    ex = tl.load(tile_expert_ptr + tile)
+    if ex < 0:
+        return
+    r0 = tl.load(tile_start_ptr + tile)
+    r1 = tl.load(tile_end_ptr + tile)
+    n0 = tl.program_id(1) * BLOCK_N
+    n = n0 + tl.arange(0, BLOCK_N)
+    nm = n < N
+    mi = tl.arange(0, BLOCK_M)
+    w_base = weight_base(w_tab, ex, W_T, ALIGNED)
+    s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
+    up_base = weight_base(up_tab, ex, W_T, ALIGNED)
+    up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
+    k_lo = tl.program_id(2) * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    if BLOCK_M == 1:
+        acc, acc2 = _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0, k_lo,
+                             k_hi, K, stride_wn, stride_sn, stride_sk, FMT, GATED, HAS_A_IDX, BLOCK_N, BLOCK_K,
+                             ALIGNED, FP4_ASM, EVEN_N)  # fmt: skip
+    else:
+        acc, acc2 = _few_rows(a_ptr, a_idx_ptr, r0, r1, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0,
+                              k_lo, k_hi, K, stride_wn, stride_sn, stride_sk, FMT, GATED, HAS_A_IDX, BLOCK_M,
+                              BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM)  # fmt: skip
     rows = r0 + mi
     store_tile(acc, acc2, rows, rows < r1, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
                GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip

@@ -345,7 +345,7 @@ def grouped_gemm(
     )  # fmt: skip
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
         ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])
-        _grouped_gemv_kernel[grid](*args, FP4_ASM=ptx, **meta)
+        _grouped_gemv_kernel[grid](*args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0, **meta)
     else:
         asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
