@@ -251,14 +251,20 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
                 u = tl.load(tl.max_contiguous(tl.multiple_of(u_ptr, [1, 16, 16]), [1, 1, 16])).to(tl.float32)
                 acc2_t += u * (x * su[:, None])[None, :, :]
         elif FMT == 2:
-            ke = k0 + tl.arange(0, BLOCK_K // 32)[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
-            xe = tl.load(x_base + ke, mask=ke < K, other=0.0).to(tl.float32)[None, :, :]
-            xo = tl.load(x_base + ke + 1, mask=ke + 1 < K, other=0.0).to(tl.float32)[None, :, :]
+            if ALIGNED:  # whole steps: the even and odd K positions from one contiguous load
+                kx = k0 + tl.arange(0, BLOCK_K)
+                xe, xo = tl.split(tl.reshape(tl.load(x_base + kx).to(tl.float32), (BLOCK_K // 32, 16, 2)))
+                xe, xo = xe[None, :, :], xo[None, :, :]
+            else:
+                ke = k0 + tl.arange(0, BLOCK_K // 32)[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
+                xe = tl.load(x_base + ke, mask=ke < K, other=0.0).to(tl.float32)[None, :, :]
+                xo = tl.load(x_base + ke + 1, mask=ke + 1 < K, other=0.0).to(tl.float32)[None, :, :]
             w_lo, w_hi, w_s = _fp4_tile(
                 w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM
             )
-            if FP4_ASM:  # scales applied by the decode
-                acc_t += w_lo * xe + w_hi * xo
+            if FP4_ASM:  # scales applied by the decode; two FMAs per pair (not a multiply, an FMA and an add)
+                acc_t += w_lo * xe
+                acc_t += w_hi * xo
             else:
                 acc_t += (w_lo * xe + w_hi * xo) * w_s[:, :, None]
             if GATED:
@@ -266,7 +272,8 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
                     up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM
                 )
                 if FP4_ASM:
-                    acc2_t += u_lo * xe + u_hi * xo
+                    acc2_t += u_lo * xe
+                    acc2_t += u_hi * xo
                 else:
                     acc2_t += (u_lo * xe + u_hi * xo) * u_s[:, :, None]
         else:
