@@ -44,6 +44,8 @@ import time
 import traceback
 
 import torch
+from bench_common import RESULTS, SMOKE, ceilings, cuda_runtime, log, make_llm, profile_step, sync, time_call
+from mask_sections import section_engine_mask, section_mask  # noqa: F401 - sections, called by name
 from slice_model import (
     FLASH,
     RATIOS,
@@ -54,55 +56,6 @@ from slice_model import (
     prefill_flops,
     weight_bytes,
 )
-
-RESULTS: dict = {}
-#: ``--smoke``: the slice section at toy sizes on the CPU reference backend (checks this script itself)
-SMOKE = "--smoke" in sys.argv
-
-
-def log(*a) -> None:
-    print(*a, flush=True)
-
-
-# ----------------------------------------------------------------------------------------- ceilings
-
-
-def ceilings(dev) -> dict[str, float]:
-    import triton
-
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device=dev)
-    b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=5, rep=50)
-    copy_bw = 2 * n / (ms * 1e-3)
-    x = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
-    ms = triton.testing.do_bench(lambda: x @ x, warmup=5, rep=50)
-    mm = 2 * 8192**3 / (ms * 1e-3)
-    a = b = x = None
-    torch.cuda.empty_cache()
-    return {"copy_bytes_per_s": copy_bw, "bf16_matmul_flops": mm}
-
-
-# ----------------------------------------------------------------------------------------- runtime
-
-
-def cuda_runtime(config):
-    import deepinfer_cuda_sm100.plugin as cuda_plugin
-    import deepinfer_structured.plugin as structured_plugin
-    from deepinfer_core.runtime import build_runtime
-
-    return build_runtime(config, extra_plugins=[cuda_plugin, structured_plugin])
-
-
-def make_llm(path: str, backend: str, **kw):
-    from deepinfer_core.config import load_config
-    from deepinfer_core.engine.llm import LLM
-    from deepinfer_core.engine.llm_engine import LLMEngine
-
-    config = load_config(environ={}, model=path, backend=backend, **kw)
-    rt = cuda_runtime(config) if backend == "cuda_sm100" else None
-    return LLM.from_engine(LLMEngine.from_config(config, rt))
-
 
 # ----------------------------------------------------------------------------------------- greedy
 
@@ -209,83 +162,6 @@ def sync_check(llm, prompt) -> str:
 # ----------------------------------------------------------------------------------------- the slice
 
 
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def time_call(fn, reps: int = 20) -> float:
-    """Median milliseconds of ``fn`` (synchronised), after 3 warm-up calls."""
-    if SMOKE:
-        reps = 1
-    for _ in range(1 if SMOKE else 3):
-        fn()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def step_sequence(prof, steps: int = 5) -> list[tuple[str, float]]:
-    """The last profiled step's kernels in launch order with their microseconds (which layer op is slow)."""
-    from torch.autograd import DeviceType
-
-    kernels = sorted(
-        (
-            e
-            for e in prof.events()
-            if e.device_type == DeviceType.CUDA or (SMOKE and e.name.startswith("aten::"))
-        ),
-        key=lambda e: e.time_range.start,
-    )
-    per = len(kernels) // steps
-    return [(e.name, round(e.time_range.elapsed_us(), 2)) for e in kernels[len(kernels) - per :]]
-
-
-def profile_step(sr, batch: int, ctx: int, dev) -> dict:
-    """GPU time per kernel of an eager decode step (the graph replays the same kernels back to back)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fb = sr.batch(batch, ctx, graph=False).to(dev)
-    sr.runner.run(fb)
-    sync()
-    with profile(activities=[ProfilerActivity.CPU if SMOKE else ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            sr.runner.run(fb)
-        sync()
-    rows = sorted(
-        (
-            (e.key, (e.self_cpu_time_total if SMOKE else e.self_device_time_total) / 5 / 1e3, e.count // 5)
-            for e in prof.key_averages()
-        ),
-        key=lambda r: -r[1],
-    )
-    total = sum(r[1] for r in rows)
-    top = [{"kernel": k[:90], "ms": round(ms, 4), "calls": n} for k, ms, n in rows[:14]]
-    log(f"profile batch {batch} ctx {ctx}: kernel time {total:.3f} ms per step")
-    for r in top:
-        log("   ", r)
-    most = sorted(rows, key=lambda r: -r[2])[:25]  # where the launches are (what fusing would remove)
-    by_calls = [{"kernel": k[:90], "calls": n, "ms": round(ms, 4)} for k, ms, n in most]
-    log("  by launches:", by_calls)
-    seq = step_sequence(prof)
-    log(f"  one step in launch order ({len(seq)} kernels; name, us):")
-    for i in range(0, len(seq), 6):
-        log("    " + " | ".join(f"{k[:28]} {us:.1f}" for k, us in seq[i : i + 6]))
-    return {
-        "sequence": seq,
-        "kernel_ms_per_step": total,
-        "launches_per_step": sum(r[2] for r in rows),
-        "top": top,
-        "by_calls": by_calls,
-    }
-
-
 def section_slice(args) -> None:
     from deepinfer_core.config import load_config
     from deepinfer_core.runtime import build_runtime
@@ -347,25 +223,24 @@ def section_slice(args) -> None:
             out["decode"].append(row)
     if args.profile:
         out["profile"] = {b: profile_step(sr, b, args.contexts[0], dev) for b in args.profile}
-    try:
-        tokens = args.prefill
-        if not tokens:
-            raise ValueError("--prefill 0: not measured")
-        fb = sr.prefill_batch(tokens).to(dev)
-        ms = time_call(lambda: sr.runner.run(fb), reps=3)
-        fl = prefill_flops(cfg, tokens)
-        out["prefill"] = {
-            "tokens": tokens,
-            "ms": ms,
-            "flops": fl,
-            "tflops": fl / ms / 1e9,
-            "pct_matmul": 100 * fl / (ms * 1e-3) / ceil["bf16_matmul_flops"],
-            "tok_per_s": tokens / ms * 1e3,
-        }
-        log("prefill", out["prefill"])
-    except Exception as e:  # noqa: BLE001
-        out["prefill_error"] = f"{type(e).__name__}: {e}"[:300]
-        log(traceback.format_exc()[-2000:])
+    tokens = args.prefill
+    if tokens:  # --prefill 0: not measured
+        try:
+            fb = sr.prefill_batch(tokens).to(dev)
+            ms = time_call(lambda: sr.runner.run(fb), reps=3)
+            fl = prefill_flops(cfg, tokens)
+            out["prefill"] = {
+                "tokens": tokens,
+                "ms": ms,
+                "flops": fl,
+                "tflops": fl / ms / 1e9,
+                "pct_matmul": 100 * fl / (ms * 1e-3) / ceil["bf16_matmul_flops"],
+                "tok_per_s": tokens / ms * 1e3,
+            }
+            log("prefill", out["prefill"])
+        except Exception as e:  # noqa: BLE001
+            out["prefill_error"] = f"{type(e).__name__}: {e}"[:300]
+            log(traceback.format_exc()[-2000:])
     RESULTS["slice"] = out
     sr = model = None
     if not SMOKE:
@@ -444,162 +319,6 @@ def section_peer(args) -> None:
     model = None
     if not SMOKE:
         torch.cuda.empty_cache()
-
-
-# ----------------------------------------------------------------------------------------- mask
-
-
-def section_mask(args) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import structured as sb  # benchmarks/structured.py
-
-    from deepinfer_core.structured import StructuredOutputManager
-    from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps
-
-    dev = torch.device("cuda")
-    tok = sb.v4_tokenizer()
-    ops = CudaSamplingOps()
-    step_ms = {
-        r["batch"]: r.get("graph_ms")
-        for r in RESULTS.get("slice", {}).get("decode", [])
-        if r["context"] == 4096
-    }
-    out = []
-    for name in ("xgrammar", "llguidance"):
-        try:
-            backend = sb.make_backend(name, tok)
-        except Exception as e:  # noqa: BLE001
-            out.append({"backend": name, "error": f"{type(e).__name__}: {e}"[:300]})
-            continue
-        for b in (1, 32, 128):
-            manager = StructuredOutputManager({"b": lambda *a, _b=backend, **k: _b}, "b", tok, sb.V, [sb.EOS])
-            ids = [f"r{i}" for i in range(b)]
-            for rid in ids:
-                manager.validate_and_compile(rid, sb.WORKLOADS["json schema"])
-            logits = torch.randn(b, sb.V, device=dev)
-            gen = torch.Generator().manual_seed(0)
-            fills, applies = [], []
-            for step in range(25):
-                t0 = time.perf_counter()
-                mask = manager.fill_bitmask(ids)
-                t1 = time.perf_counter()
-                ops.apply_bitmask(logits, mask.to(dev, non_blocking=True))
-                torch.cuda.synchronize()
-                t2 = time.perf_counter()
-                if step >= 5:
-                    fills.append((t1 - t0) * 1e3)
-                    applies.append((t2 - t1) * 1e3)
-                for rid, t in zip(ids, sb.pick_tokens(mask, gen), strict=True):
-                    if manager.accept(rid, [t]):
-                        manager.free(rid)
-                        manager.validate_and_compile(rid, sb.WORKLOADS["json schema"])
-            fills.sort()
-            applies.sort()
-            row = {
-                "backend": name,
-                "batch": b,
-                "fill_ms": fills[len(fills) // 2],
-                "copy_apply_ms": applies[len(applies) // 2],
-            }
-            ref = step_ms.get(b)
-            if ref:
-                row["step_ms"] = ref
-                row["pct_of_step"] = 100 * (row["fill_ms"] + row["copy_apply_ms"]) / ref
-            log("mask", row)
-            out.append(row)
-    RESULTS["mask"] = out
-
-
-def section_engine_mask(args) -> None:
-    """Whole engine steps on the slice (tokenizer: DeepSeek-V4's, 129,280 tokens), 32 requests decoding:
-    unconstrained vs JSON-constrained with each grammar backend. The step loop replays the decode graph
-    (asynchronous) and then fills the bitmask on the host, so the fill overlaps the forward pass."""
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import structured as sb  # benchmarks/structured.py
-
-    from deepinfer_core import SamplingParams, StructuredOutputsParams
-    from deepinfer_core.config import load_config
-    from deepinfer_core.engine.llm import LLM
-    from deepinfer_core.engine.llm_engine import LLMEngine
-
-    out = []
-    tok = sb.v4_tokenizer()
-    for backend in ("xgrammar", "llguidance"):
-        config = load_config(
-            environ={},
-            backend="reference" if SMOKE else "cuda_sm100",
-            structured_outputs_backend=backend,
-            max_model_len=1024,
-            max_num_seqs=args.engine_batch,
-            kv_cache_memory_bytes=4 << 30,
-        )
-        if SMOKE:
-            from deepinfer_core.runtime import build_runtime
-
-            rt = build_runtime(config)
-        else:
-            rt = cuda_runtime(config)
-        model = build_slice(args.layers, rt.backends, toy=SMOKE)
-        engine = LLMEngine(config, model, rt.backends, tok, rt.registry.structured_backends)
-        llm = LLM.from_engine(engine)
-        steps: list[tuple[int, float]] = []
-        execute = engine.runner.execute
-
-        def counted(sched, steps=steps, execute=execute):
-            steps.append((len(sched.scheduled), sched.num_tokens))
-            return execute(sched)
-
-        engine.runner.execute = counted
-        step = engine.step
-
-        def timed_step(step=step, steps=steps):
-            t0 = time.perf_counter()
-            r = step()
-            sync()
-            steps[-1] = (*steps[-1][:2], (time.perf_counter() - t0) * 1e3)
-            return r
-
-        engine.step = timed_step
-        g = torch.Generator().manual_seed(0)
-        prompts = [
-            {"prompt_token_ids": torch.randint(2, 120000, (16,), generator=g).tolist()}
-            for _ in range(args.engine_batch)
-        ]
-        row = {"backend": backend, "batch": args.engine_batch}
-        for name, so in (
-            ("free", None),
-            ("json_schema", StructuredOutputsParams(json=sb.SCHEMA, disable_any_whitespace=True)),
-            ("json_object", StructuredOutputsParams(json_object=True, disable_any_whitespace=True)),
-        ):
-            if name == "free" and backend != "xgrammar":
-                continue
-            for _ in range(2):  # the first pass captures the graphs
-                steps.clear()
-                params = [
-                    SamplingParams(
-                        temperature=1.0, seed=i, max_tokens=48, ignore_eos=so is None, structured_outputs=so
-                    )
-                    for i in range(args.engine_batch)
-                ]
-                outs = llm.generate(prompts, params, use_tqdm=False)
-            full = sorted(ms for n, t, ms in steps if n == args.engine_batch and t == n)
-            row[f"{name}_step_ms"] = full[len(full) // 2] if full else None
-            row[f"{name}_full_steps"] = len(full)
-            row[f"{name}_mean_tokens"] = sum(len(o.outputs[0].token_ids) for o in outs) / len(outs)
-            if so is not None:
-                row[f"{name}_finish_stop"] = sum(o.outputs[0].finish_reason == "stop" for o in outs)
-        out.append(row)
-        log("engine_mask", row)
-        engine = llm = model = rt = None
-        if not SMOKE:
-            torch.cuda.empty_cache()
-    free = out[0].get("free_step_ms")
-    for row in out:
-        for name in ("json_schema", "json_object"):
-            if free and row.get(f"{name}_step_ms"):
-                row[f"{name}_pct_over_free"] = 100 * (row[f"{name}_step_ms"] / free - 1)
-    log("engine_mask", out)
-    RESULTS["engine_mask"] = out
 
 
 # ----------------------------------------------------------------------------------------- main
