@@ -22,113 +22,48 @@ import subprocess
 import sys
 import time
 
-SMOKE = "--smoke" in sys.argv  # tiny sizes on the CPU under TRITON_INTERPRET=1: checks this script itself
-if SMOKE:
-    os.environ["TRITON_INTERPRET"] = "1"
+from check_attention import check_attention  # noqa: F401 - a section, called by name
+from check_common import (  # noqa: E402 - after check_common has set TRITON_INTERPRET for --smoke
+    BF16,
+    BOUND,
+    CEIL,
+    DEV,
+    EXPERTS,
+    F32,
+    HC,
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    IDX_TOPK,
+    INTER,
+    ROPE_DIM,
+    ROWS,
+    SMOKE,
+    TOPK,
+    VOCAB,
+    WINDOW,
+    G,
+    bench,
+    ceilings,
+    poisoned,
+    record,
+    rel_err,
+    rnd,
+    sizes,
+    table,
+    torch,
+    triton,
+)
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from deepinfer_core.kv.fp8 import Fp8KVFormat  # noqa: E402
 from deepinfer_core.ops.sampling import SamplingTensors  # noqa: E402
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight  # noqa: E402
 from deepinfer_core.plugins.registry import reference_op  # noqa: E402
 from deepinfer_core.quant.formats import dequant  # noqa: E402
 from deepinfer_core.testing.kit import to_device  # noqa: E402
 from deepinfer_cuda_sm100 import dispatch  # noqa: E402
-from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps  # noqa: E402
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps  # noqa: E402
 from deepinfer_cuda_sm100.ops.moe import CudaMoEOps  # noqa: E402
 from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps  # noqa: E402
-
-DEV = torch.device("cpu" if SMOKE else "cuda")
-BF16, F32 = torch.bfloat16, torch.float32
-BOUND = {"bf16": 1e-2, "f32": 1e-3}
-# V4-Flash
-HIDDEN, HEADS, HEAD_DIM, ROPE_DIM, Q_LORA, O_LORA, O_GROUPS = 4096, 64, 512, 64, 1024, 1024, 8
-EXPERTS, INTER, TOPK = 256, 2048, 6
-IDX_HEADS, IDX_DIM, IDX_TOPK, WINDOW, HC, VOCAB = 64, 128, 512, 128, 4, 129280
-if SMOKE:
-    HIDDEN, HEADS, HEAD_DIM, ROPE_DIM, EXPERTS, INTER, TOPK = 128, 4, 64, 16, 8, 64, 2
-    IDX_HEADS, IDX_DIM, IDX_TOPK, WINDOW, VOCAB = 4, 32, 8, 8, 1000
-
-ROWS: list[dict] = []
-CEIL: dict[str, float] = {}
-G = torch.Generator(DEV)
-
-
-def sizes(*real):
-    """The sizes to run: the real ones, or tiny stand-ins (same count, first one kept as the check size)."""
-    return real if not SMOKE else tuple(min(v, 16 if i == 0 else 24) for i, v in enumerate(real))
-
-
-def rnd(*shape, dtype=BF16, scale=1.0):
-    return (torch.randn(*shape, generator=G, device=DEV) * scale).to(dtype)
-
-
-def rel_err(a, r) -> float:
-    a, r = a.detach().double().cpu(), r.detach().double().cpu()
-    if a.shape != r.shape or torch.isnan(a).any():
-        return float("inf")
-    return float((a - r).norm() / r.norm().clamp_min(1e-30))
-
-
-def bench(fn) -> float:
-    """Median milliseconds."""
-    if SMOKE:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def bench_graph(fn, calls: int = 20) -> float:
-    """Median milliseconds of one ``fn`` call replayed inside a CUDA graph of ``calls`` calls: the kernel time
-    a decode step sees, without the host's launch cost (which ``bench`` includes for kernels of a few us)."""
-    if SMOKE:
-        return bench(fn)
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return bench(g.replay) / calls
-
-
-def record(name, shape, err=None, bound=None, ms=None, nbytes=0.0, flops=0.0, note=""):
-    floor = max(nbytes / CEIL["bw"], flops / CEIL["flops"]) * 1e3 if ms is not None else None
-    row = {"kernel": name, "shape": shape, "rel_err": err, "bound": bound,
-           "ok": None if err is None else bool(err < bound), "us": None if ms is None else ms * 1e3,
-           "floor_us": None if floor is None else floor * 1e3, "GB/s": nbytes / ms / 1e6 if ms else None,
-           "TFLOP/s": flops / ms / 1e9 if ms else None, "note": note}  # fmt: skip
-    ROWS.append(row)
-    print(json.dumps(row), flush=True)
-
-
-def ceilings():
-    x = torch.empty(1 << (31 if not SMOKE else 20), dtype=torch.uint8, device=DEV).random_(
-        0, 255, generator=G
-    )
-    y = torch.empty_like(x)
-    ms = bench(lambda: y.copy_(x))
-    CEIL["bw"] = 2 * x.numel() / ms * 1e3  # bytes/s, read + write
-    n = 8192 if not SMOKE else 256
-    a, b = rnd(n, n), rnd(n, n)
-    ms = bench(lambda: a @ b)
-    CEIL["flops"] = 2 * n**3 / ms * 1e3
-    print(
-        f"ceilings: copy {CEIL['bw'] / 1e12:.2f} TB/s, bf16 matmul {CEIL['flops'] / 1e12:.0f} TFLOP/s",
-        flush=True,
-    )
-
-
-def poisoned(fn):
-    """Run ``fn`` after filling the caching allocator's free blocks with NaN (unwritten outputs show)."""
-    junk = torch.full((1 << (28 if not SMOKE else 10),), float("nan"), device=DEV)
-    del junk
-    return fn()
-
 
 # ----------------------------------------------------------------------------- dense
 
@@ -220,156 +155,6 @@ def rand_qweight(fmt, out_f, in_f) -> QuantizedWeight:
         )
         scale = torch.exp2(torch.randint(-9, -5, (out_f, in_f // 32), device=DEV, generator=G).float())
     return QuantizedWeight(data, scale, fmt, (out_f, in_f))
-
-
-# ----------------------------------------------------------------------------- attention
-
-
-def check_attention():
-    ops, ref = CudaAttentionOps(), reference_op("attention")
-    S = 1 << 20 if not SMOKE else 512
-    kv_pool, cmp_pool, sinks = rnd(S, HEAD_DIM), rnd(S // 4, HEAD_DIM), rnd(HEADS, dtype=F32)
-    scale = HEAD_DIM**-0.5
-    for T, tag in zip(sizes(16, 64, 256, 2048), ("check", "decode", "decode", "prefill")):
-        q = rnd(T, HEADS, HEAD_DIM)
-        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
-        kv_slots[0, 100:] = -1
-        cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
-        cmp_slots[1, 300:] = -1
-        args = (q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
-        out = poisoned(lambda: ops.sparse_attention(*args))
-        err = rel_err(out, ref.sparse_attention(*args)) if tag == "check" else None
-        n = WINDOW + IDX_TOPK
-        record(f"sparse_attention[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
-               bench(lambda: ops.sparse_attention(*args)), T * n * HEAD_DIM * 2 + 2 * q.numel() * 2,
-               4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
-    check_split_kv(kv_pool, cmp_pool, sinks, scale, ref)
-    check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale)
-    keys = rnd(S // 4, IDX_DIM)
-    for T, C in zip(sizes(8, 64, 64), (8192, 8192, 65536) if not SMOKE else (64, 64, 96)):
-        q, w = rnd(T, IDX_HEADS, IDX_DIM), rnd(T, IDX_HEADS, dtype=F32).abs() * IDX_HEADS**-0.5
-        cand = torch.randint(0, S // 4, (T, C), device=DEV, generator=G)
-        cand[0, C // 2 :] = -1
-        from deepinfer_cuda_sm100.kernels import indexer
-
-        sc = poisoned(lambda: indexer.indexer_scores(q, w, keys, cand))
-        err = None
-        if T == 8:
-            kf = keys.double()[cand.clamp(min=0)]
-            exact = (torch.relu(torch.einsum("thd,tcd->thc", q.double(), kf)) * w.double()[..., None]).sum(1)
-            valid = cand >= 0
-            err = rel_err(sc[valid], exact[valid])
-            got, rsel = (
-                ops.indexer_topk(q, w, keys, cand, IDX_TOPK),
-                ref.indexer_topk(q, w, keys, cand, IDX_TOPK),
-            )
-            overlap = min(len(set(got[t].tolist()) & set(rsel[t].tolist())) / IDX_TOPK for t in range(T))
-            print(f"indexer top-{IDX_TOPK}: min overlap with reference selection {overlap:.4f}", flush=True)
-        by, fl = T * C * IDX_DIM * 2 + T * C * 12, 2 * T * C * IDX_HEADS * IDX_DIM
-        record("indexer_scores", f"T={T} C={C} Hi={IDX_HEADS} Di={IDX_DIM}", err, BOUND["bf16"],
-               bench(lambda: indexer.indexer_scores(q, w, keys, cand)), by, fl)  # fmt: skip
-        record("indexer_topk (scores+torch.topk)", f"T={T} C={C} k={IDX_TOPK}", None, None,
-               bench(lambda: ops.indexer_topk(q, w, keys, cand, IDX_TOPK)), by, fl)  # fmt: skip
-        if C <= 16384:  # the select kernel (off by default on GPUs until this row has been seen)
-            k = min(IDX_TOPK, C)
-            mine = poisoned(lambda: indexer.select_topk(sc, k))
-            val, idx = torch.topk(sc, k, dim=1)
-            same = all(
-                torch.equal(
-                    sc[t, mine[t][mine[t] >= 0]].sort().values, val[t][val[t] > float("-inf")].sort().values
-                )
-                for t in range(T)
-            )
-            record("indexer select kernel vs torch.topk", f"T={T} C={C} k={k}", 0.0 if same else float("inf"),
-                   BOUND["f32"], bench(lambda: indexer.select_topk(sc, k)), T * C * 4,
-                   note=f"torch.topk {bench(lambda: torch.topk(sc, k, dim=1, sorted=False)) * 1e3:.1f} us")  # fmt: skip
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE_DIM, 2, device=DEV).float() / ROPE_DIM))
-    nw = rnd(HEAD_DIM, dtype=F32)
-    for E, L in zip(sizes(16, 2048, 64), (8, 8, 128) if not SMOKE else (8, 8, 16)):
-        kv, score = rnd(E, L, HEAD_DIM), rnd(E, L, HEAD_DIM, dtype=F32)
-        score[0, L // 2 :] = float("-inf")
-        pos = torch.randint(0, 1 << 20, (E,), device=DEV, generator=G)
-        out = poisoned(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq))
-        err = rel_err(out, ref.compress(kv, score, nw, 1e-6, pos, inv_freq)) if E == 16 else None
-        record("compress", f"E={E} L={L} D={HEAD_DIM}", err, BOUND["bf16"],
-               bench(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq)), E * L * HEAD_DIM * 6 + E * HEAD_DIM * 2)  # fmt: skip
-    check_compress_into(ref, nw, inv_freq)
-
-
-def check_compress_into(ref, nw, inv_freq):
-    """``compress_into`` from the state pool at decode (one window per token), in a graph: HCA's 128-row windows
-    in chunks against one program per window, and CSA's 8-row overlapping windows."""
-    from deepinfer_cuda_sm100.kernels import compressor
-
-    S = 4096
-    for E, L, overlap in ((1, 128, False), (16, 128, False), (1, 8, True), (16, 8, True)):
-        C = 2 * HEAD_DIM if overlap else HEAD_DIM
-        state = rnd(S, 2, C, dtype=F32)
-        src = torch.randint(0, S, (E, L), device=DEV, generator=G)
-        src[0, : L // 2] = -1
-        pos = torch.randint(0, 1 << 20, (E,), device=DEV, generator=G)
-        slots = torch.randperm(S, device=DEV, generator=G)[:E]
-        out = torch.zeros(S, HEAD_DIM, dtype=BF16, device=DEV)
-        args = (state, src, overlap, nw, 1e-6, pos, inv_freq)
-        want = out.clone()
-        ref.compress_into(*args, want, slots, None)
-        compressor.compress_from_state(*args, out, slots)
-        cfg = dispatch.compress_config(L, HEAD_DIM)
-        one = bench_graph(lambda: compressor.compress_from_state(*args, out, slots, 1))
-        record("compress_into[graph]", f"E={E} L={L} D={HEAD_DIM} splits={dispatch.compress_splits(E, L, cfg.block_l)}",
-               rel_err(out[slots], want[slots]), BOUND["bf16"],
-               bench_graph(lambda: compressor.compress_from_state(*args, out, slots)), E * L * C * 8,
-               note=f"one program per window: {one * 1e3:.1f} us")  # fmt: skip
-
-
-def check_split_kv(kv_pool, cmp_pool, sinks, scale, ref):
-    """Split-KV decode at the few-token sizes it is chosen for, in a graph, against one program per head block."""
-    import deepinfer_cuda_sm100.kernels.sparse_attention as sa
-
-    S = kv_pool.shape[0]
-    for T in sizes(1, 4, 16, 32):
-        q = rnd(T, HEADS, HEAD_DIM)
-        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
-        cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
-        cmp_slots[0, 200:] = -1
-        args = (q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
-        cfg = dispatch.attention_config(T, HEADS, HEAD_DIM, WINDOW + IDX_TOPK)
-        splits = dispatch.attention_splits(T * -(-HEADS // cfg.block_h), WINDOW + IDX_TOPK, cfg.block_n)
-        out = poisoned(lambda: sa.sparse_attention(*args))
-        one = bench_graph(lambda: sa.sparse_attention(*args, splits=1))
-        n = WINDOW + IDX_TOPK
-        record("sparse_attention split-KV[graph]", f"T={T} splits={splits}", rel_err(out, ref.sparse_attention(*args)),
-               BOUND["bf16"], bench_graph(lambda: sa.sparse_attention(*args)), T * n * HEAD_DIM * 2,
-               note=f"one program per head block: {one * 1e3:.1f} us")  # fmt: skip
-
-
-def check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale):
-    """Sparse attention over FP8-packed pools (against the reference reading the same bytes) and the packing
-    store (byte-equal to ``Fp8KVFormat.pack``)."""
-    fmt = Fp8KVFormat(HEAD_DIM, ROPE_DIM, BF16)
-    kv8, cmp8 = fmt.pack(kv_pool), fmt.pack(cmp_pool)
-    S = kv8.shape[0]
-    for T, tag in zip(sizes(16, 64, 256, 2048), ("check", "decode", "decode", "prefill")):
-        q = rnd(T, HEADS, HEAD_DIM)
-        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
-        kv_slots[0, 100:] = -1
-        cmp_slots = torch.randint(0, cmp8.shape[0], (T, IDX_TOPK), device=DEV, generator=G)
-        cmp_slots[1, 300:] = -1
-        args = (q, kv8, kv_slots, cmp8, cmp_slots, sinks, scale, fmt)
-        out = poisoned(lambda: ops.sparse_attention(*args))
-        err = rel_err(out, ref.sparse_attention(*args)) if tag == "check" else None
-        n = WINDOW + IDX_TOPK
-        record(f"sparse_attention fp8 KV[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
-               bench(lambda: ops.sparse_attention(*args)), T * n * fmt.row_bytes + 2 * q.numel() * 2,
-               4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
-    for n in sizes(64, 4096):
-        vals, slots = rnd(n, HEAD_DIM), torch.randperm(S, device=DEV, generator=G)[:n]
-        pool = torch.zeros_like(kv8)
-        ops.store_kv(pool, slots, vals, fmt)
-        same = torch.equal(pool[slots], fmt.pack(vals))
-        record("store_kv fp8 (pack + scatter)", f"N={n} D={HEAD_DIM}", 0.0 if same else float("inf"), BOUND["f32"],
-               bench(lambda: ops.store_kv(pool, slots, vals, fmt)), n * (HEAD_DIM * 2 + fmt.row_bytes),
-               note=f"torch pack {bench(lambda: pool.index_copy_(0, slots, fmt.pack(vals))) * 1e3:.1f} us")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- MoE
@@ -531,18 +316,6 @@ def sweep():
         dispatch.gemm_config = orig_g
         ew = None
         torch.cuda.empty_cache()
-
-
-def table() -> str:
-    lines = ["| kernel | shape | rel err | bound | ok | time us | floor us | floor/time | GB/s | TFLOP/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in ROWS:
-        f = lambda v, s: "" if v is None else s.format(v)  # noqa: E731
-        eff = f(None if not r["us"] else r["floor_us"] / r["us"], "{:.0%}")
-        lines.append(f"| {r['kernel']} | {r['shape']} | {f(r['rel_err'], '{:.2e}')} | {f(r['bound'], '{:.0e}')} | "
-                     f"{'' if r['ok'] is None else ('yes' if r['ok'] else 'NO')} | {f(r['us'], '{:.1f}')} | "
-                     f"{f(r['floor_us'], '{:.1f}')} | {eff} | {f(r['GB/s'], '{:.0f}')} | {f(r['TFLOP/s'], '{:.1f}')} |")  # fmt: skip
-    return "\n".join(lines)
 
 
 def main() -> int:

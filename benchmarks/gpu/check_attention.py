@@ -1,0 +1,181 @@
+"""Attention checks of ``check.py``: sparse attention (bf16 and FP8 pools, split-KV decode), the indexer's
+scores and top-k, the compressor (direct and from the state pool)."""
+
+# ruff: noqa: B023 - every lambda here is called before its loop variables change
+from __future__ import annotations
+
+from check_common import (  # noqa: E402 - after check_common has set TRITON_INTERPRET for --smoke
+    BF16,
+    BOUND,
+    DEV,
+    F32,
+    HEAD_DIM,
+    HEADS,
+    IDX_DIM,
+    IDX_HEADS,
+    IDX_TOPK,
+    ROPE_DIM,
+    SMOKE,
+    WINDOW,
+    G,
+    bench,
+    bench_graph,
+    poisoned,
+    record,
+    rel_err,
+    rnd,
+    sizes,
+    torch,
+)
+
+from deepinfer_core.kv.fp8 import Fp8KVFormat  # noqa: E402
+from deepinfer_core.plugins.registry import reference_op  # noqa: E402
+from deepinfer_cuda_sm100 import dispatch  # noqa: E402
+from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps  # noqa: E402
+
+
+def check_attention():
+    ops, ref = CudaAttentionOps(), reference_op("attention")
+    S = 1 << 20 if not SMOKE else 512
+    kv_pool, cmp_pool, sinks = rnd(S, HEAD_DIM), rnd(S // 4, HEAD_DIM), rnd(HEADS, dtype=F32)
+    scale = HEAD_DIM**-0.5
+    for T, tag in zip(sizes(16, 64, 256, 2048), ("check", "decode", "decode", "prefill")):
+        q = rnd(T, HEADS, HEAD_DIM)
+        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
+        kv_slots[0, 100:] = -1
+        cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
+        cmp_slots[1, 300:] = -1
+        args = (q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
+        out = poisoned(lambda: ops.sparse_attention(*args))
+        err = rel_err(out, ref.sparse_attention(*args)) if tag == "check" else None
+        n = WINDOW + IDX_TOPK
+        record(f"sparse_attention[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
+               bench(lambda: ops.sparse_attention(*args)), T * n * HEAD_DIM * 2 + 2 * q.numel() * 2,
+               4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
+    check_split_kv(kv_pool, cmp_pool, sinks, scale, ref)
+    check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale)
+    keys = rnd(S // 4, IDX_DIM)
+    for T, C in zip(sizes(8, 64, 64), (8192, 8192, 65536) if not SMOKE else (64, 64, 96)):
+        q, w = rnd(T, IDX_HEADS, IDX_DIM), rnd(T, IDX_HEADS, dtype=F32).abs() * IDX_HEADS**-0.5
+        cand = torch.randint(0, S // 4, (T, C), device=DEV, generator=G)
+        cand[0, C // 2 :] = -1
+        from deepinfer_cuda_sm100.kernels import indexer
+
+        sc = poisoned(lambda: indexer.indexer_scores(q, w, keys, cand))
+        err = None
+        if T == 8:
+            kf = keys.double()[cand.clamp(min=0)]
+            exact = (torch.relu(torch.einsum("thd,tcd->thc", q.double(), kf)) * w.double()[..., None]).sum(1)
+            valid = cand >= 0
+            err = rel_err(sc[valid], exact[valid])
+            got, rsel = (
+                ops.indexer_topk(q, w, keys, cand, IDX_TOPK),
+                ref.indexer_topk(q, w, keys, cand, IDX_TOPK),
+            )
+            overlap = min(len(set(got[t].tolist()) & set(rsel[t].tolist())) / IDX_TOPK for t in range(T))
+            print(f"indexer top-{IDX_TOPK}: min overlap with reference selection {overlap:.4f}", flush=True)
+        by, fl = T * C * IDX_DIM * 2 + T * C * 12, 2 * T * C * IDX_HEADS * IDX_DIM
+        record("indexer_scores", f"T={T} C={C} Hi={IDX_HEADS} Di={IDX_DIM}", err, BOUND["bf16"],
+               bench(lambda: indexer.indexer_scores(q, w, keys, cand)), by, fl)  # fmt: skip
+        record("indexer_topk (scores+torch.topk)", f"T={T} C={C} k={IDX_TOPK}", None, None,
+               bench(lambda: ops.indexer_topk(q, w, keys, cand, IDX_TOPK)), by, fl)  # fmt: skip
+        if C <= 16384:  # the select kernel (off by default on GPUs until this row has been seen)
+            k = min(IDX_TOPK, C)
+            mine = poisoned(lambda: indexer.select_topk(sc, k))
+            val, idx = torch.topk(sc, k, dim=1)
+            same = all(
+                torch.equal(
+                    sc[t, mine[t][mine[t] >= 0]].sort().values, val[t][val[t] > float("-inf")].sort().values
+                )
+                for t in range(T)
+            )
+            record("indexer select kernel vs torch.topk", f"T={T} C={C} k={k}", 0.0 if same else float("inf"),
+                   BOUND["f32"], bench(lambda: indexer.select_topk(sc, k)), T * C * 4,
+                   note=f"torch.topk {bench(lambda: torch.topk(sc, k, dim=1, sorted=False)) * 1e3:.1f} us")  # fmt: skip
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE_DIM, 2, device=DEV).float() / ROPE_DIM))
+    nw = rnd(HEAD_DIM, dtype=F32)
+    for E, L in zip(sizes(16, 2048, 64), (8, 8, 128) if not SMOKE else (8, 8, 16)):
+        kv, score = rnd(E, L, HEAD_DIM), rnd(E, L, HEAD_DIM, dtype=F32)
+        score[0, L // 2 :] = float("-inf")
+        pos = torch.randint(0, 1 << 20, (E,), device=DEV, generator=G)
+        out = poisoned(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq))
+        err = rel_err(out, ref.compress(kv, score, nw, 1e-6, pos, inv_freq)) if E == 16 else None
+        record("compress", f"E={E} L={L} D={HEAD_DIM}", err, BOUND["bf16"],
+               bench(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq)), E * L * HEAD_DIM * 6 + E * HEAD_DIM * 2)  # fmt: skip
+    check_compress_into(ref, nw, inv_freq)
+
+
+def check_compress_into(ref, nw, inv_freq):
+    """``compress_into`` from the state pool at decode (one window per token), in a graph: HCA's 128-row windows
+    in chunks against one program per window, and CSA's 8-row overlapping windows."""
+    from deepinfer_cuda_sm100.kernels import compressor
+
+    S = 4096
+    for E, L, overlap in ((1, 128, False), (16, 128, False), (1, 8, True), (16, 8, True)):
+        C = 2 * HEAD_DIM if overlap else HEAD_DIM
+        state = rnd(S, 2, C, dtype=F32)
+        src = torch.randint(0, S, (E, L), device=DEV, generator=G)
+        src[0, : L // 2] = -1
+        pos = torch.randint(0, 1 << 20, (E,), device=DEV, generator=G)
+        slots = torch.randperm(S, device=DEV, generator=G)[:E]
+        out = torch.zeros(S, HEAD_DIM, dtype=BF16, device=DEV)
+        args = (state, src, overlap, nw, 1e-6, pos, inv_freq)
+        want = out.clone()
+        ref.compress_into(*args, want, slots, None)
+        compressor.compress_from_state(*args, out, slots)
+        cfg = dispatch.compress_config(L, HEAD_DIM)
+        one = bench_graph(lambda: compressor.compress_from_state(*args, out, slots, 1))
+        record("compress_into[graph]", f"E={E} L={L} D={HEAD_DIM} splits={dispatch.compress_splits(E, L, cfg.block_l)}",
+               rel_err(out[slots], want[slots]), BOUND["bf16"],
+               bench_graph(lambda: compressor.compress_from_state(*args, out, slots)), E * L * C * 8,
+               note=f"one program per window: {one * 1e3:.1f} us")  # fmt: skip
+
+
+def check_split_kv(kv_pool, cmp_pool, sinks, scale, ref):
+    """Split-KV decode at the few-token sizes it is chosen for, in a graph, against one program per head block."""
+    import deepinfer_cuda_sm100.kernels.sparse_attention as sa
+
+    S = kv_pool.shape[0]
+    for T in sizes(1, 4, 16, 32):
+        q = rnd(T, HEADS, HEAD_DIM)
+        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
+        cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
+        cmp_slots[0, 200:] = -1
+        args = (q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
+        cfg = dispatch.attention_config(T, HEADS, HEAD_DIM, WINDOW + IDX_TOPK)
+        splits = dispatch.attention_splits(T * -(-HEADS // cfg.block_h), WINDOW + IDX_TOPK, cfg.block_n)
+        out = poisoned(lambda: sa.sparse_attention(*args))
+        one = bench_graph(lambda: sa.sparse_attention(*args, splits=1))
+        n = WINDOW + IDX_TOPK
+        record("sparse_attention split-KV[graph]", f"T={T} splits={splits}", rel_err(out, ref.sparse_attention(*args)),
+               BOUND["bf16"], bench_graph(lambda: sa.sparse_attention(*args)), T * n * HEAD_DIM * 2,
+               note=f"one program per head block: {one * 1e3:.1f} us")  # fmt: skip
+
+
+def check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale):
+    """Sparse attention over FP8-packed pools (against the reference reading the same bytes) and the packing
+    store (byte-equal to ``Fp8KVFormat.pack``)."""
+    fmt = Fp8KVFormat(HEAD_DIM, ROPE_DIM, BF16)
+    kv8, cmp8 = fmt.pack(kv_pool), fmt.pack(cmp_pool)
+    S = kv8.shape[0]
+    for T, tag in zip(sizes(16, 64, 256, 2048), ("check", "decode", "decode", "prefill")):
+        q = rnd(T, HEADS, HEAD_DIM)
+        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
+        kv_slots[0, 100:] = -1
+        cmp_slots = torch.randint(0, cmp8.shape[0], (T, IDX_TOPK), device=DEV, generator=G)
+        cmp_slots[1, 300:] = -1
+        args = (q, kv8, kv_slots, cmp8, cmp_slots, sinks, scale, fmt)
+        out = poisoned(lambda: ops.sparse_attention(*args))
+        err = rel_err(out, ref.sparse_attention(*args)) if tag == "check" else None
+        n = WINDOW + IDX_TOPK
+        record(f"sparse_attention fp8 KV[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
+               bench(lambda: ops.sparse_attention(*args)), T * n * fmt.row_bytes + 2 * q.numel() * 2,
+               4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
+    for n in sizes(64, 4096):
+        vals, slots = rnd(n, HEAD_DIM), torch.randperm(S, device=DEV, generator=G)[:n]
+        pool = torch.zeros_like(kv8)
+        ops.store_kv(pool, slots, vals, fmt)
+        same = torch.equal(pool[slots], fmt.pack(vals))
+        record("store_kv fp8 (pack + scatter)", f"N={n} D={HEAD_DIM}", 0.0 if same else float("inf"), BOUND["f32"],
+               bench(lambda: ops.store_kv(pool, slots, vals, fmt)), n * (HEAD_DIM * 2 + fmt.row_bytes),
+               note=f"torch pack {bench(lambda: pool.index_copy_(0, slots, fmt.pack(vals))) * 1e3:.1f} us")  # fmt: skip
