@@ -163,9 +163,9 @@ def test_grouped_linear_is_one_gemm_matching_the_reference(ops, gen, gemm_kind, 
 @pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
 @pytest.mark.parametrize("block_k,split_k", [(256, 1), (128, 3)])
 def test_one_row_gemv_with_whole_scale_blocks(ops, gen, fmt, block_k, split_k, monkeypatch):
-    """The decode GEMV's unmasked path (K whole steps, N whole blocks): FP8 tiles of whole 128-wide scale blocks,
-    gated (SwiGLU) and not, with and without split-K; against the reference, and beside N with a partial block
-    (the masked path)."""
+    """The decode GEMV's unmasked path (K whole steps, N whole blocks; FP8 steps spanning several 128-wide scale
+    blocks), gated (SwiGLU) and not, with and without split-K; against the reference, and beside N with a
+    partial block (the masked path)."""
     from deepinfer_cuda_sm100 import dispatch
 
     cfg = dispatch.GemmConfig(1, 16, block_k, 4, 1, split_k=split_k, gemv=True)

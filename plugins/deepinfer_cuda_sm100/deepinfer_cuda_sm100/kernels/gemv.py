@@ -230,27 +230,11 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
     x_base = a_ptr + a_row.to(tl.int64) * stride_am
     if FMT == 2:
         acc_t = tl.zeros([BLOCK_N, BLOCK_K // 32, 16], dtype=tl.float32)
-    elif FMT == 1 and ALIGNED and EVEN_N and BLOCK_K % 128 == 0:
-        acc_t = tl.zeros([BLOCK_N, BLOCK_K // 128, 128], dtype=tl.float32)
     else:
         acc_t = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2_t = tl.zeros_like(acc_t)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if FMT == 1 and ALIGNED and EVEN_N and BLOCK_K % 128 == 0:
-            # whole 128-wide scale blocks, no masks: [BLOCK_N, BLOCK_K / 128, 128] tiles, one scale per block
-            kb = k0 + tl.arange(0, BLOCK_K // 128)[:, None] * 128 + tl.arange(0, 128)[None, :]
-            x = tl.load(x_base + kb).to(tl.float32)
-            sb = k0 // 128 + tl.arange(0, BLOCK_K // 128)
-            w_ptr = w_base + n[:, None, None] * stride_wn + kb[None, :, :]
-            sc = tl.load(s_base + (n0 // 128) * stride_sn + sb * stride_sk)
-            w = tl.load(tl.max_contiguous(tl.multiple_of(w_ptr, [1, 16, 16]), [1, 1, 16])).to(tl.float32)
-            acc_t += w * (x * sc[:, None])[None, :, :]
-            if GATED:
-                u_ptr = up_base + n[:, None, None] * stride_wn + kb[None, :, :]
-                su = tl.load(up_s_base + (n0 // 128) * stride_sn + sb * stride_sk)
-                u = tl.load(tl.max_contiguous(tl.multiple_of(u_ptr, [1, 16, 16]), [1, 1, 16])).to(tl.float32)
-                acc2_t += u * (x * su[:, None])[None, :, :]
-        elif FMT == 2:
+        if FMT == 2:
             if ALIGNED:  # whole steps: the even and odd K positions from one contiguous load
                 kx = k0 + tl.arange(0, BLOCK_K)
                 xe, xo = tl.split(tl.reshape(tl.load(x_base + kx).to(tl.float32), (BLOCK_K // 32, 16, 2)))
@@ -293,7 +277,7 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
                 acc2_t += (
                     _row_tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xu[None, :]
                 )
-    if FMT == 2 or (FMT == 1 and ALIGNED and EVEN_N and BLOCK_K % 128 == 0):
+    if FMT == 2:
         acc = tl.sum(tl.sum(acc_t, axis=2), axis=1)[None, :]
         acc2 = tl.sum(tl.sum(acc2_t, axis=2), axis=1)[None, :]
     else:
