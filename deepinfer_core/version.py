@@ -8,4 +8,5 @@ __version__ = "0.1.0"
 #: than the core's: minors only add hooks or optional methods.
 #: 1.1: ``AttentionOps.kv_cache_dtypes`` / ``store_kv`` and ``sparse_attention(..., kv_format=)``, the FP8 KV
 #: cache (the core passes ``kv_format`` only when it is set, so 1.0 attention ops keep working).
-PLUGIN_API_VERSION = "1.1"
+#: 1.2: ``DenseOps.rms_norm_rope`` (RMSNorm then RoPE in one op; the default calls the two).
+PLUGIN_API_VERSION = "1.2"

@@ -38,6 +38,19 @@ class DenseOps(ABC):
         Leading (nope) channels pass through. Math in float32, result in ``x.dtype``.
         """
 
+    def rms_norm_rope(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        eps: float,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+    ) -> torch.Tensor:
+        """``rope(rms_norm(x, weight, eps), positions, inv_freq)`` over ``x [T, H, D]`` (V4's query heads,
+        unweighted, and its KV row): the norm's result is rounded to ``x.dtype`` before the rotation, exactly
+        as the two ops. New in plugin API 1.2; a platform may do both in one pass (this default calls them)."""
+        return self.rope(self.rms_norm(x, weight, eps), positions, inv_freq)
+
     @abstractmethod
     def hc_pre(
         self,

@@ -55,6 +55,23 @@ def _rope(inverse: bool):
     return make
 
 
+def _norm_rope(weighted: bool):
+    """Query heads (unweighted) and the KV row (weighted, one head), rows of 40 channels with 16 rotated."""
+
+    def make(g):
+        h = 1 if weighted else 4
+        w = randn(g, 40).abs() + 0.5 if weighted else None
+        return (
+            randn(g, 6, h, 40, scale=3.0),
+            w,
+            1e-6,
+            torch.randint(0, 5000, (6,), generator=g),
+            inv_freq(16),
+        ), {}
+
+    return make
+
+
 def _hc_pre(g):
     n, d = 4, 16
     fn = randn(g, (2 + n) * n, n * d, scale=0.05)
@@ -108,6 +125,8 @@ CASES = [
     OpCase("dense", "rms_norm", "unweighted", _rms(False)),
     OpCase("dense", "rope", "forward", _rope(False), atol=1e-5, rtol=1e-4),
     OpCase("dense", "rope", "inverse", _rope(True), atol=1e-5, rtol=1e-4),
+    OpCase("dense", "rms_norm_rope", "query_heads", _norm_rope(False), atol=1e-5, rtol=1e-4),
+    OpCase("dense", "rms_norm_rope", "kv_row", _norm_rope(True), atol=1e-5, rtol=1e-4),
     OpCase("dense", "hc_pre", "hc4_sinkhorn20", _hc_pre, atol=1e-5, rtol=1e-4),
     OpCase("dense", "hc_post", "hc4", _hc_post),
     OpCase("dense", "hc_head", "hc4", _hc_head),

@@ -72,7 +72,15 @@ def test_incompatible_plugin_api_is_refused_with_a_clear_message(fake_dist):
 
 @pytest.mark.parametrize(
     "declared, ok",
-    [("1.0", True), ("1.1", True), ("1.2", False), ("0.9", False), (None, False), ("one", False)],
+    [
+        ("1.0", True),
+        ("1.1", True),
+        ("1.2", True),
+        ("1.3", False),
+        ("0.9", False),
+        (None, False),
+        ("one", False),
+    ],
 )
 def test_api_compatibility_rule(declared, ok):
     assert api_compatible(declared)[0] is ok

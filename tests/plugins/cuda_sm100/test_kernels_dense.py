@@ -177,3 +177,22 @@ def test_one_row_gemv_with_whole_scale_blocks(ops, gen, fmt, block_k, split_k, m
     w1, w3, w2 = _weight(gen, fmt, 256, 768), _weight(gen, fmt, 256, 768), _weight(gen, fmt, 768, 256)
     got = ops.swiglu_mlp(dev(x), *(_to_dev(v) for v in (w1, w3, w2)), 0.5)
     assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weighted,heads,d", [(False, 5, 48), (True, 1, 40)])
+def test_rms_norm_rope_is_the_two_ops(ops, gen, dtype, weighted, heads, d):
+    """One launch for V4's query heads (unweighted) and KV row (weighted): equal to RMSNorm then RoPE (the
+    norm rounded to the dtype in between), also on a row-strided view (a slice of a fused projection)."""
+    x = rand(gen, 7, heads, d + 8, scale=3.0, dtype=dtype)[..., :d]
+    w = rand(gen, d).abs() + 0.5 if weighted else None
+    pos, freq = (
+        torch.randint(0, 5000, (7,), generator=gen),
+        1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16),
+    )
+    got = ops.rms_norm_rope(*dev(x, w), 1e-6, *dev(pos, freq)).cpu()
+    want = REF.rope(REF.rms_norm(x, w, 1e-6), pos, freq)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else BOUND[dtype])
+    two = ops.rope(ops.rms_norm(*dev(x, w), 1e-6), *dev(pos, freq)).cpu()
+    assert rel_err(got, two) < 1e-6

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import pow2
+from deepinfer_cuda_sm100.kernels.norm_rope import rope_row
 
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -120,15 +121,7 @@ def _compress_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     x = x * rstd * tl.load(w_ptr + d, mask=dm, other=0.0)
     x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
-    # Interleaved RoPE on the trailing 2*R2 channels: pair (2i, 2i+1) of the row.
-    ev, od = tl.split(tl.reshape(x, (BLOCK_D // 2, 2)))
-    i = tl.arange(0, BLOCK_D // 2)
-    f = i - (D // 2 - R2)
-    rot = (f >= 0) & (f < R2)
-    ang = tl.load(pos_ptr + e).to(tl.float32) * tl.load(freq_ptr + f, mask=rot, other=0.0)
-    c = tl.where(rot, tl.cos(ang), 1.0)
-    s_ = tl.where(rot, tl.sin(ang), 0.0)
-    y = tl.reshape(tl.join(ev * c - od * s_, ev * s_ + od * c), (BLOCK_D,))
+    y = rope_row(x, tl.load(pos_ptr + e).to(tl.float32), freq_ptr, D, R2, BLOCK_D)
     row = e
     if OUT_SLOTS:  # slot -1 (an entry that closes nothing in a static batch): the last, scratch slot
         row = tl.load(out_slots_ptr + e).to(tl.int64)

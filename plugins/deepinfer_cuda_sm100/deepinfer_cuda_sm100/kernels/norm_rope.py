@@ -1,4 +1,5 @@
-"""RMSNorm over rows and interleaved partial RoPE over ``[T, H, D]`` (both memory-bound, one pass)."""
+"""RMSNorm over rows and interleaved partial RoPE over ``[T, H, D]`` (both memory-bound, one pass), and the
+two fused (V4's query heads and KV row: one launch instead of two)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,53 @@ def rope(
         num_warps=cfg.num_warps,
     )  # fmt: skip
     return out.view(x.shape)
+
+
+@triton.jit
+def rope_row(x, pos, freq_ptr, D, R2, BLOCK_D: tl.constexpr):
+    """Interleaved RoPE of the trailing ``2 * R2`` channels of a float32 row ``x [BLOCK_D]`` (``D`` used) at
+    position ``pos``: pair ``(2i, 2i+1)`` of the row; leading channels unchanged."""
+    ev, od = tl.split(tl.reshape(x, (BLOCK_D // 2, 2)))
+    f = tl.arange(0, BLOCK_D // 2) - (D // 2 - R2)
+    rot = (f >= 0) & (f < R2)
+    ang = pos * tl.load(freq_ptr + f, mask=rot, other=0.0)
+    c = tl.where(rot, tl.cos(ang), 1.0)
+    s = tl.where(rot, tl.sin(ang), 0.0)
+    return tl.reshape(tl.join(ev * c - od * s, ev * s + od * c), (BLOCK_D,))
+
+
+@triton.jit
+def _rms_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, H, D, R2, stride_xt, stride_xh, stride_ot,
+                          stride_oh, eps, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Program ``t * H + h``: the row ``x[t, h]`` normed (rounded to the output dtype, as the separate ops
+    round) and rotated at ``pos[t]``."""
+    row = tl.program_id(0)
+    t = (row // H).to(tl.int64)
+    h = row % H
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + d, mask=dm, other=0.0).to(tl.float32)
+    y = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))
+    if HAS_W:
+        y = y * tl.load(w_ptr + d, mask=dm, other=0.0)
+    y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
+    y = rope_row(y, tl.load(pos_ptr + t).to(tl.float32), freq_ptr, D, R2, BLOCK_D)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, y.to(out_ptr.dtype.element_ty), mask=dm)
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
+                  inv_freq: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """See :meth:`deepinfer_core.ops.dense.DenseOps.rms_norm_rope`: ``x [T, H, D]``, one program per row."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    T, H, D = x.shape
+    out = torch.empty((T, H, D), dtype=x.dtype, device=x.device)
+    if T * H == 0:
+        return out
+    cfg = dispatch.rows_config(D)
+    w = weight.float().contiguous() if weight is not None else x
+    _rms_norm_rope_kernel[(T * H,)](
+        x, w, positions.contiguous(), inv_freq.float().contiguous(), out, H, D, inv_freq.numel(),
+        x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps,
+        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+    )  # fmt: skip
+    return out

@@ -72,6 +72,12 @@ class CudaDenseOps(DenseOps):
     def rope(self, x, positions, inv_freq, inverse=False):
         return norm_rope.rope(x, positions, inv_freq, inverse)
 
+    def rms_norm_rope(self, x, weight, eps, positions, inv_freq):
+        """One launch; rows wider than one register block keep the two ops."""
+        if x.dim() != 3 or dispatch.rows_config(x.shape[-1]).block_d < x.shape[-1]:
+            return super().rms_norm_rope(x, weight, eps, positions, inv_freq)
+        return norm_rope.rms_norm_rope(x, weight, eps, positions, inv_freq)
+
     def hc_pre(self, x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
         return mhc.hc_pre(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps)
 
