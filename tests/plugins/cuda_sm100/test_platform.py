@@ -113,6 +113,21 @@ def test_decode_gemms_take_the_gemv_kernel_only_for_one_row_tiles(monkeypatch):
     assert not dispatch.gemm_config(4, 1024, 4096, "fp8_block", gated=False, active=(4, 1)).gemv
 
 
+def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):
+    """Split-KV attention and chunked compressor windows only while the unsplit programs fill under half the
+    SMs; chunks are whole tiles, so never more than the slots (or rows) allow."""
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
+    assert dispatch.attention_splits(2, 640, 64) == 10  # batch 1: 2 head blocks, 10 tiles of slots
+    assert dispatch.attention_splits(32, 640, 64) == 5  # batch 16: about one program per SM
+    assert dispatch.attention_splits(128, 640, 64) == 1  # batch 64: enough programs already
+    assert dispatch.attention_splits(2, 64, 64) == 1  # one tile: nothing to split
+    cfg = dispatch.compress_config(128, 512)
+    assert dispatch.compress_splits(1, 128, cfg.block_l) == 128 // cfg.block_l  # HCA window at batch 1
+    assert dispatch.compress_splits(1, 8, dispatch.compress_config(8, 512).block_l) == 1  # CSA: one block
+    assert dispatch.compress_splits(100, 128, cfg.block_l) == 1
+
+
 def test_fp4_ptx_decode_only_where_it_is_exact(monkeypatch):
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
     assert dispatch.fp4_decode_ptx(torch.bfloat16, [(100, 128), (90, 120)])
