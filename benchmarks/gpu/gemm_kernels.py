@@ -36,6 +36,8 @@ DEV = torch.device("cuda")
 REPS = 10
 G = torch.Generator(DEV).manual_seed(7)
 ROWS: list[dict] = []
+#: decode row counts (``--rows``): the dense projections at each, the experts at each but 4
+DECODE_ROWS = [1, 4, 16, 64, 256]
 #: tensor-core tile variants for the FP4 experts at 64 and 256 rows: (block_m, block_n, block_k, warps, stages)
 TC_VARIANTS = [(16, 64, 128, 4, 3), (16, 128, 64, 4, 3), (32, 64, 64, 4, 3), (16, 64, 64, 8, 3), (16, 32, 128, 4, 4),
                (32, 128, 64, 4, 3)]  # fmt: skip
@@ -144,7 +146,7 @@ def decode_dense(ceil) -> None:
                          "wkv 512x4096": (512, 4096), "wo_b 4096x8192": (4096, 8192)}.items():  # fmt: skip
         w = fp8(n, k)
         ref_w = dequantize(w, torch.float32)
-        for m in (1, 4, 16, 64, 256):
+        for m in DECODE_ROWS:
             x = torch.randn(m, k, device=DEV, generator=G).to(torch.bfloat16)
             ref = x.float() @ ref_w.T
             for kind, var in kinds("fp8_block", m):
@@ -167,7 +169,7 @@ def decode_experts(ceil) -> None:
     per_expert = 3 * nbytes(ew.w1[0])
     bias = torch.zeros(E, device=DEV)
     ref_op = reference_op("moe")
-    for t in (1, 16, 64, 256):
+    for t in [r for r in DECODE_ROWS if r != 4]:
         x = torch.randn(t, H, device=DEV, generator=G).to(torch.bfloat16)
         wts, ids = ops.route_topk(torch.randn(t, E, device=DEV, generator=G), bias, K, "sqrtsoftplus", 1.5)
         touched = int(torch.unique(ids).numel())
@@ -251,7 +253,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sections", nargs="*", default=["decode_dense", "decode_experts", "prefill_dense"])
+    ap.add_argument(
+        "--rows", type=int, nargs="*", default=DECODE_ROWS, help="decode rows (e.g. 1 for batch 1)"
+    )
     args = ap.parse_args()
+    DECODE_ROWS[:] = args.rows
     print({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "triton": triton.__version__}, flush=True)  # fmt: skip
     ceil = ceilings()
