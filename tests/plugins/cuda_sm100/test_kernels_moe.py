@@ -184,3 +184,22 @@ def test_fp4_ptx_decode_bit_logic_matches_e2m1(gen):
                         byte = word + 2 * pair + h
                         want = lut[(byte >> shift) & 0xF] * 2.0 ** (e - 127)
                         assert (got * s).to(torch.bfloat16).item() == want.item(), (e, byte, half)
+
+
+def test_combine_sums_each_tokens_expert_rows_in_order(gen):
+    """The MoE combine kernel: per token, the ``k`` float32 rows summed in order and cast: exactly a sequential
+    float32 sum, and torch's sum to rounding."""
+    from deepinfer_cuda_sm100.kernels.combine import combine
+
+    T, k, D = 5, 6, 1100  # D: a partial channel block
+    y = rand(gen, T * k, D, scale=4.0)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = combine(dev(y), k, dtype).cpu()
+        assert got.dtype == dtype and got.shape == (T, D)
+        seq = y.view(T, k, D)[:, 0].clone()
+        for j in range(1, k):
+            seq += y.view(T, k, D)[:, j]
+        if dtype == torch.float32:  # (the interpreter's bfloat16 cast truncates; the GPU's rounds to nearest)
+            assert torch.equal(got, seq)
+        assert rel_err(got, y.view(T, k, D).sum(1).to(dtype)) < BOUND[dtype]
+    assert combine(dev(y[:0]), k, torch.float32).shape == (0, D)

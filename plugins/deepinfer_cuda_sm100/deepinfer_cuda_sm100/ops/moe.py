@@ -1,4 +1,4 @@
-"""CUDA MoE ops: fused routing and grouped expert GEMMs (Triton), sorting and the final sum in torch.
+"""CUDA MoE ops: fused routing, grouped expert GEMMs and the combine (Triton), sorting in torch above decode sizes.
 
 ``experts`` runs, with no host synchronisation:
 
@@ -8,7 +8,7 @@
 3. gate+up grouped GEMM over the gathered token rows, with the clamped SwiGLU in its epilogue -> ``h``;
 4. down grouped GEMM over ``h``, each row scaled by its routing weight and scattered back to its
    (token, slot) position;
-5. the ``k`` slots of each token summed in float32.
+5. the ``k`` slots of each token summed in float32 and cast, one launch (``kernels/combine.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 from deepinfer_core.ops.moe import MoEOps
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
 from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels import combine, routing, schedule
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
-from deepinfer_cuda_sm100.kernels import routing, schedule
 from deepinfer_cuda_sm100.ops._tables import TableCache
 
 
@@ -77,4 +77,4 @@ class CudaMoEOps(MoEOps):
         )
         y = torch.zeros((T * k, D), dtype=torch.float32, device=x.device)
         gg.grouped_gemm(h, p.w2, sched, y, cfg_dn, c_idx=order, row_w=row_w)
-        return y.view(T, k, D).sum(1).to(x.dtype)
+        return combine.combine(y, k, x.dtype)
