@@ -216,22 +216,32 @@ def _few_rows(a_ptr, a_idx_ptr, r0, r1, stride_am, w_base, s_base, up_base, up_s
 
 
 @triton.jit
+def _fp4_partial(lo, hi, sc, xe, xo, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP4_ASM: tl.constexpr):
+    """``[BLOCK_N, BLOCK_K / 16]`` partial dot products of one FP4 step: each thread's 16 codes of a row summed
+    in registers (the low and high nibbles as two multiply-add chains), scaled per group unless the PTX decode
+    already applied the scales."""
+    shape: tl.constexpr = [BLOCK_N, BLOCK_K // 32, 2, 8]
+    p = tl.sum(tl.reshape(lo * xe, shape), axis=3) + tl.sum(tl.reshape(hi * xo, shape), axis=3)
+    if not FP4_ASM:
+        p = p * sc[:, :, None]
+    return tl.reshape(p, [BLOCK_N, BLOCK_K // 16])
+
+
+@triton.jit
 def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0, k_lo, k_hi, K,
              stride_wn, stride_sn, stride_sk, FMT: tl.constexpr, GATED: tl.constexpr, HAS_A_IDX: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr,
              EVEN_N: tl.constexpr):  # fmt: skip
-    """One row per tile (decode): the products accumulate elementwise in a tile-shaped float32 register array
-    and are reduced across threads once, after the K loop, not once per K step (that reduction's shuffles and
-    barriers were about half the FP8 loop's instructions; NOTES.md v9)."""
+    """One row per tile (decode): each thread sums the products of its 16 consecutive K positions in registers
+    into a ``[BLOCK_N, BLOCK_K / 16]`` partial, and the partials are reduced across threads once, after the K
+    loop, not once per K step (that reduction's shuffles and barriers were a fifth of the FP8 loop). The
+    partial stays as small as the old per-step sum, so registers (and occupancy) do not grow (NOTES.md v9)."""
     if HAS_A_IDX:
         a_row = tl.load(a_idx_ptr + r0)
     else:
         a_row = r0
     x_base = a_ptr + a_row.to(tl.int64) * stride_am
-    if FMT == 2:
-        acc_t = tl.zeros([BLOCK_N, BLOCK_K // 32, 16], dtype=tl.float32)
-    else:
-        acc_t = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_t = tl.zeros([BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
     acc2_t = tl.zeros_like(acc_t)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if FMT == 2:
@@ -246,20 +256,12 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
             w_lo, w_hi, w_s = _fp4_tile(
                 w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM
             )
-            if FP4_ASM:  # scales applied by the decode; two FMAs per pair (not a multiply, an FMA and an add)
-                acc_t += w_lo * xe
-                acc_t += w_hi * xo
-            else:
-                acc_t += (w_lo * xe + w_hi * xo) * w_s[:, :, None]
+            acc_t += _fp4_partial(w_lo, w_hi, w_s, xe, xo, BLOCK_N, BLOCK_K, FP4_ASM)
             if GATED:
                 u_lo, u_hi, u_s = _fp4_tile(
                     up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM
                 )
-                if FP4_ASM:
-                    acc2_t += u_lo * xe
-                    acc2_t += u_hi * xo
-                else:
-                    acc2_t += (u_lo * xe + u_hi * xo) * u_s[:, :, None]
+                acc2_t += _fp4_partial(u_lo, u_hi, u_s, xe, xo, BLOCK_N, BLOCK_K, FP4_ASM)
         else:
             ks = k0 + tl.arange(0, BLOCK_K)
             if ALIGNED:  # K is whole steps: no mask (and no predicated loads) along K
@@ -269,20 +271,16 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
             xw = x
             if FMT == 1:
                 xw = x * _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED)
-            acc_t += _row_tile(w_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xw[None, :]
+            p = _row_tile(w_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xw[None, :]
+            acc_t += tl.sum(tl.reshape(p, [BLOCK_N, BLOCK_K // 16, 16]), axis=2)
             if GATED:
                 xu = x
                 if FMT == 1:
                     xu = x * _k_scale(up_s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED)
-                acc2_t += (
-                    _row_tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xu[None, :]
-                )
-    if FMT == 2:
-        acc = tl.sum(tl.sum(acc_t, axis=2), axis=1)[None, :]
-        acc2 = tl.sum(tl.sum(acc2_t, axis=2), axis=1)[None, :]
-    else:
-        acc = tl.sum(acc_t, axis=1)[None, :]
-        acc2 = tl.sum(acc2_t, axis=1)[None, :]
+                p2 = _row_tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xu[None, :]
+                acc2_t += tl.sum(tl.reshape(p2, [BLOCK_N, BLOCK_K // 16, 16]), axis=2)
+    acc = tl.sum(acc_t, axis=1)[None, :]
+    acc2 = tl.sum(acc2_t, axis=1)[None, :]
     return acc, acc2
 
 
