@@ -14,6 +14,13 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+#: torch dtype -> Triton dtype of the tensors the kernels read and write
+TL_DTYPE = {
+    torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32,
+    torch.float8_e4m3fn: tl.float8e4nv, torch.uint8: tl.uint8,
+}  # fmt: skip
+
+
 def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     """Operand dtype for ``tl.dot`` on tiles loaded as ``dtype``.
 
@@ -23,7 +30,7 @@ def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     """
     if interpreting():
         return tl.float32
-    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+    return TL_DTYPE[dtype]
 
 
 @triton.jit

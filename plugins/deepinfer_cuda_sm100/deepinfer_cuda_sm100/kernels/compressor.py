@@ -13,15 +13,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import pow2
+from deepinfer_cuda_sm100.kernels._common import TL_DTYPE, pow2
 from deepinfer_cuda_sm100.kernels.norm_rope import rope_row
-
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-
-
-def dtype_of(t: torch.Tensor):
-    """The Triton dtype of ``t``'s elements."""
-    return _TL_DTYPE[t.dtype]
 
 
 @triton.jit
@@ -204,7 +197,7 @@ def compress_from_state(
         part = torch.empty((E, parts, 3, bd), dtype=torch.float32, device=state.device)
         _compress_part_kernel[(E, parts)](
             state, state[:, 1], src_slots, part, L, D, ratio, chunk, state.stride(0), src_slots.stride(0),
-            OUT_T=dtype_of(out), BLOCK_L=cfg.block_l, BLOCK_D=bd, OVERLAP=overlap, num_warps=cfg.num_warps,
+            OUT_T=TL_DTYPE[out.dtype], BLOCK_L=cfg.block_l, BLOCK_D=bd, OVERLAP=overlap, num_warps=cfg.num_warps,
         )  # fmt: skip
     slots = out_slots.contiguous() if out_slots is not None else src_slots
     _compress_kernel[(E,)](

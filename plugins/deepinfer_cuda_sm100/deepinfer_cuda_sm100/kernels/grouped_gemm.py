@@ -34,6 +34,7 @@ import triton.language as tl
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import (
+    TL_DTYPE,
     dot_dtype,
     mma,
     store_tile,
@@ -238,12 +239,6 @@ def aligned16(datas: list[torch.Tensor]) -> bool:
     return all(t.element_size() == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in datas)
 
 
-_TL = {
-    torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32,
-    torch.float8_e4m3fn: tl.float8e4nv, torch.uint8: tl.uint8,
-}  # fmt: skip
-
-
 def tile_schedule(local_ids: torch.Tensor, num_experts: int, block_m: int):
     """Sort rows by expert and cut each expert's rows into ``block_m`` tiles, all on the device.
 
@@ -337,7 +332,7 @@ def grouped_gemm(
         ws, rows, k_per_split,
     )  # fmt: skip
     meta = dict(
-        FMT=table.fmt, W_T=_TL[table.w_dtype], S_T=_TL[table.s_dtype],
+        FMT=table.fmt, W_T=TL_DTYPE[table.w_dtype], S_T=TL_DTYPE[table.s_dtype],
         GATED=gated, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
         HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=split, ALIGNED=table.aligned and first.aligned and table.k % cfg.block_k == 0,
