@@ -68,7 +68,7 @@ class ReferenceAttentionOps(AttentionOps):
         topk: int,
     ) -> torch.Tensor:
         k_out = min(topk, cand_slots.shape[1])
-        out = torch.full((q.shape[0], k_out), -1, dtype=torch.int64)
+        out = torch.full((q.shape[0], k_out), -1, dtype=torch.int64, device=q.device)
         for t in range(q.shape[0]):
             cols = torch.nonzero(cand_slots[t] >= 0).flatten()
             if cols.numel() == 0:
@@ -89,7 +89,7 @@ class ReferenceAttentionOps(AttentionOps):
         positions: torch.Tensor,
         inv_freq: torch.Tensor,
     ) -> torch.Tensor:
-        out = torch.empty(kv.shape[0], kv.shape[2], dtype=kv.dtype)
+        out = kv.new_empty(kv.shape[0], kv.shape[2])
         for e in range(kv.shape[0]):
             w = torch.softmax(score[e].float(), dim=0).to(kv.dtype)
             pooled = (kv[e].clone() * w).sum(dim=0, keepdim=True)

@@ -41,7 +41,7 @@ def dense_weight(weight: Weight, dtype: torch.dtype) -> torch.Tensor:
 
 def linear_rows(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """Row-by-row ``x [T, in] @ w.T`` for a plain matrix ``w`` already in ``x.dtype``."""
-    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
+    out = x.new_empty(x.shape[0], w.shape[0])
     for t in range(x.shape[0]):
         out[t] = F.linear(x[t : t + 1].clone(), w)[0]
     return out
@@ -121,7 +121,8 @@ class ReferenceDenseOps(DenseOps):
             for t in range(x.shape[0])
         ]
         if not outs:
-            return x.new_empty(0, x.shape[2]), torch.empty(0, n), torch.empty(0, n, n)
+            f32 = {"dtype": torch.float32, "device": x.device}
+            return x.new_empty(0, x.shape[2]), torch.empty(0, n, **f32), torch.empty(0, n, n, **f32)
         return tuple(torch.cat(parts) for parts in zip(*outs))  # type: ignore[return-value]
 
     @staticmethod
