@@ -46,6 +46,22 @@ def num_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
+@functools.lru_cache(maxsize=8)
+def _pdl_args(arch_name: str, enabled: str) -> dict:
+    from deepinfer_cuda_sm100.kernels._common import gdc_wait
+
+    if arch_name == "interpreter" or enabled == "0" or gdc_wait is None:
+        return {}
+    return {"PDL": True, "launch_pdl": True}
+
+
+def pdl_args() -> dict:
+    """Launch arguments for programmatic dependent launch (``_common.pdl_enter``): on SM90+ with a Triton
+    that has ``griddepcontrol`` (3.3+), unless ``DEEPINFER_PDL=0``; none under the interpreter, which cannot
+    run the PTX. CUDA graphs capture the launches' programmatic edges (CUDA 12.3+)."""
+    return _pdl_args(arch(), os.environ.get("DEEPINFER_PDL", "1"))
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
@@ -184,12 +200,13 @@ def hc_mixes_config(t: int, k: int, m: int) -> HcMixesConfig:
     v1 capped the splits at 16 because the second kernel summed the partials with one dependent load per
     split (128 splits cost ~75 us at T=16 on the H200); it now loads all splits at once, so up to 64.
     One token skips ``tl.dot`` (its 16-row tile would be 15/16 padding): v8 run 10 measured those mixes at
-    9.5 us against 18 us. At 8 tokens the broadcast products spilled (46 us), so only one."""
+    9.5 us against 18 us. At 8 tokens the broadcast products spilled (46 us), so only one. One token also
+    takes up to 128 splits, one 128-wide step each (v9 run 2, ``hc_pre`` in a graph: 8.4 against 10.2 us)."""
     one = t == 1
     bt = 1 if one else (16 if t <= 1024 else 32)
     bk = 128 if arch() != "interpreter" else 64
     programs = _cdiv(t, bt)
-    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), 64))
+    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), 128 if one else 64))
     return HcMixesConfig(bt, bk, splits, 4, 1 if arch() == "interpreter" else 3, dot=not one)
 
 
@@ -201,6 +218,17 @@ class HcRowsConfig:
 
 def hc_rows_config(n: int, d: int) -> HcRowsConfig:
     return HcRowsConfig(_p2(d, 16, 4096 // _p2(n)), 4)
+
+
+def hc_split_config(t: int, n: int, d: int) -> HcRowsConfig:
+    """``hc_pre``'s second launch. Its first channel block also runs the Sinkhorn iterations on the ``N x N``
+    mixing matrix, a chain of ~40 dependent reductions that sets the launch's time at decode: in one warp they
+    are shuffles, in four they go through shared memory with a barrier each. So few tokens get one-warp programs
+    over narrower channel blocks (more programs; the collapse is a small part). v9 run 2, one token, ``hc_pre``
+    in a graph: 11.3 us at 1024 channels x 4 warps, 10.2 at 256 x 1, 9.8 at 128 x 1."""
+    if t <= 64 and arch() != "interpreter":
+        return HcRowsConfig(_p2(d, 16, 512 // _p2(n)), 1)
+    return hc_rows_config(n, d)
 
 
 @dataclass(frozen=True)

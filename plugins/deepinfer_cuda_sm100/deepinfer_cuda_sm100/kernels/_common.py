@@ -8,6 +8,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Triton 3.3+: griddepcontrol (programmatic dependent launch, SM90+)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # older Triton: dispatch.pdl_args() is empty, the PDL branch never compiles
+    gdc_launch_dependents = gdc_wait = None
+
 
 def interpreting() -> bool:
     """True under ``TRITON_INTERPRET=1`` (CPU interpreter, used by CI)."""
@@ -31,6 +36,18 @@ def dot_dtype(dtype: torch.dtype) -> tl.dtype:
     if interpreting():
         return tl.float32
     return TL_DTYPE[dtype]
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """First statement of every kernel. With ``PDL`` (launched with ``launch_pdl``, :func:`dispatch.pdl_args`): wait
+    until the kernel before this one on the stream has finished and its writes are visible, then let the next
+    kernel start launching. Its programs then sit resident in ``griddepcontrol.wait`` while this one runs, so
+    the launch latency between two decode kernels overlaps the first one instead of following it. Waiting
+    before any load or store keeps every read-after-write and write-after-read order of the plain launch."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit

@@ -7,10 +7,14 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels._common import pdl_enter
+
 
 @triton.jit
-def _combine_kernel(y_ptr, out_ptr, K, D, BLOCK_D: tl.constexpr):
+def _combine_kernel(y_ptr, out_ptr, K, D, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """Program ``(t, d-block)``: ``out[t] = sum_j y[t * K + j]`` over ``j = 0 .. K-1`` in order."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D
@@ -28,5 +32,5 @@ def combine(y: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
     if T == 0:
         return out
     bd = min(1024, triton.next_power_of_2(D))
-    _combine_kernel[(T, triton.cdiv(D, bd))](y, out, k, D, BLOCK_D=bd, num_warps=4)
+    _combine_kernel[(T, triton.cdiv(D, bd))](y, out, k, D, BLOCK_D=bd, num_warps=4, **dispatch.pdl_args())
     return out

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import TL_DTYPE, pow2
+from deepinfer_cuda_sm100.kernels._common import TL_DTYPE, pdl_enter, pow2
 from deepinfer_cuda_sm100.kernels.norm_rope import rope_row
 
 
@@ -63,9 +63,11 @@ def _window_sum(kv_ptr, score_ptr, src_ptr, e, l_lo, l_hi, D, RATIO, stride_ke, 
 def _compress_part_kernel(
     kv_ptr, score_ptr, src_ptr, part_ptr, L, D, RATIO, CHUNK, stride_kl, stride_src,
     OUT_T: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, OVERLAP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program ``(e, s)``: rows ``[s * CHUNK, (s + 1) * CHUNK)`` of window ``e`` (from the state pool) ->
     ``part[e, s] = (max, sum, weighted sum)`` per channel."""
+    pdl_enter(PDL)
     e = tl.program_id(0).to(tl.int64)
     lo = tl.program_id(1) * CHUNK
     m_i, l_i, acc = _window_sum(kv_ptr, score_ptr, src_ptr, e, lo, tl.minimum(lo + CHUNK, L), D, RATIO, 0,
@@ -83,12 +85,14 @@ def _compress_kernel(
     L, D, R2, RATIO, S_OUT, stride_ke, stride_kl, stride_se, stride_sl, stride_oe, stride_src, eps,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, FROM_STATE: tl.constexpr, OVERLAP: tl.constexpr,
     OUT_SLOTS: tl.constexpr, PARTS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``FROM_STATE``: row ``l`` of window ``e`` is state slot ``src[e, l]`` (``kv_ptr``/``score_ptr`` the kv and
     score halves of the state pool, ``stride_kl`` its row stride; with ``OVERLAP`` rows ``l >= RATIO`` read the
     second ``D`` channels), and its kv is rounded to the output dtype first, as the reference's cast does.
     ``OUT_SLOTS``: window ``e`` is written to row ``out_slots[e]`` of ``out`` (the entries pool).
     ``PARTS > 0``: the window's rows were summed in ``PARTS`` chunks by :func:`_compress_part_kernel`; merge."""
+    pdl_enter(PDL)
     e = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     dm = d < D
@@ -124,9 +128,10 @@ def _compress_kernel(
 
 @triton.jit
 def _state_kernel(kv_ptr, gate_ptr, ape_ptr, pos_ptr, slots_ptr, state_ptr, C, RATIO, S, stride_kv, stride_g,
-                  stride_state, BLOCK_C: tl.constexpr):  # fmt: skip
+                  stride_state, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """``state[slot[t], 0] = kv[t]``, ``state[slot[t], 1] = gate[t] + ape[pos[t] % RATIO]``, in float32; slot
     ``-1`` (a padding row of a static batch) is the pool's last slot, the scratch block, as in torch."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = c < C
@@ -160,7 +165,7 @@ def compress(
         positions, positions, out, L, D, inv_freq.numel(), 0, E, kv.stride(0), kv.stride(1), score.stride(0), score.stride(1),
         out.stride(0), 0, eps,
         BLOCK_L=cfg.block_l, BLOCK_D=pow2(D, 2), FROM_STATE=False, OVERLAP=False, OUT_SLOTS=False, PARTS=0,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
     return out
 
@@ -198,6 +203,7 @@ def compress_from_state(
         _compress_part_kernel[(E, parts)](
             state, state[:, 1], src_slots, part, L, D, ratio, chunk, state.stride(0), src_slots.stride(0),
             OUT_T=TL_DTYPE[out.dtype], BLOCK_L=cfg.block_l, BLOCK_D=bd, OVERLAP=overlap, num_warps=cfg.num_warps,
+            **dispatch.pdl_args(),
         )  # fmt: skip
     slots = out_slots.contiguous() if out_slots is not None else src_slots
     _compress_kernel[(E,)](
@@ -205,7 +211,7 @@ def compress_from_state(
         out, src_slots, slots, part, L, D, inv_freq.numel(), ratio, out.shape[0], 0, state.stride(0), 0, 0,
         out.stride(0), src_slots.stride(0), eps,
         BLOCK_L=cfg.block_l, BLOCK_D=bd, FROM_STATE=True, OVERLAP=overlap, OUT_SLOTS=out_slots is not None,
-        PARTS=parts, num_warps=cfg.num_warps,
+        PARTS=parts, num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
 
 
@@ -220,4 +226,5 @@ def write_state(state, slots, kv, gate, ape, positions) -> None:
     _state_kernel[(T, triton.cdiv(C, bc))](
         kv, gate, ape.float().contiguous(), positions.contiguous(), slots.contiguous(), state, C, ape.shape[0],
         state.shape[0], kv.stride(0), gate.stride(0), state.stride(0), BLOCK_C=bc, num_warps=4,
+        **dispatch.pdl_args(),
     )  # fmt: skip

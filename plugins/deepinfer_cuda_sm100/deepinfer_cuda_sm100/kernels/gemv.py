@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from deepinfer_cuda_sm100.kernels._common import store_tile, weight_base, weight_tile
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, store_tile, weight_base, weight_tile
 
 
 @triton.jit
@@ -295,8 +295,10 @@ def _grouped_gemv_kernel(
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr, EVEN_N: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``EVEN_N``: ``N`` is whole ``BLOCK_N`` blocks (with ``ALIGNED``, one-row FP8 tiles load without masks)."""
+    pdl_enter(PDL)
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)
     if ex < 0:

@@ -37,6 +37,7 @@ from deepinfer_cuda_sm100.kernels._common import (
     TL_DTYPE,
     dot_dtype,
     mma,
+    pdl_enter,
     store_tile,
     swiglu,
     weight_base,
@@ -126,7 +127,9 @@ def _grouped_gemm_kernel(
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)
     if ex < 0:
@@ -273,9 +276,11 @@ def _splitk_epilogue_kernel(
     ws_ptr, c_ptr, c_idx_ptr, row_w_ptr, R, N, stride_cm, limit,
     SPLIT_K: tl.constexpr, GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Sum the ``SPLIT_K`` partials of sorted row ``program_id(0)`` in a fixed order (deterministic), then
     the epilogue of :func:`_grouped_gemm_kernel`: SwiGLU, row weight, scatter, cast."""
+    pdl_enter(PDL)
     r = tl.program_id(0)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
@@ -340,17 +345,19 @@ def grouped_gemm(
     )  # fmt: skip
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
         ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])
-        _grouped_gemv_kernel[grid](*args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0, **meta)
+        _grouped_gemv_kernel[grid](
+            *args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0, **meta, **dispatch.pdl_args()
+        )
     else:
         asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
-                                   **meta)  # fmt: skip
+                                   **meta, **dispatch.pdl_args())  # fmt: skip
     if split > 1 and rows:
         bn = min(1024, triton.next_power_of_2(table.n))
         _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](
             ws, out, c_idx if c_idx is not None else tile_start, row_w if row_w is not None else out,
             rows, table.n, out.stride(0), limit,
             SPLIT_K=split, GATED=gated, HAS_C_IDX=c_idx is not None, HAS_ROW_W=row_w is not None,
-            BLOCK_N=bn, num_warps=4,
+            BLOCK_N=bn, num_warps=4, **dispatch.pdl_args(),
         )  # fmt: skip
     return out

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pow2
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pdl_enter, pow2
 
 
 @triton.jit
@@ -23,7 +23,9 @@ def _indexer_score_kernel(
     q_ptr, w_ptr, key_ptr, cand_ptr, out_ptr,
     Hi, Di, C, stride_qt, stride_qh, stride_wt, stride_key, stride_ct, stride_ot,
     DOT_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     n_split = tl.num_programs(1)
@@ -68,16 +70,18 @@ def indexer_scores(
         q, weights, key_pool, cand_slots, out,
         Hi, Di, C, q.stride(0), q.stride(1), weights.stride(0), key_pool.stride(0), cand_slots.stride(0), out.stride(0),
         DOT_T=dot_dtype(q.dtype), BLOCK_H=pow2(Hi, 16), BLOCK_D=pow2(Di, 16), BLOCK_C=cfg.block_c,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(),
     )  # fmt: skip
     return out
 
 
 @triton.jit
 def _topk_select_kernel(
-    score_ptr, out_ptr, C, K, stride_s, stride_o, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr
-):
+    score_ptr, out_ptr, C, K, stride_s, stride_o, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
     """Row ``t``: the columns of its ``K`` largest finite scores (any order), then ``-1`` past the valid ones."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     s = tl.load(score_ptr + t * stride_s + c, mask=c < C, other=float("-inf"))
@@ -110,7 +114,7 @@ def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
         cfg = dispatch.select_config(C)
         _topk_select_kernel[(T,)](
             scores, out, C, k, scores.stride(0), out.stride(0), BLOCK_C=pow2(C, 16), BLOCK_K=pow2(k, 16),
-            num_warps=cfg.num_warps,
+            num_warps=cfg.num_warps, **dispatch.pdl_args(),
         )  # fmt: skip
     return out
 

@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from deepinfer_core.kv.fp8 import E4M3_MAX, GROUP, Fp8KVFormat
-from deepinfer_cuda_sm100.kernels._common import pow2
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, pow2
 
 _MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.kv.fp8
 _MAX = tl.constexpr(E4M3_MAX)
@@ -34,7 +35,9 @@ def _e4m3_grid(y):
 
 @triton.jit
 def _pack_kernel(x_ptr, slots_ptr, code_ptr, rope_ptr, scale_ptr, stride_x, NOPE, ROPE, ROW, ROPE_ROW, ROPE_OFF,
-                 SCALE_ROW, SCALE_OFF, NG, S, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
+                 SCALE_ROW, SCALE_OFF, NG, S, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_R: tl.constexpr,
+                 PDL: tl.constexpr = False):  # fmt: skip
+    pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + r).to(tl.int64)
     slot = tl.where(
@@ -76,4 +79,5 @@ def store_fp8(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt
         values.stride(0), fmt.nope, fmt.rope_dim, fmt.row_bytes, fmt.row_bytes // rs, fmt.rope_offset // rs,
         fmt.row_bytes // 4, fmt.scale_offset // 4, fmt.num_scales, pool.shape[0],
         GROUP=GROUP, BLOCK_G=pow2(fmt.num_scales, 1), BLOCK_R=pow2(max(fmt.rope_dim, 1), 16), num_warps=4,
+        **dispatch.pdl_args(),
     )  # fmt: skip

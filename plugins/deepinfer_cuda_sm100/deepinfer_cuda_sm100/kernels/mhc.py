@@ -22,14 +22,16 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import pow2
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, pow2
 
 
 @triton.jit
 def _hc_mixes_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, M, k_per_split, stride_xt, stride_fn,
-                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
+                     BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr,
+                     PDL: tl.constexpr = False):  # fmt: skip
     """Split-K partials: ``part[s, t, :] = x[t, Ks] @ fn[:, Ks].T`` and ``sq[s, t] = sum(x[t, Ks]^2)``
     (``DOT``: on the tensor cores, 16 rows at least; else, for one token, float32 products on the CUDA cores)."""
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     split = tl.program_id(1)
     rm = rows < T
@@ -73,7 +75,9 @@ def _hc_split_kernel(
     x_ptr, part_ptr, sq_ptr, scale_ptr, base_ptr, out_ptr, post_ptr, comb_ptr,
     T, N, D, M, n_split, stride_xt, stride_xn, stride_ot, iters, inv_k, hc_eps, norm_eps,
     HEAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     db = tl.program_id(1)
     n = tl.arange(0, BLOCK_N)
@@ -120,7 +124,7 @@ def mixes_partials(x: torch.Tensor, fn: torch.Tensor):
     _hc_mixes_kernel[(triton.cdiv(T, cfg.block_t), n_split)](
         x, fn, part, sq, T, K, M, k_per_split, x.stride(0), fn.stride(0),
         BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, BLOCK_M=pow2(M, 16), DOT=cfg.dot, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=cfg.num_stages, **dispatch.pdl_args(),
     )  # fmt: skip
     return part, sq
 
@@ -132,12 +136,12 @@ def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, he
     out = torch.empty((T, D), dtype=x.dtype, device=dev)
     post = torch.empty((T, N), dtype=torch.float32, device=dev)
     comb = torch.empty((T, N, N), dtype=torch.float32, device=dev)
-    cfg = dispatch.hc_rows_config(N, D)
+    cfg = dispatch.hc_split_config(T, N, D)
     _hc_split_kernel[(T, triton.cdiv(D, cfg.block_d))](
         x, part, sq, scale.float().contiguous(), base.float().contiguous(), out, post, comb,
         T, N, D, fn.shape[0], part.shape[0], x.stride(0), x.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps,
         norm_eps, HEAD=head, BLOCK_N=pow2(N), BLOCK_NN=pow2(N) ** 2, BLOCK_D=cfg.block_d,
-        BLOCK_S=pow2(part.shape[0]), num_warps=cfg.num_warps,
+        BLOCK_S=pow2(part.shape[0]), num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
     return out, post, comb
 
@@ -162,7 +166,9 @@ def hc_head(x, fn, base, scale, hc_eps: float, norm_eps: float) -> torch.Tensor:
 
 @triton.jit
 def _hc_post_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, N, D, stride_yt, stride_rt, stride_rn, stride_ot,
-                    stride_on, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+                    stride_on, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    PDL: tl.constexpr = False):  # fmt: skip
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D
@@ -196,6 +202,6 @@ def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: t
     _hc_post_kernel[(T, triton.cdiv(D, cfg.block_d))](
         y, residual, post.float().contiguous(), comb.float().contiguous(), out, N, D,
         y.stride(0), residual.stride(0), residual.stride(1), out.stride(0), out.stride(1),
-        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
     return out

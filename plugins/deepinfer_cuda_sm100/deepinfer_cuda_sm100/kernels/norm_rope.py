@@ -8,12 +8,15 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels._common import pdl_enter
 
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, w_ptr, out_ptr, D, stride_x, stride_o, eps, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr
-):
+    x_ptr, w_ptr, out_ptr, D, stride_x, stride_o, eps, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -43,7 +46,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     w = weight.float().contiguous() if weight is not None else x2
     _rms_norm_kernel[(x2.shape[0],)](
         x2, w, out, D, x2.stride(0), out.stride(0), eps,
-        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
     return out.view(x.shape)
 
@@ -53,7 +56,9 @@ def _rope_kernel(
     x_ptr, pos_ptr, freq_ptr, out_ptr,
     H, D, R2, stride_xt, stride_xh, stride_ot, stride_oh,
     SIGN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_NOPE: tl.constexpr, BLOCK_R2: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = heads < H
@@ -95,7 +100,7 @@ def rope(
         x3, positions.contiguous(), inv_freq.float().contiguous(), out,
         H, D, R2, x3.stride(0), x3.stride(1), out.stride(0), out.stride(1),
         SIGN=-1.0 if inverse else 1.0, BLOCK_H=cfg.block_h, BLOCK_NOPE=cfg.block_nope, BLOCK_R2=cfg.block_r2,
-        num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
     return out.view(x.shape)
 
@@ -115,9 +120,11 @@ def rope_row(x, pos, freq_ptr, D, R2, BLOCK_D: tl.constexpr):
 
 @triton.jit
 def _rms_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, H, D, R2, stride_xt, stride_xh, stride_ot,
-                          stride_oh, eps, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+                          stride_oh, eps, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr,
+                          PDL: tl.constexpr = False):  # fmt: skip
     """Program ``t * H + h``: the row ``x[t, h]`` normed (rounded to the output dtype, as the separate ops
     round) and rotated at ``pos[t]``."""
+    pdl_enter(PDL)
     row = tl.program_id(0)
     t = (row // H).to(tl.int64)
     h = row % H
@@ -145,6 +152,6 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, posi
     _rms_norm_rope_kernel[(T * H,)](
         x, w, positions.contiguous(), inv_freq.float().contiguous(), out, H, D, inv_freq.numel(),
         x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps,
-        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
     return out

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import pow2
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, pow2
 
 SCORE_FUNCS = {"sqrtsoftplus": 0, "softmax": 1, "sigmoid": 2}
 
@@ -22,7 +22,9 @@ def _route_kernel(
     logits_ptr, bias_ptr, ids_ptr, w_ptr, T, E, K, stride_lt, scaling,
     SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HASH: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     rm = rows < T
     e = tl.arange(0, BLOCK_E)
@@ -75,6 +77,7 @@ def _launch(logits, bias, ids, top_k, score_func, scaling, hash_mode):
         logits, bias.float().contiguous() if bias is not None else logits, ids, w, T, E, top_k, logits.stride(0), scaling,
         SCORE=SCORE_FUNCS[score_func], HAS_BIAS=bias is not None, HASH=hash_mode,
         BLOCK_T=cfg.block_t, BLOCK_E=pow2(E), BLOCK_K=pow2(top_k), num_warps=cfg.num_warps,
+        **dispatch.pdl_args(),
     )  # fmt: skip
     return w
 

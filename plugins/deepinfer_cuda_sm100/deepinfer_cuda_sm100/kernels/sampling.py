@@ -11,11 +11,14 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels._common import pdl_enter
 
 
 @triton.jit
 def _penalties_kernel(logits_ptr, mask_ptr, counts_ptr, pres_ptr, freq_ptr, rep_ptr, out_ptr, V,
-                      stride_l, stride_m, stride_c, stride_o, BLOCK_V: tl.constexpr):  # fmt: skip
+                      stride_l, stride_m, stride_c, stride_o, BLOCK_V: tl.constexpr,
+                      PDL: tl.constexpr = False):  # fmt: skip
+    pdl_enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     vm = v < V
@@ -46,13 +49,17 @@ def apply_penalties(logits, prompt_mask, output_counts, presence, frequency, rep
     _penalties_kernel[(B, triton.cdiv(V, cfg.block_v))](
         logits, mask, counts, presence.float().contiguous(), frequency.float().contiguous(),
         repetition.float().contiguous(), out, V, logits.stride(0), mask.stride(0), counts.stride(0), out.stride(0),
-        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps,
+        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
     return out
 
 
 @triton.jit
-def _bitmask_kernel(logits_ptr, mask_ptr, out_ptr, V, stride_l, stride_m, stride_o, BLOCK_V: tl.constexpr):
+def _bitmask_kernel(
+    logits_ptr, mask_ptr, out_ptr, V, stride_l, stride_m, stride_o, BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl_enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     vm = v < V
@@ -72,6 +79,6 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     cfg = dispatch.vocab_config(V)
     _bitmask_kernel[(B, triton.cdiv(V, cfg.block_v))](
         logits, bitmask, out, V, logits.stride(0), bitmask.stride(0), out.stride(0),
-        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps,
+        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, **dispatch.pdl_args(),
     )  # fmt: skip
     return out

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda_sm100.kernels._common import pow2
+from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, pow2
 
 MAX_ROWS = 4096  # (token, slot) rows one program sorts; larger problems use the torch schedule
 _TILE_CHUNK = 64
@@ -27,7 +28,9 @@ _TILE_CHUNK = 64
 @triton.jit
 def _schedule_kernel(ids_ptr, lut_ptr, w_ptr, order_ptr, a_idx_ptr, row_w_ptr, t_exp_ptr, t_start_ptr, t_end_ptr,
                      scratch_ptr, R, LUT_N, E, K, NT, BLOCK_M,
-                     BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+                     BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+                     PDL: tl.constexpr = False):  # fmt: skip
+    pdl_enter(PDL)
     r = tl.arange(0, BLOCK_R)
     rm = r < R
     gid = tl.load(ids_ptr + r, mask=rm, other=-1)
@@ -81,6 +84,6 @@ def moe_schedule(ids: torch.Tensor, lut: torch.Tensor, weights: torch.Tensor, nu
     _schedule_kernel[(1,)](
         ids.reshape(-1).contiguous(), lut, weights.reshape(-1).contiguous(), order, a_idx, row_w, t_exp, t_start,
         t_end, scratch, R, lut.numel(), num_experts, k, nt, block_m,
-        BLOCK_R=pow2(R, 16), BLOCK_E=block_e, CHUNK=_TILE_CHUNK, num_warps=4,
+        BLOCK_R=pow2(R, 16), BLOCK_E=block_e, CHUNK=_TILE_CHUNK, num_warps=4, **dispatch.pdl_args(),
     )  # fmt: skip
     return order, a_idx, row_w, t_exp, t_start, t_end

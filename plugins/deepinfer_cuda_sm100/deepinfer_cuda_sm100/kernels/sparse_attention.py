@@ -23,7 +23,7 @@ import triton.language as tl
 
 from deepinfer_core.kv.fp8 import GROUP, Fp8KVFormat
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pow2
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pdl_enter, pow2
 
 LOG2E = 1.4426950408889634
 
@@ -89,9 +89,11 @@ def _sparse_attn_kernel(
     qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF,
     HAS_CMP: tl.constexpr, DOT_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``SPLIT``: program ``(t, h, s)`` covers slots ``[s * CHUNK, (s + 1) * CHUNK)`` of the window list followed
     by the compressed list and writes ``acc`` to ``part[t, s, heads]`` and ``(m, l)`` to ``ml[t, s, heads]``."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = heads < H
@@ -135,9 +137,20 @@ def _sparse_attn_kernel(
 
 @triton.jit
 def _combine_kernel(
-    part_ptr, ml_ptr, sinks_ptr, out_ptr, H, D, S, stride_ot, stride_oh, BLOCK_D: tl.constexpr
+    part_ptr,
+    ml_ptr,
+    sinks_ptr,
+    out_ptr,
+    H,
+    D,
+    S,
+    stride_ot,
+    stride_oh,
+    BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Program ``(t, h)``: the sink's state (max = sink, sum 1, no value) merged with the ``S`` chunk states."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -218,8 +231,9 @@ def sparse_attention(
         out.stride(0), out.stride(1), scale * LOG2E, *layout,
         HAS_CMP=has_cmp, DOT_T=dot_dtype(q.dtype), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=bd,
         FP8=fmt is not None, GROUP=GROUP, SPLIT=splits > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **dispatch.pdl_args(),
     )  # fmt: skip
     if splits > 1:
         _combine_kernel[(T, H)](part, ml, sinks, out, H, D, splits, out.stride(0), out.stride(1), BLOCK_D=bd,
-                                num_warps=4)  # fmt: skip
+                                num_warps=4, **dispatch.pdl_args())  # fmt: skip
     return out
