@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from check_attention import check_attention  # noqa: F401 - a section, called by name
 from check_common import (  # noqa: E402 - after check_common has set TRITON_INTERPRET for --smoke
@@ -44,6 +45,7 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     WINDOW,
     G,
     bench,
+    bench_graph,
     ceilings,
     poisoned,
     record,
@@ -114,6 +116,7 @@ def check_dense():
         err = rel_err(out, ref.hc_post(y, x, post, comb)) if T == 16 else None
         record("hc_post", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], bench(lambda: ops.hc_post(y, x, post, comb)),
                2 * T * HIDDEN * (1 + 2 * HC))  # fmt: skip
+    check_hc_decode(ops, fn, base, scale)
     for fmt in ("fp8_block", "fp4_e2m1"):
         w = rand_qweight(fmt, HIDDEN, HIDDEN)
         wc = to_device(w, torch.device("cpu"))
@@ -316,6 +319,29 @@ def sweep():
         dispatch.gemm_config = orig_g
         ew = None
         torch.cuda.empty_cache()
+
+
+def check_hc_decode(ops, fn, base, scale):
+    """``hc_pre`` for one token in a graph, as a decode step runs it, over the launch shapes of its second
+    kernel (channel block, warps; the Sinkhorn iterations run in its first block) and the mixes' K splits."""
+    from deepinfer_cuda_sm100.kernels import mhc
+
+    x = rnd(1, HC, HIDDEN)
+    split_cfg, mixes_cfg = dispatch.hc_split_config, dispatch.hc_mixes_config
+    want = ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)
+    for bd, warps, splits in ((1024, 4, None), (256, 1, None), (512, 2, None), (128, 1, None), (256, 1, 128)):
+        dispatch.hc_split_config = lambda t, n, d: dispatch.HcRowsConfig(bd, warps)
+        if splits:
+            dispatch.hc_mixes_config = lambda t, k, m: replace(mixes_cfg(t, k, m), splits=splits)
+        try:
+            outs = poisoned(lambda: mhc.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
+            err = max(rel_err(a, b) for a, b in zip(outs, want))
+            ms = bench_graph(lambda: mhc.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
+        finally:
+            dispatch.hc_split_config, dispatch.hc_mixes_config = split_cfg, mixes_cfg
+        record("hc_pre[graph]", f"1x{HC}x{HIDDEN} split {bd}x{warps}w mixes {splits or 'auto'}", err, BOUND["bf16"],
+               ms, 2 * x.numel() + 2 * HIDDEN + 4 * fn.numel(), note="default" if (bd, warps, splits) == (
+                   split_cfg(1, HC, HIDDEN).block_d, split_cfg(1, HC, HIDDEN).num_warps, None) else "")  # fmt: skip
 
 
 def main() -> int:
