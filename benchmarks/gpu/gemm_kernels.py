@@ -48,11 +48,12 @@ TC_VARIANTS = [(16, 64, 128, 4, 3), (16, 128, 64, 4, 3), (32, 64, 64, 4, 3), (16
 #: tensor-core variants for the FP8 linears at 64 and 256 rows
 FP8_TC_VARIANTS = [(64, 64, 64, 4, 4), (128, 128, 64, 8, 3), (64, 64, 128, 4, 3), (128, 128, 128, 8, 3),
                    (128, 64, 128, 4, 3)]  # fmt: skip
-#: GEMV launch variants tried beside the default: (block_n, block_k, num_warps[, block_m])
+#: GEMV launch variants tried beside the default: (block_n, block_k, num_warps[, block_m[, num_stages]])
 VARIANTS = {
-    "fp8_block": [(16, 512, 4), (8, 2048, 4), (4, 1024, 4), (8, 1024, 8), (16, 1024, 4), (32, 512, 4), (16, 256, 4)],
+    "fp8_block": [(16, 512, 4), (8, 2048, 4), (4, 1024, 4), (8, 1024, 8), (16, 1024, 4), (32, 512, 4), (16, 256, 4),
+                  (8, 1024, 4, 1, 3), (16, 512, 4, 1, 3)],
     "fp4_e2m1": [(16, 1024, 4), (8, 512, 4), (32, 512, 4), (16, 256, 4), (32, 1024, 4), (64, 256, 4), (16, 2048, 4),
-                 (32, 512, 8)],
+                 (32, 512, 8), (16, 512, 4, 1, 3), (32, 512, 4, 1, 3)],
 }  # fmt: skip
 
 

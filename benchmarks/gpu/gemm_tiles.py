@@ -19,7 +19,7 @@ def forced(kind: str, variant: tuple | None = None):
     """``(original, pick)``: ``pick`` always chooses ``kind`` ("tensor_cores", "tensor_cores_arith" for the
     integer FP4 decode, "tensor_cores_bits" for the Triton bit placement instead of the PTX decode, "gemv",
     or "gemv_bits"), with a launch ``variant``: tile fields for the tensor cores, ``(block_n, block_k, num_warps[,
-    block_m])`` for the GEMV."""
+    block_m[, num_stages]])`` for the GEMV."""
     orig = dispatch.gemm_config
 
     def pick(rows, n, k, fmt, gated, active=None):
@@ -39,6 +39,7 @@ def forced(kind: str, variant: tuple | None = None):
         if variant is not None:
             g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])
             g = replace(g, block_m=variant[3]) if len(variant) > 3 else g
+            g = replace(g, num_stages=variant[4]) if len(variant) > 4 else g
         return dispatch.fit_split_k(g, n, k, active)
 
     return orig, pick
