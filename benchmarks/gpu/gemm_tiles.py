@@ -35,7 +35,10 @@ def forced(kind: str, variant: tuple | None = None):
                 fp4_bits=kind != "tensor_cores_arith",
                 fp4_asm=cfg.fp4_asm and kind == "tensor_cores",
             )
-        g = replace(dispatch.gemv_config(min(rows, 8), fmt), fp4_asm=kind == "gemv")
+        base = (
+            cfg if cfg.gemv else dispatch.gemv_config(min(rows, 8), fmt)
+        )  # as dispatched where it is a GEMV
+        g = replace(base, fp4_asm=kind == "gemv")
         if variant is not None:
             g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])
             g = replace(g, block_m=variant[3]) if len(variant) > 3 else g

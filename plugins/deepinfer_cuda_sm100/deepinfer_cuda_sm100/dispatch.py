@@ -55,10 +55,19 @@ def _pdl_args(arch_name: str, enabled: str) -> dict:
     return {"PDL": True, "launch_pdl": True}
 
 
-def pdl_args() -> dict:
-    """Launch arguments for programmatic dependent launch (``_common.pdl_enter``): on SM90+ with a Triton
-    that has ``griddepcontrol`` (3.3+), unless ``DEEPINFER_PDL=0``; none under the interpreter, which cannot
-    run the PTX. CUDA graphs capture the launches' programmatic edges (CUDA 12.3+)."""
+#: kernels over at most this many tokens (or rows) launch with PDL (:func:`pdl_args`)
+PDL_MAX_TOKENS = 16
+
+
+def pdl_args(tokens: int) -> dict:
+    """Launch arguments for programmatic dependent launch (``_common.pdl_enter``) of a kernel over ``tokens``
+    tokens (rows): on SM90+ with a Triton that has ``griddepcontrol`` (3.3+), unless ``DEEPINFER_PDL=0``; none
+    under the interpreter, which cannot run the PTX. CUDA graphs capture the launches' programmatic edges
+    (CUDA 12.3+). Only few-token kernels: H200 v10 runs 2 and 4, slice steps with PDL against without in the
+    same run: batch 1 -8% and -3%, batch 16 +0.5%, 64 +4.4% and +3.5%, 256 +2.9% and +1.6%. The many-wave
+    kernels of large batches gain nothing from an earlier launch and lose a little."""
+    if tokens > PDL_MAX_TOKENS:
+        return {}
     return _pdl_args(arch(), os.environ.get("DEEPINFER_PDL", "1"))
 
 
@@ -276,7 +285,12 @@ def gemm_config(
     holding them)``, at most; when the row tiles they make are too few programs to keep every SM
     streaming weights (decode), K is split (:func:`split_k`).
     """
-    return fit_split_k(_gemm_tiles(rows_per_expert, fmt, gated), n, k, active)
+    experts = active[1] if active is not None else 1
+    weight_bytes = n * k * experts * (2 if gated else 1) * _BYTES_PER_WEIGHT.get(fmt, 2)
+    return fit_split_k(_gemm_tiles(rows_per_expert, fmt, gated, weight_bytes), n, k, active)
+
+
+_BYTES_PER_WEIGHT = {"fp4_e2m1": 0.5, "fp8_block": 1}
 
 
 def fit_split_k(cfg: GemmConfig, n: int, k: int, active: tuple[int, int] | None) -> GemmConfig:
@@ -297,9 +311,9 @@ def split_k(programs: int, k: int, block_k: int) -> int:
     return max(1, min(want // max(programs, 1), k // max(512, block_k)))
 
 
-def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool) -> GemmConfig:
+def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool, weight_bytes: float = 0) -> GemmConfig:
     if rows_per_expert <= GEMV_MAX_ROWS:
-        return gemv_config(rows_per_expert, fmt)
+        return gemv_config(rows_per_expert, fmt, weight_bytes, gated)
     if arch() == "interpreter":
         return GemmConfig(16, 32, 64, 4, 1)
     # H200 sweep (NOTES.md v2): dequantising formats want 64+ row tiles (wgmma) even at decode,
@@ -323,17 +337,27 @@ def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool) -> GemmConfig:
     return GemmConfig(bm, bn, 64, warps, 3 if fmt == "fp4_e2m1" else 4)
 
 
-def gemv_config(rows_per_expert: float, fmt: str) -> GemmConfig:
+#: GEMV calls reading at least this many weight bytes take 32 x 512 tiles (:func:`gemv_config`)
+GEMV_WIDE_BYTES = 16 << 20
+
+
+def gemv_config(rows_per_expert: float, fmt: str, weight_bytes: float = 0, gated: bool = False) -> GemmConfig:
     """Decode: tiles of ``block_m`` rows (1 as dispatched; up to 8 when forced); each program streams
-    ``block_n`` weight rows in ``block_k``-wide steps (``block_n`` divides 128 for the FP8 block scales)."""
+    ``block_n`` weight rows in ``block_k``-wide steps (``block_n`` divides 128 for the FP8 block scales).
+
+    H200, v10 run 4 (``gemm_kernels.py``, weights cold in L2 as in a decode step): calls of 16 MB and more
+    are fastest in 32-row tiles of 512 (FP8 wq_b 32 MB 11.8 -> 10.3 us, wo_b 14.6 -> 11.7; FP4 experts at
+    batch 1, gate+up and down, 70.1 -> 56.9 us); smaller ones in 8 x 1024 (FP8 wq_a 4.3 us against 5.2).
+    Gated FP8 (the shared expert) keeps 8 x 1024: two 32 x 512 FP8 tiles a step were not measured."""
     bm = (
         1 if rows_per_expert <= GEMV_MAX_ROWS else _p2(math.ceil(rows_per_expert), 1, 8)
     )  # kernel unrolls <= 8
     if arch() == "interpreter":
         return GemmConfig(bm, 16, 64, 4, 1, gemv=True)
-    # H200 (NOTES.md v6), 1-row tiles: FP8 best at 8 x 1024 (wq_b 43%, wo_b 40% of copy bandwidth),
-    # FP4 at 16 x 512 codes
     bn, bk = {"fp4_e2m1": (16, 512), "fp8_block": (8, 1024)}.get(fmt, (16, 256))
+    wide = weight_bytes >= GEMV_WIDE_BYTES and not (gated and fmt == "fp8_block")
+    if bm == 1 and wide and fmt in _BYTES_PER_WEIGHT:
+        bn, bk = 32, 512
     return GemmConfig(bm, bn, bk, 4, 1, gemv=True)
 
 

@@ -1,5 +1,5 @@
 """Programmatic dependent launch: every kernel opens with ``pdl_enter`` and every launch passes
-``dispatch.pdl_args()``, which turns it on only where the PTX can run.
+``dispatch.pdl_args(tokens)``, which turns it on only where the PTX can run, for few-token kernels.
 
 A kernel launched with ``launch_pdl`` that touched memory before ``griddepcontrol.wait`` could read what
 the previous kernel has not written yet, and one launched without it would wait as before; so the
@@ -54,23 +54,28 @@ def test_every_launch_passes_pdl_args(name, tree):
             kernel = ast.unparse(call.func.value)
             if kernel.endswith("_kernel"):
                 spread = [ast.unparse(k.value) for k in call.keywords if k.arg is None]
-                assert "dispatch.pdl_args()" in spread, (
-                    f"{name}: launch of {kernel} without **dispatch.pdl_args()"
+                assert any(s.startswith("dispatch.pdl_args(") for s in spread), (
+                    f"{name}: launch of {kernel} without **dispatch.pdl_args(tokens)"
                 )
 
 
 def test_pdl_args_off_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert dispatch.pdl_args() == {}
+    assert dispatch.pdl_args(1) == {}
 
 
-def test_pdl_args_on_hopper_unless_disabled(monkeypatch):
+def test_pdl_args_on_hopper_for_few_tokens_unless_disabled(monkeypatch):
     from deepinfer_cuda_sm100.kernels import _common
 
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
     if _common.gdc_wait is None:
-        assert dispatch.pdl_args() == {}
+        assert dispatch.pdl_args(1) == {}
         return
-    assert dispatch.pdl_args() == {"PDL": True, "launch_pdl": True}
+    assert (
+        dispatch.pdl_args(1)
+        == dispatch.pdl_args(dispatch.PDL_MAX_TOKENS)
+        == {"PDL": True, "launch_pdl": True}
+    )
+    assert dispatch.pdl_args(dispatch.PDL_MAX_TOKENS + 1) == {}
     monkeypatch.setenv("DEEPINFER_PDL", "0")
-    assert dispatch.pdl_args() == {}
+    assert dispatch.pdl_args(1) == {}

@@ -113,6 +113,23 @@ def test_decode_gemms_take_the_gemv_kernel_only_for_one_row_tiles(monkeypatch):
     assert not dispatch.gemm_config(4, 1024, 4096, "fp8_block", gated=False, active=(4, 1)).gemv
 
 
+def test_decode_gemvs_of_16_mb_and_more_take_32_by_512_tiles(monkeypatch):
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
+
+    def tile(n, k, fmt, gated, active):
+        cfg = dispatch.gemm_config(1, n, k, fmt, gated=gated, active=active)
+        assert cfg.gemv
+        return cfg.block_n, cfg.block_k
+
+    assert tile(32768, 1024, "fp8_block", False, (1, 1)) == (32, 512)  # wq_b, 32 MB
+    assert tile(1024, 4096, "fp8_block", False, (1, 1)) == (8, 1024)  # wq_a, 4 MB
+    assert tile(1024, 4096, "fp8_block", False, (8, 8)) == (32, 512)  # wo_a: 8 groups of 4 MB
+    assert tile(2048, 4096, "fp8_block", True, (1, 1)) == (8, 1024)  # shared expert gate+up: gated FP8
+    assert tile(2048, 4096, "fp4_e2m1", True, (6, 6)) == (32, 512)  # six experts' gate+up, 50 MB
+    assert tile(2048, 4096, "fp4_e2m1", True, (1, 1)) == (16, 512)  # one expert, 8 MB
+
+
 def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):
     """Split-KV attention and chunked compressor windows only while the unsplit programs fill under half the
     SMs; chunks are whole tiles, so never more than the slots (or rows) allow."""

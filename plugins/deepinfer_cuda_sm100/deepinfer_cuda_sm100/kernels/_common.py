@@ -10,7 +10,7 @@ import triton.language as tl
 
 try:  # Triton 3.3+: griddepcontrol (programmatic dependent launch, SM90+)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # older Triton: dispatch.pdl_args() is empty, the PDL branch never compiles
+except ImportError:  # older Triton: dispatch.pdl_args is empty, the PDL branch never compiles
     gdc_launch_dependents = gdc_wait = None
 
 

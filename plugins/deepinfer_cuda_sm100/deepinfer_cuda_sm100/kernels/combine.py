@@ -32,5 +32,5 @@ def combine(y: torch.Tensor, k: int, dtype: torch.dtype) -> torch.Tensor:
     if T == 0:
         return out
     bd = min(1024, triton.next_power_of_2(D))
-    _combine_kernel[(T, triton.cdiv(D, bd))](y, out, k, D, BLOCK_D=bd, num_warps=4, **dispatch.pdl_args())
+    _combine_kernel[(T, triton.cdiv(D, bd))](y, out, k, D, BLOCK_D=bd, num_warps=4, **dispatch.pdl_args(T))
     return out

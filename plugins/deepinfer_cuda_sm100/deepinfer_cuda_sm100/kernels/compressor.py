@@ -165,7 +165,7 @@ def compress(
         positions, positions, out, L, D, inv_freq.numel(), 0, E, kv.stride(0), kv.stride(1), score.stride(0), score.stride(1),
         out.stride(0), 0, eps,
         BLOCK_L=cfg.block_l, BLOCK_D=pow2(D, 2), FROM_STATE=False, OVERLAP=False, OUT_SLOTS=False, PARTS=0,
-        num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        num_warps=cfg.num_warps, **dispatch.pdl_args(E),
     )  # fmt: skip
     return out
 
@@ -203,7 +203,7 @@ def compress_from_state(
         _compress_part_kernel[(E, parts)](
             state, state[:, 1], src_slots, part, L, D, ratio, chunk, state.stride(0), src_slots.stride(0),
             OUT_T=TL_DTYPE[out.dtype], BLOCK_L=cfg.block_l, BLOCK_D=bd, OVERLAP=overlap, num_warps=cfg.num_warps,
-            **dispatch.pdl_args(),
+            **dispatch.pdl_args(E),
         )  # fmt: skip
     slots = out_slots.contiguous() if out_slots is not None else src_slots
     _compress_kernel[(E,)](
@@ -211,7 +211,7 @@ def compress_from_state(
         out, src_slots, slots, part, L, D, inv_freq.numel(), ratio, out.shape[0], 0, state.stride(0), 0, 0,
         out.stride(0), src_slots.stride(0), eps,
         BLOCK_L=cfg.block_l, BLOCK_D=bd, FROM_STATE=True, OVERLAP=overlap, OUT_SLOTS=out_slots is not None,
-        PARTS=parts, num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        PARTS=parts, num_warps=cfg.num_warps, **dispatch.pdl_args(E),
     )  # fmt: skip
 
 
@@ -226,5 +226,5 @@ def write_state(state, slots, kv, gate, ape, positions) -> None:
     _state_kernel[(T, triton.cdiv(C, bc))](
         kv, gate, ape.float().contiguous(), positions.contiguous(), slots.contiguous(), state, C, ape.shape[0],
         state.shape[0], kv.stride(0), gate.stride(0), state.stride(0), BLOCK_C=bc, num_warps=4,
-        **dispatch.pdl_args(),
+        **dispatch.pdl_args(T),
     )  # fmt: skip

@@ -346,18 +346,18 @@ def grouped_gemm(
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
         ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])
         _grouped_gemv_kernel[grid](
-            *args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0, **meta, **dispatch.pdl_args()
+            *args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0, **meta, **dispatch.pdl_args(a.shape[0])
         )
     else:
         asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
-                                   **meta, **dispatch.pdl_args())  # fmt: skip
+                                   **meta, **dispatch.pdl_args(a.shape[0]))  # fmt: skip
     if split > 1 and rows:
         bn = min(1024, triton.next_power_of_2(table.n))
         _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](
             ws, out, c_idx if c_idx is not None else tile_start, row_w if row_w is not None else out,
             rows, table.n, out.stride(0), limit,
             SPLIT_K=split, GATED=gated, HAS_C_IDX=c_idx is not None, HAS_ROW_W=row_w is not None,
-            BLOCK_N=bn, num_warps=4, **dispatch.pdl_args(),
+            BLOCK_N=bn, num_warps=4, **dispatch.pdl_args(a.shape[0]),
         )  # fmt: skip
     return out

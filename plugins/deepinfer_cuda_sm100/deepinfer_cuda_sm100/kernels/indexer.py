@@ -70,7 +70,7 @@ def indexer_scores(
         q, weights, key_pool, cand_slots, out,
         Hi, Di, C, q.stride(0), q.stride(1), weights.stride(0), key_pool.stride(0), cand_slots.stride(0), out.stride(0),
         DOT_T=dot_dtype(q.dtype), BLOCK_H=pow2(Hi, 16), BLOCK_D=pow2(Di, 16), BLOCK_C=cfg.block_c,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out
 
@@ -114,7 +114,7 @@ def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
         cfg = dispatch.select_config(C)
         _topk_select_kernel[(T,)](
             scores, out, C, k, scores.stride(0), out.stride(0), BLOCK_C=pow2(C, 16), BLOCK_K=pow2(k, 16),
-            num_warps=cfg.num_warps, **dispatch.pdl_args(),
+            num_warps=cfg.num_warps, **dispatch.pdl_args(T),
         )  # fmt: skip
     return out
 

@@ -79,5 +79,5 @@ def store_fp8(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt
         values.stride(0), fmt.nope, fmt.rope_dim, fmt.row_bytes, fmt.row_bytes // rs, fmt.rope_offset // rs,
         fmt.row_bytes // 4, fmt.scale_offset // 4, fmt.num_scales, pool.shape[0],
         GROUP=GROUP, BLOCK_G=pow2(fmt.num_scales, 1), BLOCK_R=pow2(max(fmt.rope_dim, 1), 16), num_warps=4,
-        **dispatch.pdl_args(),
+        **dispatch.pdl_args(n),
     )  # fmt: skip

@@ -124,7 +124,7 @@ def mixes_partials(x: torch.Tensor, fn: torch.Tensor):
     _hc_mixes_kernel[(triton.cdiv(T, cfg.block_t), n_split)](
         x, fn, part, sq, T, K, M, k_per_split, x.stride(0), fn.stride(0),
         BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, BLOCK_M=pow2(M, 16), DOT=cfg.dot, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **dispatch.pdl_args(),
+        num_stages=cfg.num_stages, **dispatch.pdl_args(T),
     )  # fmt: skip
     return part, sq
 
@@ -141,7 +141,7 @@ def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, he
         x, part, sq, scale.float().contiguous(), base.float().contiguous(), out, post, comb,
         T, N, D, fn.shape[0], part.shape[0], x.stride(0), x.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps,
         norm_eps, HEAD=head, BLOCK_N=pow2(N), BLOCK_NN=pow2(N) ** 2, BLOCK_D=cfg.block_d,
-        BLOCK_S=pow2(part.shape[0]), num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        BLOCK_S=pow2(part.shape[0]), num_warps=cfg.num_warps, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out, post, comb
 
@@ -202,6 +202,6 @@ def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: t
     _hc_post_kernel[(T, triton.cdiv(D, cfg.block_d))](
         y, residual, post.float().contiguous(), comb.float().contiguous(), out, N, D,
         y.stride(0), residual.stride(0), residual.stride(1), out.stride(0), out.stride(1),
-        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out

@@ -46,7 +46,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     w = weight.float().contiguous() if weight is not None else x2
     _rms_norm_kernel[(x2.shape[0],)](
         x2, w, out, D, x2.stride(0), out.stride(0), eps,
-        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(x2.shape[0]),
     )  # fmt: skip
     return out.view(x.shape)
 
@@ -100,7 +100,7 @@ def rope(
         x3, positions.contiguous(), inv_freq.float().contiguous(), out,
         H, D, R2, x3.stride(0), x3.stride(1), out.stride(0), out.stride(1),
         SIGN=-1.0 if inverse else 1.0, BLOCK_H=cfg.block_h, BLOCK_NOPE=cfg.block_nope, BLOCK_R2=cfg.block_r2,
-        num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        num_warps=cfg.num_warps, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out.view(x.shape)
 
@@ -152,6 +152,6 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, posi
     _rms_norm_rope_kernel[(T * H,)](
         x, w, positions.contiguous(), inv_freq.float().contiguous(), out, H, D, inv_freq.numel(),
         x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps,
-        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out

@@ -77,7 +77,7 @@ def _launch(logits, bias, ids, top_k, score_func, scaling, hash_mode):
         logits, bias.float().contiguous() if bias is not None else logits, ids, w, T, E, top_k, logits.stride(0), scaling,
         SCORE=SCORE_FUNCS[score_func], HAS_BIAS=bias is not None, HASH=hash_mode,
         BLOCK_T=cfg.block_t, BLOCK_E=pow2(E), BLOCK_K=pow2(top_k), num_warps=cfg.num_warps,
-        **dispatch.pdl_args(),
+        **dispatch.pdl_args(T),
     )  # fmt: skip
     return w
 

@@ -49,7 +49,7 @@ def apply_penalties(logits, prompt_mask, output_counts, presence, frequency, rep
     _penalties_kernel[(B, triton.cdiv(V, cfg.block_v))](
         logits, mask, counts, presence.float().contiguous(), frequency.float().contiguous(),
         repetition.float().contiguous(), out, V, logits.stride(0), mask.stride(0), counts.stride(0), out.stride(0),
-        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, **dispatch.pdl_args(B),
     )  # fmt: skip
     return out
 
@@ -79,6 +79,6 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     cfg = dispatch.vocab_config(V)
     _bitmask_kernel[(B, triton.cdiv(V, cfg.block_v))](
         logits, bitmask, out, V, logits.stride(0), bitmask.stride(0), out.stride(0),
-        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, **dispatch.pdl_args(),
+        BLOCK_V=cfg.block_v, num_warps=cfg.num_warps, **dispatch.pdl_args(B),
     )  # fmt: skip
     return out

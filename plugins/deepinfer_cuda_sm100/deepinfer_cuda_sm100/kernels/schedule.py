@@ -84,6 +84,6 @@ def moe_schedule(ids: torch.Tensor, lut: torch.Tensor, weights: torch.Tensor, nu
     _schedule_kernel[(1,)](
         ids.reshape(-1).contiguous(), lut, weights.reshape(-1).contiguous(), order, a_idx, row_w, t_exp, t_start,
         t_end, scratch, R, lut.numel(), num_experts, k, nt, block_m,
-        BLOCK_R=pow2(R, 16), BLOCK_E=block_e, CHUNK=_TILE_CHUNK, num_warps=4, **dispatch.pdl_args(),
+        BLOCK_R=pow2(R, 16), BLOCK_E=block_e, CHUNK=_TILE_CHUNK, num_warps=4, **dispatch.pdl_args(T),
     )  # fmt: skip
     return order, a_idx, row_w, t_exp, t_start, t_end

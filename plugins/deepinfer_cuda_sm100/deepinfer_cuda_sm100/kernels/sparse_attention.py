@@ -231,9 +231,9 @@ def sparse_attention(
         out.stride(0), out.stride(1), scale * LOG2E, *layout,
         HAS_CMP=has_cmp, DOT_T=dot_dtype(q.dtype), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=bd,
         FP8=fmt is not None, GROUP=GROUP, SPLIT=splits > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **dispatch.pdl_args(),
+        **dispatch.pdl_args(T),
     )  # fmt: skip
     if splits > 1:
         _combine_kernel[(T, H)](part, ml, sinks, out, H, D, splits, out.stride(0), out.stride(1), BLOCK_D=bd,
-                                num_warps=4, **dispatch.pdl_args())  # fmt: skip
+                                num_warps=4, **dispatch.pdl_args(T))  # fmt: skip
     return out
