@@ -148,6 +148,29 @@ def test_topk_select_kernel_picks_what_torch_topk_picks(gen, C, k):
         assert torch.equal(s[t, g].sort().values, s[t, ref].sort().values), t
 
 
+@pytest.mark.parametrize("pool_dtype,dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                              (torch.bfloat16, torch.bfloat16)])  # fmt: skip
+@pytest.mark.parametrize("d", [512, 80, 24])
+def test_plain_kv_store_matches_the_reference(ops, gen, pool_dtype, dtype, d):
+    """The CUDA op's one-launch store into a plain pool: the base class's ``pool[slots] = values.to(dtype)``,
+    slot ``-1`` (the scratch slot) included, other rows untouched; values as a row-strided view."""
+    values = rand(gen, 7, d + 8).to(dtype)[:, 4 : 4 + d]
+    slots = torch.tensor([3, 17, 0, -1, 9, 12, 5])
+    start = rand(gen, 20, d).to(pool_dtype)
+    pool, want = start.clone().to(DEVICE), start.clone()
+    ops.store_kv(pool, *dev(slots, values), None)
+    reference_op("attention").store_kv(want, slots, values, None)
+    if (
+        dtype != pool_dtype and DEVICE.type == "cpu"
+    ):  # the interpreter casts to bf16 by truncation, not rounding
+        assert torch.allclose(pool.float(), want.float(), rtol=2**-7, atol=0)
+        assert torch.equal(
+            pool[[1, 2, 4, 6, 7, 8]], want[[1, 2, 4, 6, 7, 8]]
+        )  # rows no slot names: untouched
+    else:
+        assert torch.equal(pool.cpu(), want)
+
+
 # ------------------------------------------------------------------ FP8 KV cache
 
 

@@ -1,6 +1,12 @@
-"""FP8 KV store: pack rows into an FP8 KV pool in one launch, byte for byte as ``Fp8KVFormat.pack``.
+"""KV store: rows into a KV pool at slot ids, one launch: cast into a plain pool (:func:`store_plain`), or packed
+into an FP8 pool byte for byte as ``Fp8KVFormat.pack`` (:func:`store_fp8`).
 
-One program per row. The ``nope`` channels are a ``[groups, 64]`` tile; each group's scale is the power of
+Plain: one program per row copies it, cast to the pool's dtype (torch's ``pool[slots] = values`` is an
+index-put kernel plus, for another dtype, a cast kernel; this one also joins the decode step's chain of
+dependent launches, ``dispatch.pdl_args``).
+
+FP8:
+one program per row. The ``nope`` channels are a ``[groups, 64]`` tile; each group's scale is the power of
 two built from the exponent and mantissa bits of its amax (see ``power_of_two_scale``), and the codes are
 ``x * (1 / scale)``, both factors exact, rounded to the e4m3 grid (nearest, ties to even) in float32. The
 RoPE channels are stored in the model dtype. Padding bytes are never written (pools start zeroed).
@@ -80,4 +86,34 @@ def store_fp8(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt
         fmt.row_bytes // 4, fmt.scale_offset // 4, fmt.num_scales, pool.shape[0],
         GROUP=GROUP, BLOCK_G=pow2(fmt.num_scales, 1), BLOCK_R=pow2(max(fmt.rope_dim, 1), 16), num_warps=4,
         **dispatch.pdl_args(n),
+    )  # fmt: skip
+
+
+@triton.jit
+def _store_kernel(x_ptr, slots_ptr, pool_ptr, D, S, stride_x, stride_p, BLOCK_D: tl.constexpr,
+                  PDL: tl.constexpr = False):  # fmt: skip
+    pdl_enter(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + r).to(tl.int64)
+    slot = tl.where(
+        slot < 0, slot + S, slot
+    )  # -1: the pool's last (scratch) slot, as torch indexing reads it
+    d = tl.arange(0, BLOCK_D)
+    x = tl.load(x_ptr + r * stride_x + d, mask=d < D, other=0.0)
+    tl.store(pool_ptr + slot * stride_p + d, x.to(pool_ptr.dtype.element_ty), mask=d < D)
+
+
+def store_plain(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """``pool[slots] = values.to(pool.dtype)`` for a pool ``[S, D]`` (rows contiguous) and ``values [N, D]``; as
+    with torch, which of two rows sent to one slot lands is not defined (padding rows all go to the scratch
+    slot)."""
+    n = values.shape[0]
+    if n == 0:
+        return
+    rows = pool
+    values = values if values.stride(-1) == 1 else values.contiguous()
+    D = rows.shape[1]
+    _store_kernel[(n,)](
+        values, slots.contiguous(), rows, D, rows.shape[0], values.stride(0), rows.stride(0),
+        BLOCK_D=pow2(D, 16), num_warps=4 if D >= 512 else 1, **dispatch.pdl_args(n),
     )  # fmt: skip

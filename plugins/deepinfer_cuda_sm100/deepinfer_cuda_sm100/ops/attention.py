@@ -19,9 +19,17 @@ class CudaAttentionOps(AttentionOps):
         )
 
     def store_kv(self, pool, slots, values, kv_format) -> None:
-        """FP8 pools: one Triton launch packs and scatters the rows; plain pools: the base class's copy."""
+        """One Triton launch: a cast copy into plain pools, or the FP8 pack and scatter."""
         if kv_format is None:
-            super().store_kv(pool, slots, values, None)
+            if (
+                pool.dim() != 2
+                or pool.stride(-1) != 1
+                or values.dim() != 2
+                or pool.shape[1] != values.shape[1]
+            ):
+                super().store_kv(pool, slots, values, None)
+            else:
+                kv_store.store_plain(pool, slots, values)
         else:
             kv_store.store_fp8(pool, slots, values, kv_format)
 
