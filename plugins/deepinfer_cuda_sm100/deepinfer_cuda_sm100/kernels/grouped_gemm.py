@@ -311,9 +311,12 @@ def grouped_gemm(
     row_w: torch.Tensor | None = None,
     gate_table: WeightTable | None = None,
     limit: float = 0.0,
+    all_rows_tiled: bool = False,
 ) -> torch.Tensor:
     """Launch one grouped GEMM. With ``gate_table`` (``w1``), ``table`` is ``w3`` and the result is the
-    clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given."""
+    clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given.
+    ``all_rows_tiled``: every sorted row lies in some tile (a dense grouped linear, unlike experts another
+    rank holds), so a split-K workspace needs no zeroing."""
     tile_expert, tile_start, tile_end = sched
     first = gate_table if gate_table is not None else table
     gated = gate_table is not None
@@ -325,7 +328,9 @@ def grouped_gemm(
     if (
         split > 1
     ):  # MoE (gathered or scattered rows): zeros, as rows no tile covers (other ranks' experts) sum to 0
-        alloc = torch.zeros if a_idx is not None or c_idx is not None else torch.empty
+        alloc = (
+            torch.zeros if (a_idx is not None or c_idx is not None) and not all_rows_tiled else torch.empty
+        )
         ws = alloc((split, 2 if gated else 1, rows, table.n), dtype=torch.float32, device=a.device)
     grid = (tile_expert.numel(), triton.cdiv(table.n, cfg.block_n), split)
     args = (

@@ -63,7 +63,7 @@ class CudaDenseOps(DenseOps):
         out = torch.empty((T * G, table.n), dtype=x.dtype, device=x.device)
         cfg = dispatch.gemm_config(T, table.n, table.k, fmt, gated=False, active=(T * G, G))
         idx, *sched = self._schedules.grouped(T, G, cfg.block_m, x.device)
-        gg.grouped_gemm(a, table, sched, out, cfg, a_idx=idx, c_idx=idx)
+        gg.grouped_gemm(a, table, sched, out, cfg, a_idx=idx, c_idx=idx, all_rows_tiled=True)
         return out.view(T, G, table.n)
 
     def rms_norm(self, x, weight, eps):
