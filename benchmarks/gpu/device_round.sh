@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call's worth of the standard H200 round, each part time-boxed so one slow part cannot eat the
+# call's 600 s. The wheels in .whl (pydantic, transformers; ignored by git, so pass carry [".whl"]) go
+# to /tmp/site first. Logs and JSON land in $OUT/<part>.
+#   run (carry [".whl"]):  bash benchmarks/gpu/device_round.sh [parts...]
+# parts (default: check slice gemm): check    every kernel against the reference (check.py)
+#                                    slice    greedy equality + the slice at batch 1/16/64/256, ctx 4096, profile
+#                                    nopdl    the slice at batch 1/16/64/256 with DEEPINFER_PDL=0 (A/B)
+#                                    gemm     decode GEMV tiles at one row, weights cold in L2
+set -u
+OUT=${OUT:-/tmp/out}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:.:plugins/deepinfer_cuda_sm100:plugins/deepinfer_structured
+slice_args=(--batches 1 16 64 256 --contexts 4096 --prefill 0)
+for part in "${@:-check slice gemm}"; do
+  for p in $part; do
+    mkdir -p "$OUT/$p"
+    case $p in
+      check) cmd=(timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/check") ;;
+      slice) cmd=(timeout 260 python3 benchmarks/gpu/v4_slice.py --sections greedy slice "${slice_args[@]}" --profile 1
+                  --out "$OUT/slice") ;;
+      nopdl) cmd=(env DEEPINFER_PDL=0 timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice "${slice_args[@]}"
+                  --out "$OUT/nopdl") ;;
+      gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts --rows 1
+                 --out "$OUT/gemm") ;;
+      *) echo "unknown part $p"; exit 2 ;;
+    esac
+    start=$(date +%s)
+    "${cmd[@]}" > "$OUT/$p.log" 2>&1
+    echo "== $p: rc $? in $(( $(date +%s) - start )) s"
+    grep -h "tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|Traceback\|Error" "$OUT/$p.log" | cut -c1-240 | head -30
+  done
+done
