@@ -130,6 +130,19 @@ def test_decode_gemvs_of_16_mb_and_more_take_32_by_512_tiles(monkeypatch):
     assert tile(2048, 4096, "fp4_e2m1", True, (1, 1)) == (16, 512)  # one expert, 8 MB
 
 
+def test_mhc_launch_shapes_for_few_tokens(monkeypatch):
+    """One token: the mixes in up to 128 K splits and the split kernel (Sinkhorn in its first block) in one-warp
+    programs of 128 channels; from 65 tokens the four-warp rows of ``hc_post``."""
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
+    assert dispatch.hc_split_config(1, 4, 4096) == dispatch.HcRowsConfig(128, 1)
+    assert dispatch.hc_split_config(64, 4, 4096).num_warps == 1
+    assert dispatch.hc_split_config(65, 4, 4096) == dispatch.hc_rows_config(4, 4096)
+    assert dispatch.hc_mixes_config(1, 4 * 4096, 24).splits == 128
+    assert dispatch.hc_mixes_config(16, 4 * 4096, 24).splits == 64
+    assert dispatch.hc_mixes_config(4096, 4 * 4096, 24).splits == 3  # 128 row tiles: 2 programs an SM
+
+
 def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):
     """Split-KV attention and chunked compressor windows only while the unsplit programs fill under half the
     SMs; chunks are whole tiles, so never more than the slots (or rows) allow."""
