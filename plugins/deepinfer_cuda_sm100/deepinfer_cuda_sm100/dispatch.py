@@ -275,6 +275,10 @@ class GemmConfig:
 GEMV_MAX_ROWS = 1.5
 
 
+#: bytes a weight element takes in the quantized formats (others: bf16, 2)
+_BYTES_PER_WEIGHT = {"fp4_e2m1": 0.5, "fp8_block": 1}
+
+
 def gemm_config(
     rows_per_expert: float, n: int, k: int, fmt: str, gated: bool, active: tuple[int, int] | None = None
 ) -> GemmConfig:
@@ -288,9 +292,6 @@ def gemm_config(
     experts = active[1] if active is not None else 1
     weight_bytes = n * k * experts * (2 if gated else 1) * _BYTES_PER_WEIGHT.get(fmt, 2)
     return fit_split_k(_gemm_tiles(rows_per_expert, fmt, gated, weight_bytes), n, k, active)
-
-
-_BYTES_PER_WEIGHT = {"fp4_e2m1": 0.5, "fp8_block": 1}
 
 
 def fit_split_k(cfg: GemmConfig, n: int, k: int, active: tuple[int, int] | None) -> GemmConfig:

@@ -51,6 +51,14 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
+def pool_slot(slots_ptr, i, S):
+    """Slot ``slots_ptr[i]`` of a pool of ``S`` rows as torch indexing reads it: ``-1`` is the last row, the
+    scratch slot that padding rows of a static batch write to."""
+    slot = tl.load(slots_ptr + i).to(tl.int64)
+    return tl.where(slot < 0, slot + S, slot)
+
+
+@triton.jit
 def mma(a, b, acc, DOT_T: tl.constexpr):
     """``tl.dot(a, b, acc)``; float32 operands multiply in full float32 (``ieee``), not Triton's default
     TF32, so the float32 engine path follows the float32 reference."""

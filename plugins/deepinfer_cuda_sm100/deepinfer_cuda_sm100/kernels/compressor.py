@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import TL_DTYPE, pdl_enter, pow2
+from deepinfer_cuda_sm100.kernels._common import TL_DTYPE, pdl_enter, pool_slot, pow2
 from deepinfer_cuda_sm100.kernels.norm_rope import rope_row
 
 
@@ -121,8 +121,7 @@ def _compress_kernel(
     y = rope_row(x, tl.load(pos_ptr + e).to(tl.float32), freq_ptr, D, R2, BLOCK_D)
     row = e
     if OUT_SLOTS:  # slot -1 (an entry that closes nothing in a static batch): the last, scratch slot
-        row = tl.load(out_slots_ptr + e).to(tl.int64)
-        row = tl.where(row < 0, row + S_OUT, row)
+        row = pool_slot(out_slots_ptr, e, S_OUT)
     tl.store(out_ptr + row * stride_oe + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 
 
@@ -135,8 +134,7 @@ def _state_kernel(kv_ptr, gate_ptr, ape_ptr, pos_ptr, slots_ptr, state_ptr, C, R
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = c < C
-    slot = tl.load(slots_ptr + t).to(tl.int64)
-    slot = tl.where(slot < 0, slot + S, slot)
+    slot = pool_slot(slots_ptr, t, S)
     a = tl.load(ape_ptr + (tl.load(pos_ptr + t) % RATIO) * C + c, mask=cm, other=0.0)
     kv = tl.load(kv_ptr + t * stride_kv + c, mask=cm, other=0.0).to(tl.float32)
     g = tl.load(gate_ptr + t * stride_g + c, mask=cm, other=0.0).to(tl.float32)

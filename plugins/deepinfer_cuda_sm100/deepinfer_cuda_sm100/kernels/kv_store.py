@@ -20,7 +20,7 @@ import triton.language as tl
 
 from deepinfer_core.kv.fp8 import E4M3_MAX, GROUP, Fp8KVFormat
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import pdl_enter, pow2
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, pool_slot, pow2
 
 _MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.kv.fp8
 _MAX = tl.constexpr(E4M3_MAX)
@@ -45,10 +45,7 @@ def _pack_kernel(x_ptr, slots_ptr, code_ptr, rope_ptr, scale_ptr, stride_x, NOPE
                  PDL: tl.constexpr = False):  # fmt: skip
     pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slots_ptr + r).to(tl.int64)
-    slot = tl.where(
-        slot < 0, slot + S, slot
-    )  # -1: the pool's last (scratch) slot, as torch indexing reads it
+    slot = pool_slot(slots_ptr, r, S)
     g = tl.arange(0, BLOCK_G)
     ch = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     m = ch < NOPE
@@ -94,10 +91,7 @@ def _store_kernel(x_ptr, slots_ptr, pool_ptr, D, S, stride_x, stride_p, BLOCK_D:
                   PDL: tl.constexpr = False):  # fmt: skip
     pdl_enter(PDL)
     r = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slots_ptr + r).to(tl.int64)
-    slot = tl.where(
-        slot < 0, slot + S, slot
-    )  # -1: the pool's last (scratch) slot, as torch indexing reads it
+    slot = pool_slot(slots_ptr, r, S)
     d = tl.arange(0, BLOCK_D)
     x = tl.load(x_ptr + r * stride_x + d, mask=d < D, other=0.0)
     tl.store(pool_ptr + slot * stride_p + d, x.to(pool_ptr.dtype.element_ty), mask=d < D)
