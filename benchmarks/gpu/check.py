@@ -120,10 +120,10 @@ def check_dense():
     for fmt in ("fp8_block", "fp4_e2m1"):
         w = rand_qweight(fmt, HIDDEN, HIDDEN)
         wc = to_device(w, torch.device("cpu"))
-        for T in sizes(16, 4096):
+        for T in sizes(16, 1, 4096):  # one row: the decode GEMV (FP4 in float16 pairs)
             x = rnd(T, HIDDEN)
             out = poisoned(lambda: ops.linear(x, w))
-            err = rel_err(out, ref.linear(x.cpu(), wc)) if T == 16 else None
+            err = rel_err(out, ref.linear(x.cpu(), wc)) if T in (1, 16) else None
             wbytes = w.data.numel() + 4 * w.scale.numel()
             record(f"linear[{fmt}]", f"{T}x{HIDDEN}->{HIDDEN}", err, BOUND["bf16"], bench(lambda: ops.linear(x, w)),
                    wbytes + 2 * x.numel() * 2, 2 * T * HIDDEN * HIDDEN)  # fmt: skip

@@ -6,6 +6,7 @@
 # parts (default: check slice gemm): check    every kernel against the reference (check.py)
 #                                    slice    greedy equality + the slice at batch 1/16/64/256, ctx 4096, profile
 #                                    nopdl    the slice at batch 1/16/64/256 with DEEPINFER_PDL=0 (A/B)
+#                                    noh2     the slice at batch 1/16 with DEEPINFER_FP4_H2=0 (A/B)
 #                                    gemm     decode GEMV tiles at one row, weights cold in L2
 set -u
 OUT=${OUT:-/tmp/out}
@@ -23,6 +24,8 @@ for part in "${@:-check slice gemm}"; do
                   --out "$OUT/slice") ;;
       nopdl) cmd=(env DEEPINFER_PDL=0 timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice "${slice_args[@]}"
                   --out "$OUT/nopdl") ;;
+      noh2) cmd=(env DEEPINFER_FP4_H2=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 16
+                 --contexts 4096 --prefill 0 --out "$OUT/noh2") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts --rows 1
                  --out "$OUT/gemm") ;;
       *) echo "unknown part $p"; exit 2 ;;

@@ -266,6 +266,8 @@ class GemmConfig:
     #: tensor-core FP4: codes decoded and scaled by PTX into packed bf16 (``gemv.e2m1_bf16_scaled``) where
     #: it applies (``grouped_gemm.fp4_asm_ok``; never under the interpreter)
     fp4_asm: bool = True
+    #: one-row FP4 GEMV tiles in float16 pair arithmetic where it applies (:func:`fp4_h2_mode`)
+    fp4_h2: bool = True
 
 
 #: decode problems with at most this many rows per expert go to the CUDA-core GEMV kernel, one row per
@@ -374,6 +376,20 @@ def fp4_decode_ptx(dtype: torch.dtype | None, scale_bytes: list[tuple[int, int] 
         and dtype in (None, torch.bfloat16)
         and all(b is not None and b[1] <= 128 for b in scale_bytes)
     )
+
+
+def fp4_h2_mode(cfg: GemmConfig, fp4: bool, dtype: torch.dtype, aligned: bool) -> int:
+    """``FP4_H2`` of the GEMV kernel: one-row FP4 tiles in float16 pair arithmetic (``gemv._one_row_fp4_h2``)
+    for bf16 and float16 activations, K whole steps and aligned rows: 2 by PTX on a GPU, 1 emulated in Triton
+    under the interpreter; 0 (the float32 FMA path) otherwise. Float32 activations keep the float32 path, whose
+    sums follow the float32 reference. ``DEEPINFER_FP4_H2=0`` turns it off (A/B runs)."""
+    if os.environ.get("DEEPINFER_FP4_H2", "1") == "0":
+        return 0
+    if not (cfg.gemv and cfg.fp4_h2 and cfg.block_m == 1 and fp4 and aligned):
+        return 0
+    if dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    return 1 if arch() == "interpreter" else 2
 
 
 #: FP8 GEMMs with at least this many rows (prefill chunks, above every decode graph's batch) may go to

@@ -8,7 +8,7 @@ import torch
 from deepinfer_core.plugins.registry import reference_op
 from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
 
-from .cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
+from .cuda_sm100_helpers import BOUND, INTERPRETED, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 
@@ -184,6 +184,41 @@ def test_one_row_gemv_with_whole_scale_blocks(ops, gen, fmt, block_k, split_k, m
     w1, w3, w2 = _weight(gen, fmt, 256, 768), _weight(gen, fmt, 256, 768), _weight(gen, fmt, 768, 256)
     got = ops.swiglu_mlp(dev(x), *(_to_dev(v) for v in (w1, w3, w2)), 0.5)
     assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 3e4])
+def test_one_row_fp4_gemv_in_float16_pairs(ops, gen, split_k, scale, monkeypatch):
+    """One-row FP4 tiles with bf16 activations take the float16 pair path (``FP4_H2``; emulated here, the PTX
+    runs on a GPU): against the reference and the float32 path, for activations whose magnitudes float16 could
+    not hold unscaled (tiny, large, one outlier), gated and not, with and without split-K."""
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+
+    cfg = dispatch.GemmConfig(1, 16, 128, 4, 1, split_k=split_k, gemv=True)
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: cfg)
+    modes = []
+    real_mode = dispatch.fp4_h2_mode
+    monkeypatch.setattr(dispatch, "fp4_h2_mode", lambda *a: modes.append(real_mode(*a)) or modes[-1])
+    x = rand(gen, 1, 768, scale=scale)
+    x[0, 5] *= 300.0  # an outlier far above the rest
+    x = x.to(torch.bfloat16)
+    w = _weight(gen, "fp4_e2m1", 256, 768)
+    want = REF.linear(x, w)
+    got = ops.linear(dev(x), _to_dev(w))
+    assert modes == [1 if INTERPRETED else 2]  # emulated here, PTX on a GPU
+    assert rel_err(got, want) < BOUND[torch.bfloat16]
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: replace(cfg, fp4_h2=False))
+    exact = ops.linear(dev(x), _to_dev(w))
+    assert modes[-1] == 0
+    assert rel_err(got, exact) < 4e-3  # float16 lane sums against float32 FMAs: bf16's own rounding
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: cfg)
+    w1, w3, w2 = (_weight(gen, "fp4_e2m1", o, i) for o, i in ((256, 768), (256, 768), (768, 256)))
+    got = ops.swiglu_mlp(dev(x), *(_to_dev(v) for v in (w1, w3, w2)), 0.0)
+    assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.0)) < BOUND[torch.bfloat16]
+    assert modes[-2:] == [modes[0]] * 2  # gate+up and down
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

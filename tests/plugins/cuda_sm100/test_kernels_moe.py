@@ -203,3 +203,86 @@ def test_combine_sums_each_tokens_expert_rows_in_order(gen):
             assert torch.equal(got, seq)
         assert rel_err(got, y.view(T, k, D).sum(1).to(dtype)) < BOUND[dtype]
     assert combine(dev(y[:0]), k, torch.float32).shape == (0, D)
+
+
+def _run_ptx(ptx: str, args: list[int]) -> int:
+    """Execute the straight-line PTX of ``gemv.E2M1_F16_DOT_PTX`` (the instructions it uses, with their PTX ISA
+    semantics) on 32-bit inputs ``$1..``; returns ``$0``'s bits. Float16 pair ops round once (``fma``)."""
+    import numpy as np
+
+    def f16(bits):
+        return np.array([bits & 0xFFFF], dtype=np.uint16).view(np.float16)[0]
+
+    def bits16(v):
+        return int(np.array([v], dtype=np.float16).view(np.uint16)[0])
+
+    def f16x2(op, *regs):  # each half: op on float64 values, rounded once to float16
+        return sum(bits16(op(*(float(f16(r >> (16 * h))) for r in regs))) << (16 * h) for h in range(2))
+
+    reg = {f"${i + 1}": a for i, a in enumerate(args)}
+
+    def val(x):
+        return int(x, 16) if x.startswith("0x") else int(x) if x.isdigit() else reg[x]
+
+    ops = {"shl.b32": lambda a, b: (a << b) & 0xFFFFFFFF, "shr.b32": lambda a, b: a >> b,
+           "and.b32": lambda a, b: a & b, "or.b32": lambda a, b: a | b,
+           "mul.rn.f16x2": lambda a, b: f16x2(lambda x, y: x * y, a, b),
+           "fma.rn.f16x2": lambda a, b, c: f16x2(lambda x, y, z: x * y + z, a, b, c)}  # fmt: skip
+    for line in ptx.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line[0] in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        if rest.startswith("{"):  # mov.b32 {h0, h1}, acc
+            names, src = rest[1:].split("}, ")
+            lo, hi = (n.strip() for n in names.split(","))
+            reg[lo], reg[hi] = reg[src] & 0xFFFF, reg[src] >> 16
+            continue
+        dst, *srcs = (x.strip() for x in rest.split(","))
+        if op == "prmt.b32":
+            b = val(srcs[0]) | val(srcs[1]) << 32
+            reg[dst] = sum(((b >> (8 * ((val(srcs[2]) >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+        elif op == "cvt.f32.f16":
+            reg[dst] = np.float32(f16(reg[srcs[0]]))
+        elif op == "add.f32":
+            reg[dst] = np.float32(reg[srcs[0]] + reg[srcs[1]])
+        elif op == "mov.b32":
+            reg[dst] = reg[srcs[0]]
+        else:
+            reg[dst] = ops[op](*(val(s) for s in srcs))
+    return int(np.array([reg["$0"]], dtype=np.float32).view(np.uint32)[0])
+
+
+def test_fp4_f16_pair_ptx_computes_the_word_dot(gen):
+    """``gemv.E2M1_F16_DOT_PTX``, executed instruction by instruction: a weight word's 8 e2m1 codes (every
+    byte value occurs) times their 8 float16 activations: exactly the float64 sum times ``2**-14`` when the
+    products and lane sums are exact in float16 (activations that are small integers), else within float16
+    rounding."""
+    import numpy as np
+
+    from deepinfer_core.quant.formats import _e2m1_lut
+    from deepinfer_cuda_sm100.kernels import gemv
+
+    lut = _e2m1_lut(torch.device("cpu")).double()
+    ptx = gemv.E2M1_F16_DOT_PTX.value
+    for c in (*gemv.E2M1_F16_PRMT, gemv.E2M1_F16_SIGN, gemv.E2M1_F16_EM):
+        assert f"{c:#x}" in ptx
+    words = torch.randint(0, 2**32, (64,), generator=gen, dtype=torch.int64).tolist()
+    words += [b * 0x01010101 for b in range(256)]  # every byte value in every byte
+    for i, word in enumerate(words):
+        x = torch.randint(-8, 9, (8,), generator=gen).double()  # exact in float16, as are products and sums
+        if i % 3 == 0:
+            x = torch.randn(8, generator=gen, dtype=torch.float64) * 100  # general values: rounding
+        xh = x.to(torch.float16)
+        pairs = xh.view(torch.int16).to(torch.int64) & 0xFFFF
+        regs = [int(pairs[k] | pairs[k + 2] << 16) for k in (0, 1, 4, 5)]
+        got = np.array([_run_ptx(ptx, [word, *regs])], dtype=np.uint32).view(np.float32)[0]
+        codes = torch.tensor([(word >> (4 * k)) & 0xF for k in range(8)])
+        want = float((lut[codes] * xh.double()).sum()) * 2.0**-14
+        if i % 3 == 0:
+            assert (
+                abs(got - want)
+                <= 2e-3 * float((lut[codes].abs() * xh.double().abs()).sum()) * 2.0**-14 + 1e-30
+            )
+        else:
+            assert got == np.float32(want), (hex(word), x.tolist())

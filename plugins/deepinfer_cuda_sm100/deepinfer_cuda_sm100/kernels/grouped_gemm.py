@@ -333,6 +333,7 @@ def grouped_gemm(
         )
         ws = alloc((split, 2 if gated else 1, rows, table.n), dtype=torch.float32, device=a.device)
     grid = (tile_expert.numel(), triton.cdiv(table.n, cfg.block_n), split)
+    aligned = table.aligned and first.aligned and table.k % cfg.block_k == 0
     args = (
         a, a_idx if a_idx is not None else tile_start, out, c_idx if c_idx is not None else tile_start,
         row_w if row_w is not None else out,
@@ -345,14 +346,15 @@ def grouped_gemm(
         FMT=table.fmt, W_T=TL_DTYPE[table.w_dtype], S_T=TL_DTYPE[table.s_dtype],
         GATED=gated, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
         HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=split, ALIGNED=table.aligned and first.aligned and table.k % cfg.block_k == 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_K=split, ALIGNED=aligned, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
         ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])
         _grouped_gemv_kernel[grid](
-            *args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0, **meta, **dispatch.pdl_args(a.shape[0])
-        )
+            *args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0,
+            FP4_H2=dispatch.fp4_h2_mode(cfg, table.fmt == 2, a.dtype, aligned), **meta,
+            **dispatch.pdl_args(a.shape[0]),
+        )  # fmt: skip
     else:
         asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
