@@ -26,7 +26,7 @@ for part in "${@:-check slice gemm}"; do
                   --out "$OUT/nopdl") ;;
       noh2) cmd=(env DEEPINFER_FP4_H2=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 16
                  --contexts 4096 --prefill 0 --out "$OUT/noh2") ;;
-      gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts --rows 1
+      gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1
                  --out "$OUT/gemm") ;;
       *) echo "unknown part $p"; exit 2 ;;
     esac

@@ -174,6 +174,30 @@ def decode_dense(ceil) -> None:
                        us=ms * 1e3, pct_copy_bw=100 * nbytes(w) / (ms * 1e-3) / ceil["bw"])  # fmt: skip
 
 
+def decode_shared(ceil) -> None:
+    """The shared expert at one row: FP8 gate+up (2 x 2048 x 4096, SwiGLU) then down, over the GEMV tiles."""
+    ops = CudaDenseOps()
+    inter, hidden = 2048, 4096
+    mlps = [(fp8(inter, hidden), fp8(inter, hidden), fp8(hidden, inter))
+            for _ in range(-(-ROTATE_BYTES // (3 * inter * hidden)))]  # fmt: skip
+    x = torch.randn(1, hidden, device=DEV, generator=G).to(torch.bfloat16)
+    w1, w3, w2 = mlps[0]
+    d1, d3, d2 = (dequantize(w, torch.float32) for w in (w1, w3, w2))
+    g, u = x.float() @ d1.T, x.float() @ d3.T
+    h = torch.nn.functional.silu(g.clamp(max=10.0)) * u.clamp(-10.0, 10.0)
+    ref = h.to(torch.bfloat16).float() @ d2.T
+    for var in [None, (32, 512, 4), (16, 512, 4), (16, 1024, 4), (8, 2048, 4)]:
+        orig, pick = forced("gemv", var)
+        dispatch.gemm_config = pick
+        try:
+            err = rel_err(ops.swiglu_mlp(x, w1, w3, w2, 10.0).float(), ref)
+            ms = graph_ms(lambda i: ops.swiglu_mlp(x, *mlps[i], 10.0), len(mlps))
+        finally:
+            dispatch.gemm_config = orig
+        record(section="decode", op="fp8 shared expert 2048x4096 swiglu+down", rows=1, kernel="gemv", variant=var,
+               rel_err=err, us=ms * 1e3, pct_copy_bw=100 * 3 * nbytes(w1) / (ms * 1e-3) / ceil["bw"])  # fmt: skip
+
+
 def decode_experts(ceil) -> None:
     ops = CudaMoEOps()
     E, INTER, H, K = 256, 2048, 4096, 6

@@ -247,7 +247,11 @@ class RouteConfig:
 
 
 def route_config(t: int, e: int) -> RouteConfig:
-    return RouteConfig(_p2(4096 // _p2(e), 1, 16), 4)
+    """Up to 16 tokens per program, about 4,096 scores; a program no larger than its tokens need, in one warp
+    per 256 scores (one token over 256 experts: one warp, so each of the k argmax rounds is warp shuffles,
+    with no shared memory or barrier)."""
+    bt = min(_p2(4096 // _p2(e), 1, 16), _p2(t, 1, 16))
+    return RouteConfig(bt, _p2(bt * _p2(e) // 256, 1, 4))
 
 
 @dataclass(frozen=True)
@@ -375,6 +379,25 @@ def fp4_decode_ptx(dtype: torch.dtype | None, scale_bytes: list[tuple[int, int] 
         arch() != "interpreter"
         and dtype in (None, torch.bfloat16)
         and all(b is not None and b[1] <= 128 for b in scale_bytes)
+    )
+
+
+#: plain weights up to this size take the Triton GEMV at one row (:func:`plain_gemv`)
+PLAIN_GEMV_MAX_BYTES = 64 << 20
+
+
+def plain_gemv(rows: int, dtype: torch.dtype, weight: torch.Tensor) -> bool:
+    """A plain (BF16/FP32) ``linear`` of one row on the Triton GEMV (float32 FMAs) rather than cuBLAS: at batch
+    1 the MoE gate (256 x 4096 float32) took 4.4 us in cuBLAS's gemv and broke the chain of programmatic
+    launches. Weights of the activation's dtype, or BF16 under float32 activations (exact either way);
+    ``x @ w.T`` casts other weights to the activation's dtype first, which the GEMV would not. Weights of
+    more than :data:`PLAIN_GEMV_MAX_BYTES` (the head, 1 GB, which cuBLAS streams at the copy rate) stay."""
+    return (
+        rows == 1
+        and weight.numel() * weight.element_size() <= PLAIN_GEMV_MAX_BYTES
+        and weight.dim() == 2
+        and weight.stride(-1) == 1
+        and (weight.dtype == dtype or (weight.dtype == torch.bfloat16 and dtype == torch.float32))
     )
 
 

@@ -108,6 +108,30 @@ def test_quantized_linear_dequantizes_in_kernel(ops, gen, gemm_kind, fmt, rows):
     assert rel_err(got, REF.linear(x, w)) < BOUND[torch.bfloat16]
 
 
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+                                             (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)])  # fmt: skip
+@pytest.mark.parametrize("rows", [1, 3])
+def test_plain_linear_of_one_row_is_the_gemv(ops, gen, x_dtype, w_dtype, rows, monkeypatch):
+    """A plain weight's ``linear`` of one row (the MoE gate at decode: float32 x float32) runs the Triton GEMV,
+    with split-K; more rows, or a weight the activation's dtype would round, stay ``x @ w.T``. K = 200: a
+    partial step."""
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+
+    launches = []
+    real = gg.grouped_gemm
+    monkeypatch.setattr(gg, "grouped_gemm", lambda *a, **k: launches.append(a[4]) or real(*a, **k))
+    x = rand(gen, rows, 200, dtype=x_dtype)
+    w = rand(gen, 160, 200, scale=0.1).to(w_dtype)
+    got = ops.linear(*dev(x, w))
+    assert got.dtype == x_dtype and got.shape == (rows, 160)
+    assert rel_err(got, REF.linear(x, w)) < BOUND[x_dtype]
+    gemv = rows == 1 and (w_dtype == x_dtype or w_dtype == torch.bfloat16)
+    assert [c.gemv for c in launches] == ([True] if gemv else [])
+    monkeypatch.setattr(dispatch, "PLAIN_GEMV_MAX_BYTES", w.numel() * w.element_size() - 1)
+    assert not dispatch.plain_gemv(1, w_dtype, w), "the head stays on cuBLAS"
+
+
 @pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
 @pytest.mark.parametrize("limit", [0.0, 0.5])
 def test_swiglu_mlp_matches_reference(ops, gen, gemm_kind, fmt, limit):

@@ -25,16 +25,19 @@ def ops():
 
 @pytest.mark.parametrize("score_func", ["sqrtsoftplus", "softmax", "sigmoid"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_route_topk_matches_reference(ops, gen, score_func, bias):
-    logits = rand(gen, 37, 48, scale=2.0)  # 37 tokens: a partial token block; 48 experts: padded to 64
-    b = rand(gen, 48, scale=0.3) if bias else None
+@pytest.mark.parametrize("T,E", [(37, 48), (1, 256), (3, 256)])
+def test_route_topk_matches_reference(ops, gen, score_func, bias, T, E):
+    """37 tokens: a partial token block, 48 experts padded to 64; one and three tokens over 256 experts: the
+    one- and four-warp decode programs."""
+    logits = rand(gen, T, E, scale=2.0)
+    b = rand(gen, E, scale=0.3) if bias else None
     w, ids = ops.route_topk(*dev(logits, b), 6, score_func, 2.5)
     rw, rids = REF.route_topk(logits, b, 6, score_func, 2.5)
     assert ids.dtype == torch.int64 and w.dtype == torch.float32
     assert torch.equal(ids.cpu().sort(1).values, rids.sort(1).values)
     order, rorder = ids.cpu().argsort(1), rids.argsort(1)
     assert rel_err(w.cpu().gather(1, order), rw.gather(1, rorder)) < 1e-5
-    torch.testing.assert_close(w.sum(1).cpu(), torch.full((37,), 2.5))
+    torch.testing.assert_close(w.sum(1).cpu(), torch.full((T,), 2.5))
 
 
 def test_route_hash_matches_reference(ops, gen):
@@ -70,6 +73,27 @@ def test_experts_match_reference(ops, gen, gemm_kind, fmt):
     got = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.7)
     assert got.dtype == torch.bfloat16
     assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
+
+
+def test_experts_all_local_write_every_row_without_a_zero_fill(ops, gen, gemm_kind, monkeypatch):
+    """Without expert parallelism the down projection's float32 rows are not zero-filled first: every one is
+    written (the buffer starts as NaN here), for one-row tiles and for tiles of several rows."""
+    from deepinfer_cuda_sm100.ops import moe as moe_ops
+
+    empty = torch.empty
+
+    def nan_empty(*a, **k):
+        t = empty(*a, **k)
+        return t.fill_(float("nan")) if t.dtype == torch.float32 else t
+
+    monkeypatch.setattr(moe_ops.torch, "empty", nan_empty)
+    for T in (1, 13):
+        ew = _experts(gen, "fp8_block", 8, 128, 64)
+        x = rand(gen, T, 128, dtype=torch.bfloat16)
+        ids = torch.stack([torch.randperm(8, generator=gen)[:3] for _ in range(T)])
+        w = torch.rand(T, 3, generator=gen) + 0.1
+        got = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.7)
+        assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16], T
 
 
 def test_experts_skip_ids_owned_by_other_ranks(ops, gen, gemm_kind):

@@ -34,11 +34,20 @@ def test_tiles_cover_each_local_row_once(block_m):
 
 @pytest.mark.parametrize(
     "T,k,E,block_m,lut_n",
-    [(1, 6, 256, 16, 256), (5, 6, 16, 16, 20), (64, 6, 32, 16, 40), (3, 2, 8, 1, 8), (9, 8, 3, 4, 12)],
+    [
+        (1, 6, 256, 16, 256),
+        (5, 6, 16, 16, 20),
+        (64, 6, 32, 16, 40),
+        (3, 2, 8, 1, 8),
+        (9, 8, 3, 4, 12),
+        (1, 6, 256, 1, 256),
+        (16, 6, 256, 1, 300),
+    ],
 )
 def test_one_launch_schedule_equals_the_torch_schedule(T, k, E, block_m, lut_n):
     """The decode-size schedule kernel gives exactly the torch schedule, with the expert lookup (ids past
-    the table and experts another rank owns -> -1), the source rows and the gathered weights."""
+    the table and experts another rank owns -> -1), the source rows and the gathered weights; one-row tiles
+    (decode) end after their own row, not at their expert's end (the same rows either way)."""
     from deepinfer_cuda_sm100.kernels.grouped_gemm import tile_schedule
     from deepinfer_cuda_sm100.kernels.schedule import moe_schedule
 
@@ -56,6 +65,10 @@ def test_one_launch_schedule_equals_the_torch_schedule(T, k, E, block_m, lut_n):
     local = torch.where(known, lut[flat.clamp(0, lut_n - 1)], -1)
     order, *sched = tile_schedule(local, E, block_m)
     want = (order, order // k, w.reshape(-1)[order], *sched)
+    if block_m == 1:
+        used = want[3] >= 0
+        want = (*want[:5], torch.where(used, want[4] + 1, got[5].cpu()))
+        assert torch.equal(got[3].cpu() >= 0, used)
     for name, a, b in zip(("order", "a_idx", "row_w", "expert", "start", "end"), got, want):
         assert torch.equal(a.cpu(), b), name
 

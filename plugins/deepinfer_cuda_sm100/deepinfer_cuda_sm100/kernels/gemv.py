@@ -234,7 +234,7 @@ def _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K: tl.constexpr, ALI
 def _row_tile(base, n, nm, k0, K, stride_wn, BLOCK_K: tl.constexpr, FMT: tl.constexpr, ALIGNED: tl.constexpr,
               EVEN_N: tl.constexpr):  # fmt: skip
     """:func:`_tile`, without any mask when the tile lies inside the matrix (``ALIGNED`` and ``EVEN_N``)."""
-    if FMT == 1 and ALIGNED and EVEN_N:
+    if FMT <= 1 and ALIGNED and EVEN_N:
         ks = k0 + tl.arange(0, BLOCK_K)
         ptr = base + n[:, None] * stride_wn + ks[None, :]
         return tl.load(tl.max_contiguous(tl.multiple_of(ptr, [16, 16]), [1, 16])).to(tl.float32)
@@ -329,6 +329,8 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
     x_base = a_ptr + a_row.to(tl.int64) * stride_am
     acc_t = tl.zeros([BLOCK_N, BLOCK_K // 16], dtype=tl.float32)
     acc2_t = tl.zeros_like(acc_t)
+    acc_w = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2_w = tl.zeros_like(acc_w)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if FMT == 2:
             if ALIGNED:  # whole steps: the even and odd K positions from one contiguous load
@@ -358,13 +360,21 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
             if FMT == 1:
                 xw = x * _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED)
             p = _row_tile(w_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xw[None, :]
-            acc_t += tl.sum(tl.reshape(p, [BLOCK_N, BLOCK_K // 16, 16]), axis=2)
+            if FMT == 0:  # 2-4 byte weights: a thread's 16-byte load holds 4-8 K positions, not 16
+                acc_w += p
+            else:
+                acc_t += tl.sum(tl.reshape(p, [BLOCK_N, BLOCK_K // 16, 16]), axis=2)
             if GATED:
                 xu = x
                 if FMT == 1:
                     xu = x * _k_scale(up_s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED)
                 p2 = _row_tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xu[None, :]
-                acc2_t += tl.sum(tl.reshape(p2, [BLOCK_N, BLOCK_K // 16, 16]), axis=2)
+                if FMT == 0:
+                    acc2_w += p2
+                else:
+                    acc2_t += tl.sum(tl.reshape(p2, [BLOCK_N, BLOCK_K // 16, 16]), axis=2)
+    if FMT == 0:  # plain weights: whole-tile accumulators (FMAs only in the loop), reduced once
+        return tl.sum(acc_w, axis=1)[None, :], tl.sum(acc2_w, axis=1)[None, :]
     acc = tl.sum(acc_t, axis=1)[None, :]
     acc2 = tl.sum(acc2_t, axis=1)[None, :]
     return acc, acc2
@@ -419,20 +429,22 @@ def _one_row_fp4_h2(x_base, w_base, s_base, up_base, up_s_base, n, nm, k_lo, k_h
 
     The next step's weights, scales and activations are loaded before this step's arithmetic (registers,
     double-buffered), so their latency overlaps it rather than following it."""
-    amax = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        amax = tl.maximum(amax, tl.abs(tl.load(x_base + k0 + tl.arange(0, BLOCK_K)).to(tl.float32)))
-    e = tl.maximum(((tl.max(amax, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -100)
-    pre = ((141 - e) << 23).to(tl.float32, bitcast=True)  # 2**(14 - e)
-    acc_t = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
-    acc2_t = tl.zeros_like(acc_t)
     kx = tl.arange(0, BLOCK_K)
     rows = tl.where(nm, n, 0)  # rows past N read row 0 (never stored): no masks
-    w_n, ws_n = _fp4_words(w_base, s_base, rows, k_lo, stride_wn, stride_sn, BLOCK_K)
+    w_n, ws_n = _fp4_words(
+        w_base, s_base, rows, k_lo, stride_wn, stride_sn, BLOCK_K
+    )  # in flight during the max
     u_n, us_n = w_n, ws_n
     if GATED:
         u_n, us_n = _fp4_words(up_base, up_s_base, rows, k_lo, stride_wn, stride_sn, BLOCK_K)
     x_n = tl.load(x_base + k_lo + kx)
+    amax = tl.abs(x_n.to(tl.float32))
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        amax = tl.maximum(amax, tl.abs(tl.load(x_base + k0 + kx).to(tl.float32)))
+    e = tl.maximum(((tl.max(amax, axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -100)
+    pre = ((141 - e) << 23).to(tl.float32, bitcast=True)  # 2**(14 - e)
+    acc_t = tl.zeros([BLOCK_N, BLOCK_K // 32], dtype=tl.float32)
+    acc2_t = tl.zeros_like(acc_t)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         w, ws, u, us, x = w_n, ws_n, u_n, us_n, x_n
         kn = tl.minimum(k0 + BLOCK_K, k_hi - BLOCK_K)  # after the last step: the last step again

@@ -185,7 +185,7 @@ class WeightTable:
     keep: list
     #: FP4 with ue8m0 scale bytes: the smallest and largest byte (for ``dispatch.fp4_decode_ptx``)
     scale_bytes: tuple[int, int] | None = None
-    #: 1-byte weights (FP8, FP4) whose rows all start 16-byte aligned (``_common.weight_tile``)
+    #: weights whose rows all start 16-byte aligned (``_common.weight_tile``, ``gemv._row_tile``)
     aligned: bool = False
 
     @staticmethod
@@ -212,7 +212,7 @@ class WeightTable:
         s0 = scales[0]
         return WeightTable(fmt, n, k, ptrs, sptrs, datas[0].dtype, s0.dtype, datas[0].stride(0), s0.stride(0),
                            s0.stride(-1) if s0.dim() > 1 else 1, datas + scales,
-                           byte_range(scales) if fmt == 2 else None, fmt != 0 and aligned16(datas))  # fmt: skip
+                           byte_range(scales) if fmt == 2 else None, aligned16(datas))  # fmt: skip
 
 
 def ue8m0_bytes(scales: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -238,8 +238,8 @@ def byte_range(scales: list[torch.Tensor]) -> tuple[int, int] | None:
 
 
 def aligned16(datas: list[torch.Tensor]) -> bool:
-    """Every tensor starts 16-byte aligned with 16-byte-aligned rows (1-byte elements)."""
-    return all(t.element_size() == 1 and t.data_ptr() % 16 == 0 and t.stride(0) % 16 == 0 for t in datas)
+    """Every tensor starts 16-byte aligned with 16-byte-aligned rows."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in datas)
 
 
 def tile_schedule(local_ids: torch.Tensor, num_experts: int, block_m: int):

@@ -10,6 +10,10 @@ Here one program does all of it for up to :data:`MAX_ROWS` (token, slot) rows, w
 - per-expert counts by ``tl.histogram``, tile counts and their running sums by ``tl.cumsum``;
 - each tile's expert by counting the experts whose tiles end at or before it (a searchsorted), the
   per-expert starts read back from a small scratch buffer.
+
+One-row tiles (``block_m`` 1, the decode GEMV) skip all of the per-expert part: tile ``t`` is sorted row ``t``
+(``[t, t + 1)``), its expert the sorted key. At batch 1 that is a 16-entry sort instead of a 512-bin
+histogram, two scans and a 64 x 512 search.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ _TILE_CHUNK = 64
 @triton.jit
 def _schedule_kernel(ids_ptr, lut_ptr, w_ptr, order_ptr, a_idx_ptr, row_w_ptr, t_exp_ptr, t_start_ptr, t_end_ptr,
                      scratch_ptr, R, LUT_N, E, K, NT, BLOCK_M,
-                     BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK: tl.constexpr, ONE_ROW: tl.constexpr = False,
                      PDL: tl.constexpr = False):  # fmt: skip
     pdl_enter(PDL)
     r = tl.arange(0, BLOCK_R)
@@ -42,6 +46,12 @@ def _schedule_kernel(ids_ptr, lut_ptr, w_ptr, order_ptr, a_idx_ptr, row_w_ptr, t
     tl.store(order_ptr + r, order.to(tl.int64), mask=rm)
     tl.store(a_idx_ptr + r, (order // K).to(tl.int64), mask=rm)
     tl.store(row_w_ptr + r, tl.load(w_ptr + order, mask=rm, other=0.0).to(tl.float32), mask=rm)
+    if ONE_ROW:  # tile t = sorted row t (NT == R)
+        ex = srt // BLOCK_R
+        tl.store(t_exp_ptr + r, tl.where(ex < E, ex, -1).to(tl.int64), mask=rm)
+        tl.store(t_start_ptr + r, r.to(tl.int64), mask=rm)
+        tl.store(t_end_ptr + r, (r + 1).to(tl.int64), mask=rm)
+        return
     e = tl.arange(0, BLOCK_E)
     em = e < E
     counts = tl.where(em, tl.histogram(key, BLOCK_E), 0)
@@ -68,7 +78,8 @@ def moe_schedule(ids: torch.Tensor, lut: torch.Tensor, weights: torch.Tensor, nu
     """``ids [T, k]`` global expert ids, ``lut`` global -> local (``-1``: another rank's), ``weights [T, k]``.
 
     Returns ``(order, a_idx, row_w, tile_expert, tile_start, tile_end)`` as ``grouped_gemm.tile_schedule``
-    (with ``order // k`` and ``weights.flatten()[order]`` as float32), or ``None`` above :data:`MAX_ROWS`."""
+    (with ``order // k`` and ``weights.flatten()[order]`` as float32; one-row tiles end after their row rather
+    than at their expert's end), or ``None`` above :data:`MAX_ROWS`."""
     T, k = ids.shape
     R = T * k
     if R == 0 or R > MAX_ROWS:
@@ -84,6 +95,7 @@ def moe_schedule(ids: torch.Tensor, lut: torch.Tensor, weights: torch.Tensor, nu
     _schedule_kernel[(1,)](
         ids.reshape(-1).contiguous(), lut, weights.reshape(-1).contiguous(), order, a_idx, row_w, t_exp, t_start,
         t_end, scratch, R, lut.numel(), num_experts, k, nt, block_m,
-        BLOCK_R=pow2(R, 16), BLOCK_E=block_e, CHUNK=_TILE_CHUNK, num_warps=4, **dispatch.pdl_args(T),
+        BLOCK_R=pow2(R, 16), BLOCK_E=block_e, CHUNK=_TILE_CHUNK, ONE_ROW=block_m == 1, num_warps=4,
+        **dispatch.pdl_args(T),
     )  # fmt: skip
     return order, a_idx, row_w, t_exp, t_start, t_end

@@ -4,7 +4,8 @@ Triton: RMSNorm, RoPE, mHC (``hc_pre``/``hc_post``/``hc_head``), quantized ``lin
 dequantised in the GEMM) and ``swiglu_mlp`` (gate and up fused with the activation, then down).
 TileLang: FP8 ``linear`` at prefill sizes on SM90 when tilelang is installed (``dispatch.fp8_gemm_backend``).
 Torch on the GPU: ``linear`` with a plain BF16/FP32 weight is ``x @ w.T`` through cuBLAS, which a
-Triton GEMM does not beat for dense shapes.
+Triton GEMM does not beat for dense shapes; one row (decode) goes to the Triton GEMV instead
+(``dispatch.plain_gemv``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,16 @@ class CudaDenseOps(DenseOps):
         self._schedules = ScheduleCache()
 
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
-        if not isinstance(weight, QuantizedWeight):
-            return x @ weight.T.to(x.dtype)
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
+        if not isinstance(weight, QuantizedWeight):
+            if not dispatch.plain_gemv(x2.shape[0], x.dtype, weight):
+                return x @ weight.T.to(x.dtype)
+            table = self._tables.get((weight,), lambda: gg.WeightTable.build([weight], x.device))
+            out = torch.empty((x2.shape[0], table.n), dtype=x.dtype, device=x.device)
+            cfg = dispatch.gemm_config(x2.shape[0], table.n, table.k, "plain", gated=False, active=(1, 1))
+            gg.grouped_gemm(x2, table, self._schedules.get(1, cfg.block_m, x.device), out, cfg)
+            return out.view(*lead, -1)
         table = self._tables.get((weight,), lambda: gg.WeightTable.build([weight], x.device))
         out = torch.empty((x2.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
         if x2.shape[0] == 0:

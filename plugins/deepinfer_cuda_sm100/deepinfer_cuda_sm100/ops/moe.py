@@ -37,6 +37,9 @@ class _Prepared:
         self.fmt = first.format if isinstance(first, QuantizedWeight) else "plain"
         first2 = experts.w2[0]
         self.fmt2 = first2.format if isinstance(first2, QuantizedWeight) else "plain"
+        #: every expert id routing can give is held here (no expert parallelism): each (token, slot) row of
+        #: the down projection's output is written, so it needs no zero fill (known from the host table)
+        self.all_local = bool((lut >= 0).all())
 
 
 class CudaMoEOps(MoEOps):
@@ -75,6 +78,6 @@ class CudaMoEOps(MoEOps):
         gg.grouped_gemm(
             x.contiguous(), p.w3, sched, h, cfg_up, a_idx=a_idx, gate_table=p.w1, limit=swiglu_limit
         )
-        y = torch.zeros((T * k, D), dtype=torch.float32, device=x.device)
+        y = (torch.empty if p.all_local else torch.zeros)((T * k, D), dtype=torch.float32, device=x.device)
         gg.grouped_gemm(h, p.w2, sched, y, cfg_dn, c_idx=order, row_w=row_w)
         return combine.combine(y, k, x.dtype)
