@@ -47,8 +47,8 @@ def _schedule_kernel(ids_ptr, lut_ptr, w_ptr, order_ptr, a_idx_ptr, row_w_ptr, t
     tl.store(a_idx_ptr + r, (order // K).to(tl.int64), mask=rm)
     tl.store(row_w_ptr + r, tl.load(w_ptr + order, mask=rm, other=0.0).to(tl.float32), mask=rm)
     if ONE_ROW:  # tile t = sorted row t (NT == R)
-        ex = srt // BLOCK_R
-        tl.store(t_exp_ptr + r, tl.where(ex < E, ex, -1).to(tl.int64), mask=rm)
+        row_ex = srt // BLOCK_R
+        tl.store(t_exp_ptr + r, tl.where(row_ex < E, row_ex, -1).to(tl.int64), mask=rm)
         tl.store(t_start_ptr + r, r.to(tl.int64), mask=rm)
         tl.store(t_end_ptr + r, (r + 1).to(tl.int64), mask=rm)
         return
