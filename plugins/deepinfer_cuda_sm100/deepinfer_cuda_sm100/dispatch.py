@@ -402,7 +402,7 @@ def plain_gemv(rows: int, dtype: torch.dtype, weight: torch.Tensor) -> bool:
 
 
 def fp4_h2_mode(cfg: GemmConfig, fp4: bool, dtype: torch.dtype, aligned: bool) -> int:
-    """``FP4_H2`` of the GEMV kernel: one-row FP4 tiles in float16 pair arithmetic (``gemv._one_row_fp4_h2``)
+    """``FP4_H2`` of the GEMV kernel: one-row FP4 tiles in float16 pair arithmetic (``fp4_pairs.one_row_fp4_h2``)
     for bf16 and float16 activations, K whole steps and aligned rows: 2 by PTX on a GPU, 1 emulated in Triton
     under the interpreter; 0 (the float32 FMA path) otherwise. Float32 activations keep the float32 path, whose
     sums follow the float32 reference. ``DEEPINFER_FP4_H2=0`` turns it off (A/B runs)."""

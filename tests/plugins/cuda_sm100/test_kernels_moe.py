@@ -230,7 +230,7 @@ def test_combine_sums_each_tokens_expert_rows_in_order(gen):
 
 
 def _run_ptx(ptx: str, args: list[int]) -> int:
-    """Execute the straight-line PTX of ``gemv.E2M1_F16_DOT_PTX`` (the instructions it uses, with their PTX ISA
+    """Execute the straight-line PTX of ``fp4_pairs.E2M1_F16_DOT_PTX`` (the instructions it uses, with their PTX ISA
     semantics) on 32-bit inputs ``$1..``; returns ``$0``'s bits. Float16 pair ops round once (``fma``)."""
     import numpy as np
 
@@ -278,18 +278,18 @@ def _run_ptx(ptx: str, args: list[int]) -> int:
 
 
 def test_fp4_f16_pair_ptx_computes_the_word_dot(gen):
-    """``gemv.E2M1_F16_DOT_PTX``, executed instruction by instruction: a weight word's 8 e2m1 codes (every
+    """``fp4_pairs.E2M1_F16_DOT_PTX``, executed instruction by instruction: a weight word's 8 e2m1 codes (every
     byte value occurs) times their 8 float16 activations: exactly the float64 sum times ``2**-14`` when the
     products and lane sums are exact in float16 (activations that are small integers), else within float16
     rounding."""
     import numpy as np
 
     from deepinfer_core.quant.formats import _e2m1_lut
-    from deepinfer_cuda_sm100.kernels import gemv
+    from deepinfer_cuda_sm100.kernels import fp4_pairs
 
     lut = _e2m1_lut(torch.device("cpu")).double()
-    ptx = gemv.E2M1_F16_DOT_PTX.value
-    for c in (*gemv.E2M1_F16_PRMT, gemv.E2M1_F16_SIGN, gemv.E2M1_F16_EM):
+    ptx = fp4_pairs.E2M1_F16_DOT_PTX.value
+    for c in (*fp4_pairs.E2M1_F16_PRMT, fp4_pairs.E2M1_F16_SIGN, fp4_pairs.E2M1_F16_EM):
         assert f"{c:#x}" in ptx
     words = torch.randint(0, 2**32, (64,), generator=gen, dtype=torch.int64).tolist()
     words += [b * 0x01010101 for b in range(256)]  # every byte value in every byte

@@ -132,3 +132,13 @@ def weight_tile(base, rows, stride, cols, row_ok, K_COLS, ALIGNED: tl.constexpr)
 
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(int(n)))
+
+
+@triton.jit
+def scale_f32(s):
+    """Per-32 FP4 scales as float32, stored as float32 or as ue8m0 bytes (a float32's exponent field;
+    byte 0, ``2**-127``, reads as 0)."""
+    if s.dtype == tl.uint8:
+        return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    else:
+        return s.to(tl.float32)

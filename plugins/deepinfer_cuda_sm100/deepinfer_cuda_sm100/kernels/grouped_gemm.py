@@ -38,6 +38,7 @@ from deepinfer_cuda_sm100.kernels._common import (
     dot_dtype,
     mma,
     pdl_enter,
+    scale_f32,
     store_tile,
     swiglu,
     weight_base,
@@ -48,7 +49,6 @@ from deepinfer_cuda_sm100.kernels.gemv import (
     e2m1_bf16_scaled,
     e2m1_halves,
     e8m0_bf16_unit,
-    scale_f32,
 )
 
 FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
