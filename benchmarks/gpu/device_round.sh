@@ -7,6 +7,8 @@
 #                                    slice    greedy equality + the slice at batch 1/16/64/256, ctx 4096, profile
 #                                    nopdl    the slice at batch 1/16/64/256 with DEEPINFER_PDL=0 (A/B)
 #                                    noh2     the slice at batch 1/16 with DEEPINFER_FP4_H2=0 (A/B)
+#                                    finish   greedy + the slice at batch 1/16 with DEEPINFER_SPLITK_FINISH=1 (A/B)
+#                                    checkfin check.py with DEEPINFER_SPLITK_FINISH=1
 #                                    gemm     decode GEMV tiles at one row, weights cold in L2
 set -u
 OUT=${OUT:-/tmp/out}
@@ -26,6 +28,9 @@ for part in "${@:-check slice gemm}"; do
                   --out "$OUT/nopdl") ;;
       noh2) cmd=(env DEEPINFER_FP4_H2=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 16
                  --contexts 4096 --prefill 0 --out "$OUT/noh2") ;;
+      finish) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy slice
+                   --batches 1 16 --contexts 4096 --prefill 0 --profile 1 --out "$OUT/finish") ;;
+      checkfin) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1
                  --out "$OUT/gemm") ;;
       *) echo "unknown part $p"; exit 2 ;;

@@ -272,6 +272,8 @@ class GemmConfig:
     fp4_asm: bool = True
     #: one-row FP4 GEMV tiles in float16 pair arithmetic where it applies (:func:`fp4_h2_mode`)
     fp4_h2: bool = True
+    #: split-K tiles finished by their last K slice, no epilogue launch (:func:`split_finish`)
+    split_finish: bool = False
 
 
 #: decode problems with at most this many rows per expert go to the CUDA-core GEMV kernel, one row per
@@ -380,6 +382,13 @@ def fp4_decode_ptx(dtype: torch.dtype | None, scale_bytes: list[tuple[int, int] 
         and dtype in (None, torch.bfloat16)
         and all(b is not None and b[1] <= 128 for b in scale_bytes)
     )
+
+
+def split_finish(cfg: GemmConfig) -> bool:
+    """Split-K GEMMs finish in their last K slice (``_common.finish_split``) instead of a second launch:
+    ``cfg.split_finish``, or ``DEEPINFER_SPLITK_FINISH=1``. Off by default: built and tested under the
+    interpreter and compiled for ``sm_90`` (NOTES.md v13), not yet run on a GPU."""
+    return cfg.split_finish or os.environ.get("DEEPINFER_SPLITK_FINISH", "0") == "1"
 
 
 #: plain weights up to this size take the Triton GEMV at one row (:func:`plain_gemv`)

@@ -75,9 +75,15 @@ def test_experts_match_reference(ops, gen, gemm_kind, fmt):
     assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
 
 
-def test_experts_all_local_write_every_row_without_a_zero_fill(ops, gen, gemm_kind, monkeypatch):
-    """Without expert parallelism the down projection's float32 rows are not zero-filled first: every one is
-    written (the buffer starts as NaN here), for one-row tiles and for tiles of several rows."""
+@pytest.mark.parametrize("split", [1, 3])
+def test_experts_all_local_write_every_row_without_a_zero_fill(ops, gen, gemm_kind, split, monkeypatch):
+    """Without expert parallelism the down projection's float32 rows, and a split-K workspace, are not
+    zero-filled first: every row is written (the buffers start as NaN here), for one-row tiles and for tiles
+    of several rows."""
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
     from deepinfer_cuda_sm100.ops import moe as moe_ops
 
     empty = torch.empty
@@ -87,6 +93,9 @@ def test_experts_all_local_write_every_row_without_a_zero_fill(ops, gen, gemm_ki
         return t.fill_(float("nan")) if t.dtype == torch.float32 else t
 
     monkeypatch.setattr(moe_ops.torch, "empty", nan_empty)
+    monkeypatch.setattr(gg.torch, "empty", nan_empty)
+    orig = dispatch.gemm_config
+    monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: replace(orig(*a, **k), split_k=split))
     for T in (1, 13):
         ew = _experts(gen, "fp8_block", 8, 128, 64)
         x = rand(gen, T, 128, dtype=torch.bfloat16)
@@ -310,3 +319,53 @@ def test_fp4_f16_pair_ptx_computes_the_word_dot(gen):
             )
         else:
             assert got == np.float32(want), (hex(word), x.tolist())
+
+
+@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
+def test_split_k_finished_by_the_last_slice_equals_the_epilogue_launch(gen, gemm_kind, fmt, monkeypatch):
+    """``dispatch.split_finish``: each output tile's last K slice sums the partials and runs the epilogue, so no
+    ``_splitk_epilogue_kernel`` launch; the same floats as that launch (same order), for experts (all local:
+    every row tiled), a dense linear and a grouped linear; the tile counters are zero again afterwards."""
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+    from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+    from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
+
+    orig = dispatch.gemm_config
+    T, k, E, D, inter = 7, 2, 4, 256, 192  # K = 256 and 192: two and three slices
+    ew = to_device(_experts(gen, fmt, E, D, inter), DEVICE)
+    x = rand(gen, T, D, dtype=torch.bfloat16)
+    ids = torch.randint(0, E, (T, k), generator=gen)
+    w = torch.rand(T, k, generator=gen) + 0.1
+    wl = [to_device(q, DEVICE) for q in _experts(gen, fmt, 3, D, 96).w1]  # three [96, 256] weights
+
+    def run(finish: bool):
+        cfg = lambda *a, **kw: replace(orig(*a, **kw), split_k=3, split_finish=finish)  # noqa: E731
+        monkeypatch.setattr(dispatch, "gemm_config", cfg)
+        dense = CudaDenseOps()
+        xd = dev(x)
+        return (CudaMoEOps().experts(xd, *dev(ids, w), ew, 0.7), dense.linear(xd, wl[0]),
+                dense.grouped_linear(dev(rand(gen.manual_seed(5), T, 3, D, dtype=torch.bfloat16)), wl))  # fmt: skip
+
+    want = run(False)
+    real, empty = gg._splitk_epilogue_kernel, torch.empty
+    monkeypatch.setattr(gg, "_splitk_epilogue_kernel", None)  # any launch of it now fails
+
+    # workspaces start as NaN: a slice that finished before every partial was written would show
+    def nan_empty(*a, **kw):
+        t = empty(*a, **kw)
+        return t.fill_(float("nan")) if t.dtype == torch.float32 else t
+
+    monkeypatch.setattr(gg.torch, "empty", nan_empty)
+    got = run(True)
+    monkeypatch.setattr(gg.torch, "empty", empty)
+    monkeypatch.setattr(gg, "_splitk_epilogue_kernel", real)
+    for a, b in zip(got, want):
+        assert torch.equal(a.cpu(), b.cpu())
+    assert (
+        rel_err(got[0], REF.experts(x, ids, w, to_device(ew, torch.device("cpu")), 0.7))
+        < BOUND[torch.bfloat16]
+    )
+    assert not gg.split_counters(DEVICE).any()

@@ -78,12 +78,14 @@ def swiglu(gate, up, limit):
 
 
 @triton.jit
-def store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
-               GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+def store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
+               GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, SPLIT_K: tl.constexpr,
+               FINISH: tl.constexpr = False):  # fmt: skip
     """The end of a grouped-GEMM tile (``acc``, and ``acc2`` = up when ``GATED``; rows by sorted row).
 
-    With ``SPLIT_K > 1`` the float32 partials go to this K slice's workspace and
-    ``_splitk_epilogue_kernel`` finishes; otherwise: SwiGLU, per-row weight, scatter to ``c_idx`` rows, cast."""
+    With ``SPLIT_K > 1`` the float32 partials go to this K slice's workspace; ``_splitk_epilogue_kernel``
+    finishes, or with ``FINISH`` the tile's last slice to arrive (:func:`finish_split`). Otherwise:
+    :func:`epilogue`."""
     if SPLIT_K > 1:
         part = ws_ptr + (tl.program_id(2) * (2 if GATED else 1)) * R * N
         off = rows[:, None].to(tl.int64) * N + n[None, :]
@@ -91,17 +93,56 @@ def store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, 
         tl.store(part + off, acc, mask=wm)
         if GATED:
             tl.store(part + R * N + off, acc2, mask=wm)
+        if FINISH:
+            finish_split(rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
+                         GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
     else:
-        if GATED:
-            acc = swiglu(acc, acc2, limit)
-        if HAS_ROW_W:
-            acc = acc * tl.load(row_w_ptr + rows, mask=rm, other=0.0)[:, None]
-        if HAS_C_IDX:
-            c_rows = tl.load(c_idx_ptr + rows, mask=rm, other=0)
-        else:
-            c_rows = rows
-        tl.store(c_ptr + c_rows[:, None].to(tl.int64) * stride_cm + n[None, :], acc.to(c_ptr.dtype.element_ty),
-                 mask=rm[:, None] & nm[None, :])  # fmt: skip
+        epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm, limit, GATED, HAS_C_IDX,
+                 HAS_ROW_W)  # fmt: skip
+
+
+@triton.jit
+def epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm, limit, GATED: tl.constexpr,
+             HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr):  # fmt: skip
+    """SwiGLU (``GATED``), per-row weight, scatter to ``c_idx`` rows, cast, store."""
+    if GATED:
+        acc = swiglu(acc, acc2, limit)
+    if HAS_ROW_W:
+        acc = acc * tl.load(row_w_ptr + rows, mask=rm, other=0.0)[:, None]
+    if HAS_C_IDX:
+        c_rows = tl.load(c_idx_ptr + rows, mask=rm, other=0)
+    else:
+        c_rows = rows
+    tl.store(c_ptr + c_rows[:, None].to(tl.int64) * stride_cm + n[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=rm[:, None] & nm[None, :])  # fmt: skip
+
+
+@triton.jit
+def finish_split(rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
+                 GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """Split-K without a second launch: each K slice of an output tile, its partial stored, counts itself in
+    the tile's counter (``cnt_ptr``, zero between launches); the last one sums the ``SPLIT_K`` partials in
+    slice order, as ``_splitk_epilogue_kernel`` does (the same floats), runs :func:`epilogue` and zeroes the
+    counter again. The barrier before the count orders every thread's partial before it (release), the one
+    after orders the count before the last slice's loads (acquire), which bypass L1 (``.cg``): CUTLASS's
+    semaphore pattern. Rows no tile covers are not written (callers use it when every row is tiled)."""
+    tl.debug_barrier()
+    slot = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    arrived = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
+    tl.debug_barrier()
+    if arrived == SPLIT_K - 1:
+        stride = (2 if GATED else 1) * R * N
+        off = rows[:, None].to(tl.int64) * N + n[None, :]
+        wm = rm[:, None] & nm[None, :]
+        acc = tl.zeros_like(off).to(tl.float32)
+        acc2 = tl.zeros_like(acc)
+        for s in tl.static_range(SPLIT_K):
+            acc += tl.load(ws_ptr + s * stride + off, mask=wm, other=0.0, cache_modifier=".cg")
+            if GATED:
+                acc2 += tl.load(ws_ptr + s * stride + R * N + off, mask=wm, other=0.0, cache_modifier=".cg")
+        epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm, limit, GATED, HAS_C_IDX,
+                 HAS_ROW_W)  # fmt: skip
+        tl.atomic_xchg(slot, 0)
 
 
 @triton.jit

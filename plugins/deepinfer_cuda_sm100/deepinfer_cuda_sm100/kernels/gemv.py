@@ -295,12 +295,12 @@ def _grouped_gemv_kernel(
     w_tab, s_tab, up_tab, up_s_tab,
     tile_expert_ptr, tile_start_ptr, tile_end_ptr,
     N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
-    ws_ptr, R, k_per_split,
+    ws_ptr, cnt_ptr, R, k_per_split,
     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr,
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr, EVEN_N: tl.constexpr = False, FP4_H2: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    FINISH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``EVEN_N``: ``N`` is whole ``BLOCK_N`` blocks (with ``ALIGNED``, one-row FP8 tiles load without masks).
     ``FP4_H2``: one-row FP4 tiles (``ALIGNED``, bf16 or float16 activations) in float16 pair arithmetic
@@ -338,5 +338,5 @@ def _grouped_gemv_kernel(
                               k_lo, k_hi, K, stride_wn, stride_sn, stride_sk, FMT, GATED, HAS_A_IDX, BLOCK_M,
                               BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM)  # fmt: skip
     rows = r0 + mi
-    store_tile(acc, acc2, rows, rows < r1, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
-               GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
+    store_tile(acc, acc2, rows, rows < r1, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
+               GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH)  # fmt: skip

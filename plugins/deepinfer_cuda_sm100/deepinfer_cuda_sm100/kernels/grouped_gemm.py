@@ -122,12 +122,12 @@ def _grouped_gemm_kernel(
     w_tab, s_tab, up_tab, up_s_tab,
     tile_expert_ptr, tile_start_ptr, tile_end_ptr,
     N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
-    ws_ptr, R, k_per_split,
+    ws_ptr, cnt_ptr, R, k_per_split,
     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr, DOT_T: tl.constexpr,
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
-    PDL: tl.constexpr = False,
+    FINISH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl_enter(PDL)
     tile = tl.program_id(0)
@@ -162,8 +162,8 @@ def _grouped_gemm_kernel(
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
                              BLOCK_K, BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED)  # fmt: skip
-    store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, R, N, stride_cm, limit,
-               GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
+    store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
+               GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH)  # fmt: skip
 
 
 @dataclass
@@ -213,6 +213,22 @@ class WeightTable:
         return WeightTable(fmt, n, k, ptrs, sptrs, datas[0].dtype, s0.dtype, datas[0].stride(0), s0.stride(0),
                            s0.stride(-1) if s0.dim() > 1 else 1, datas + scales,
                            byte_range(scales) if fmt == 2 else None, aligned16(datas))  # fmt: skip
+
+
+#: output tiles one split-K launch may finish in-kernel (one int32 counter each, kept zero between launches)
+SPLIT_COUNTERS = 1 << 16
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device) -> torch.Tensor:
+    """The per-device split-K tile counters (``_common.finish_split``): zeros, allocated once, on first use
+    (decode warms up before graphs are captured); every launch leaves them zero again. One stream per device
+    uses them, and a launch starts only after the previous one has finished (with PDL too: the programs wait
+    in ``griddepcontrol.wait`` before any access)."""
+    c = _COUNTERS.get(device)
+    if c is None:
+        c = _COUNTERS[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+    return c
 
 
 def ue8m0_bytes(scales: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -315,8 +331,9 @@ def grouped_gemm(
 ) -> torch.Tensor:
     """Launch one grouped GEMM. With ``gate_table`` (``w1``), ``table`` is ``w3`` and the result is the
     clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given.
-    ``all_rows_tiled``: every sorted row lies in some tile (a dense grouped linear, unlike experts another
-    rank holds), so a split-K workspace needs no zeroing."""
+    ``all_rows_tiled``: every sorted row lies in some tile (a dense grouped linear, experts when this rank
+    holds them all), so a split-K workspace needs no zeroing, and the last K slice of each tile may finish it
+    (``dispatch.split_finish``: no epilogue launch)."""
     tile_expert, tile_start, tile_end = sched
     first = gate_table if gate_table is not None else table
     gated = gate_table is not None
@@ -334,19 +351,22 @@ def grouped_gemm(
         ws = alloc((split, 2 if gated else 1, rows, table.n), dtype=torch.float32, device=a.device)
     grid = (tile_expert.numel(), triton.cdiv(table.n, cfg.block_n), split)
     aligned = table.aligned and first.aligned and table.k % cfg.block_k == 0
+    tiled = all_rows_tiled or (a_idx is None and c_idx is None)
+    finish = split > 1 and tiled and dispatch.split_finish(cfg) and grid[0] * grid[1] <= SPLIT_COUNTERS
+    cnt = split_counters(a.device) if finish else ws
     args = (
         a, a_idx if a_idx is not None else tile_start, out, c_idx if c_idx is not None else tile_start,
         row_w if row_w is not None else out,
         first.ptrs, first.scale_ptrs, table.ptrs, table.scale_ptrs,
         tile_expert, tile_start, tile_end,
         table.n, table.k, a.stride(0), out.stride(0), table.stride_wn, table.stride_sn, table.stride_sk, limit,
-        ws, rows, k_per_split,
+        ws, cnt, rows, k_per_split,
     )  # fmt: skip
     meta = dict(
         FMT=table.fmt, W_T=TL_DTYPE[table.w_dtype], S_T=TL_DTYPE[table.s_dtype],
         GATED=gated, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
         HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=split, ALIGNED=aligned, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_K=split, ALIGNED=aligned, FINISH=finish, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
         ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])
@@ -359,7 +379,7 @@ def grouped_gemm(
         asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
                                    **meta, **dispatch.pdl_args(a.shape[0]))  # fmt: skip
-    if split > 1 and rows:
+    if split > 1 and rows and not finish:
         bn = min(1024, triton.next_power_of_2(table.n))
         _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](
             ws, out, c_idx if c_idx is not None else tile_start, row_w if row_w is not None else out,

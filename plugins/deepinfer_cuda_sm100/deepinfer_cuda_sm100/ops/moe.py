@@ -76,8 +76,16 @@ class CudaMoEOps(MoEOps):
             a_idx, row_w = order // k, weights.reshape(-1).float()[order]
         h = torch.empty((T * k, p.w1.n), dtype=x.dtype, device=x.device)
         gg.grouped_gemm(
-            x.contiguous(), p.w3, sched, h, cfg_up, a_idx=a_idx, gate_table=p.w1, limit=swiglu_limit
+            x.contiguous(),
+            p.w3,
+            sched,
+            h,
+            cfg_up,
+            a_idx=a_idx,
+            gate_table=p.w1,
+            limit=swiglu_limit,
+            all_rows_tiled=p.all_local,
         )
         y = (torch.empty if p.all_local else torch.zeros)((T * k, D), dtype=torch.float32, device=x.device)
-        gg.grouped_gemm(h, p.w2, sched, y, cfg_dn, c_idx=order, row_w=row_w)
+        gg.grouped_gemm(h, p.w2, sched, y, cfg_dn, c_idx=order, row_w=row_w, all_rows_tiled=p.all_local)
         return combine.combine(y, k, x.dtype)
