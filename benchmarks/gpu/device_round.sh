@@ -9,6 +9,7 @@
 #                                    noh2     the slice at batch 1/16 with DEEPINFER_FP4_H2=0 (A/B)
 #                                    finish   greedy + the slice at batch 1/16 with DEEPINFER_SPLITK_FINISH=1 (A/B)
 #                                    checkfin check.py with DEEPINFER_SPLITK_FINISH=1
+#                                    splitfin split-K finished in-kernel against the epilogue launch: equal, timed
 #                                    gemm     decode GEMV tiles at one row, weights cold in L2
 set -u
 OUT=${OUT:-/tmp/out}
@@ -30,6 +31,7 @@ for part in "${@:-check slice gemm}"; do
                  --contexts 4096 --prefill 0 --out "$OUT/noh2") ;;
       finish) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy slice
                    --batches 1 16 --contexts 4096 --prefill 0 --profile 1 --out "$OUT/finish") ;;
+      splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
       checkfin) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1
                  --out "$OUT/gemm") ;;
@@ -38,6 +40,6 @@ for part in "${@:-check slice gemm}"; do
     start=$(date +%s)
     "${cmd[@]}" > "$OUT/$p.log" 2>&1
     echo "== $p: rc $? in $(( $(date +%s) - start )) s"
-    grep -h "tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|Traceback\|Error" "$OUT/$p.log" | cut -c1-240 | head -30
+    grep -h "tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$OUT/$p.log" | cut -c1-240 | head -30
   done
 done
