@@ -55,6 +55,9 @@ VARIANTS = {
     "fp4_e2m1": [(16, 1024, 4), (16, 512, 4), (64, 512, 4), (16, 256, 4), (32, 1024, 4), (64, 256, 4), (32, 256, 4),
                  (32, 512, 8), (64, 512, 8), (32, 512, 4, 1, 3), (32, 256, 2), (16, 512, 2)],
 }  # fmt: skip
+#: GEMV variants for the experts' down projection alone (gate+up as dispatched): at 32 x 512 its 768 programs
+#: take more than one wave at batch 1 (NOTES.md v12)
+DOWN_VARIANTS = [(64, 512, 4), (16, 512, 4), (32, 512, 2), (64, 256, 4), (16, 1024, 4), (64, 512, 8)]
 
 
 def fp8(n: int, k: int) -> QuantizedWeight:
@@ -150,6 +153,8 @@ def kinds(fmt: str, rows: int):
             yield "gemv_bits", None
         for v in VARIANTS[fmt] if rows == 1 else ():
             yield "gemv", v
+        for v in DOWN_VARIANTS if rows == 1 and fmt == "fp4_e2m1" else ():
+            yield "gemv_down", v
 
 
 def decode_dense(ceil) -> None:

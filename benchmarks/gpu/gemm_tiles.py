@@ -19,7 +19,8 @@ def forced(kind: str, variant: tuple | None = None):
     """``(original, pick)``: ``pick`` always chooses ``kind`` ("tensor_cores", "tensor_cores_arith" for the
     integer FP4 decode, "tensor_cores_bits" for the Triton bit placement instead of the PTX decode, "gemv"
     (one-row FP4 in float16 pairs where dispatched), "gemv_f32" (float32 FMAs on the PTX decode) or "gemv_bits"
-    (float32 FMAs on Triton's bit placement)), with a launch ``variant``: tile fields for the tensor cores, ``(block_n, block_k, num_warps[,
+    (float32 FMAs on Triton's bit placement), "gemv_down" (the variant for the non-gated calls only: the
+    experts' down projection)), with a launch ``variant``: tile fields for the tensor cores, ``(block_n, block_k, num_warps[,
     block_m[, num_stages]])`` for the GEMV."""
     orig = dispatch.gemm_config
 
@@ -39,8 +40,10 @@ def forced(kind: str, variant: tuple | None = None):
         base = (
             cfg if cfg.gemv else dispatch.gemv_config(min(rows, 8), fmt)
         )  # as dispatched where it is a GEMV
-        g = replace(base, fp4_asm=kind in ("gemv", "gemv_f32"), fp4_h2=kind == "gemv")
-        if variant is not None:
+        g = replace(
+            base, fp4_asm=kind in ("gemv", "gemv_down", "gemv_f32"), fp4_h2=kind in ("gemv", "gemv_down")
+        )
+        if variant is not None and (kind != "gemv_down" or not gated):
             g = replace(g, block_n=variant[0], block_k=variant[1], num_warps=variant[2])
             g = replace(g, block_m=variant[3]) if len(variant) > 3 else g
             g = replace(g, num_stages=variant[4]) if len(variant) > 4 else g
