@@ -36,11 +36,11 @@ from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import (
     TL_DTYPE,
     dot_dtype,
+    epilogue,
     mma,
     pdl_enter,
     scale_f32,
     store_tile,
-    swiglu,
     weight_base,
     weight_tile,
 )
@@ -297,22 +297,19 @@ def _splitk_epilogue_kernel(
     """Sum the ``SPLIT_K`` partials of sorted row ``program_id(0)`` in a fixed order (deterministic), then
     the epilogue of :func:`_grouped_gemm_kernel`: SwiGLU, row weight, scatter, cast."""
     pdl_enter(PDL)
-    r = tl.program_id(0)
+    rows = tl.program_id(0) + tl.arange(0, 1)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nm = n < N
     stride = (2 if GATED else 1) * R * N
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    off = rows[:, None].to(tl.int64) * N + n[None, :]
+    acc = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([1, BLOCK_N], dtype=tl.float32)
     for s in range(SPLIT_K):
-        acc += tl.load(ws_ptr + s * stride + r * N + n, mask=nm, other=0.0)
+        acc += tl.load(ws_ptr + s * stride + off, mask=nm[None, :], other=0.0)
         if GATED:
-            acc2 += tl.load(ws_ptr + s * stride + R * N + r * N + n, mask=nm, other=0.0)
-    if GATED:
-        acc = swiglu(acc, acc2, limit)
-    if HAS_ROW_W:
-        acc = acc * tl.load(row_w_ptr + r)
-    c_row = tl.load(c_idx_ptr + r) if HAS_C_IDX else r
-    tl.store(c_ptr + c_row.to(tl.int64) * stride_cm + n, acc.to(c_ptr.dtype.element_ty), mask=nm)
+            acc2 += tl.load(ws_ptr + s * stride + R * N + off, mask=nm[None, :], other=0.0)
+    epilogue(acc, acc2, rows, rows < R, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm, limit, GATED, HAS_C_IDX,
+             HAS_ROW_W)  # fmt: skip
 
 
 def grouped_gemm(

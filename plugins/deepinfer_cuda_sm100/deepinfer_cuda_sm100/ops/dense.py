@@ -30,20 +30,16 @@ class CudaDenseOps(DenseOps):
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
         lead, k = x.shape[:-1], x.shape[-1]
         x2 = x.reshape(-1, k)
-        if not isinstance(weight, QuantizedWeight):
-            if not dispatch.plain_gemv(x2.shape[0], x.dtype, weight):
-                return x @ weight.T.to(x.dtype)
-            table = self._tables.get((weight,), lambda: gg.WeightTable.build([weight], x.device))
-            out = torch.empty((x2.shape[0], table.n), dtype=x.dtype, device=x.device)
-            cfg = dispatch.gemm_config(x2.shape[0], table.n, table.k, "plain", gated=False, active=(1, 1))
-            gg.grouped_gemm(x2, table, self._schedules.get(1, cfg.block_m, x.device), out, cfg)
-            return out.view(*lead, -1)
-        table = self._tables.get((weight,), lambda: gg.WeightTable.build([weight], x.device))
-        out = torch.empty((x2.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
-        if x2.shape[0] == 0:
-            return out.view(*lead, -1)
         T = x2.shape[0]
-        if weight.format == "fp8_block" and weight.scale.dtype == torch.float32:
+        quantized = isinstance(weight, QuantizedWeight)
+        if not quantized and not dispatch.plain_gemv(T, x.dtype, weight):
+            return x @ weight.T.to(x.dtype)
+        table = self._tables.get((weight,), lambda: gg.WeightTable.build([weight], x.device))
+        out = torch.empty((T, table.n), dtype=x.dtype, device=x.device)
+        if T == 0:
+            return out.view(*lead, -1)
+        fmt = weight.format if quantized else "plain"
+        if fmt == "fp8_block" and weight.scale.dtype == torch.float32:
             tilelang = dispatch.fp8_gemm_backend(T, table.n, table.k, x.dtype) == "tilelang"
             if tilelang and not torch.cuda.is_current_stream_capturing():  # graphs replay Triton only
                 from deepinfer_cuda_sm100.kernels import tl_fp8_gemm
@@ -51,8 +47,8 @@ class CudaDenseOps(DenseOps):
                 return tl_fp8_gemm.fp8_block_gemm(x2.contiguous(), weight.data, weight.scale, out).view(
                     *lead, -1
                 )
-        cfg = dispatch.gemm_config(T, table.n, table.k, weight.format, gated=False, active=(T, 1))
-        gg.grouped_gemm(x2, table, self._schedules.get(x2.shape[0], cfg.block_m, x.device), out, cfg)
+        cfg = dispatch.gemm_config(T, table.n, table.k, fmt, gated=False, active=(T, 1))
+        gg.grouped_gemm(x2, table, self._schedules.get(T, cfg.block_m, x.device), out, cfg)
         return out.view(*lead, -1)
 
     def grouped_linear(self, x: torch.Tensor, weights: list[Weight]) -> torch.Tensor:
