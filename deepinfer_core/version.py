@@ -9,4 +9,6 @@ __version__ = "0.1.0"
 #: 1.1: ``AttentionOps.kv_cache_dtypes`` / ``store_kv`` and ``sparse_attention(..., kv_format=)``, the FP8 KV
 #: cache (the core passes ``kv_format`` only when it is set, so 1.0 attention ops keep working).
 #: 1.2: ``DenseOps.rms_norm_rope`` (RMSNorm then RoPE in one op; the default calls the two).
-PLUGIN_API_VERSION = "1.2"
+#: 1.3: ``DenseOps.hc_pre_norm`` and ``DenseOps.hc_post_pre`` (a sublayer's mHC entry with its RMSNorm, and
+#: one sublayer's exit with the next one's entry, each one op; the defaults call the existing ones).
+PLUGIN_API_VERSION = "1.3"

@@ -76,6 +76,43 @@ class DenseOps(ABC):
     ) -> torch.Tensor:
         """mHC exit: ``out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * residual[t, j]`` -> ``[T, N, D]``."""
 
+    def hc_pre_norm(
+        self,
+        x: torch.Tensor,
+        fn: torch.Tensor,
+        base: torch.Tensor,
+        scale: torch.Tensor,
+        sinkhorn_iters: int,
+        hc_eps: float,
+        norm_eps: float,
+        weight: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`hc_pre` then :meth:`rms_norm` of its collapse (``weight``, ``norm_eps``): a sublayer's
+        entry -> ``(normed [T, D] in x.dtype, post, comb)``. New in plugin API 1.3; a platform may do it in
+        one pass (this default calls the two)."""
+        collapsed, post, comb = self.hc_pre(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps)
+        return self.rms_norm(collapsed, weight, norm_eps), post, comb
+
+    def hc_post_pre(
+        self,
+        y: torch.Tensor,
+        residual: torch.Tensor,
+        post: torch.Tensor,
+        comb: torch.Tensor,
+        fn: torch.Tensor,
+        base: torch.Tensor,
+        scale: torch.Tensor,
+        sinkhorn_iters: int,
+        hc_eps: float,
+        norm_eps: float,
+        weight: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One sublayer's exit and the next one's entry: ``h = hc_post(y, residual, post, comb)`` then
+        :meth:`hc_pre_norm` of ``h`` with the next sublayer's parameters -> ``(h [T, N, D], normed, post,
+        comb)``. New in plugin API 1.3; a platform may do it in one pass (this default calls the two)."""
+        h = self.hc_post(y, residual, post, comb)
+        return (h, *self.hc_pre_norm(h, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight))
+
     @abstractmethod
     def hc_head(
         self,

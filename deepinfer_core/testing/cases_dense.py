@@ -92,6 +92,18 @@ def _hc_post(g):
     return (randn(g, 5, d), randn(g, 5, n, d), torch.sigmoid(randn(g, 5, n)) * 2, comb), {}
 
 
+def _hc_pre_norm(g):
+    """``hc_pre``'s case plus the sublayer's norm weight."""
+    (x, fn, base, scale, iters, hc_eps, norm_eps), _ = _hc_pre(g)
+    return (x, fn, base, scale, iters, hc_eps, norm_eps, randn(g, x.shape[2]).abs() + 0.5), {}
+
+
+def _hc_post_pre(g):
+    """``hc_post``'s case, then the next sublayer's ``hc_pre_norm`` parameters."""
+    (y, residual, post, comb), _ = _hc_post(g)
+    return (y, residual, post, comb, *_hc_pre_norm(g)[0][1:]), {}
+
+
 def _hc_head(g):
     n, d = 4, 16
     return (
@@ -130,6 +142,8 @@ CASES = [
     OpCase("dense", "hc_pre", "hc4_sinkhorn20", _hc_pre, atol=1e-5, rtol=1e-4),
     OpCase("dense", "hc_post", "hc4", _hc_post),
     OpCase("dense", "hc_head", "hc4", _hc_head),
+    OpCase("dense", "hc_pre_norm", "hc4_sinkhorn20", _hc_pre_norm, atol=1e-5, rtol=1e-4),
+    OpCase("dense", "hc_post_pre", "hc4_sinkhorn20", _hc_post_pre, atol=1e-5, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "clamped", _swiglu(False, 1.5), atol=1e-4, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "unclamped", _swiglu(False, 0.0), atol=1e-4, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "fp8_clamped", _swiglu(True, 1.5), atol=1e-4, rtol=1e-4),

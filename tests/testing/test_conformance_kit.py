@@ -77,8 +77,10 @@ def test_pytest_plugin_reports_the_wrong_op(pytester, wrong_plugin):
         "--deepinfer-extra-plugin", "wrong_backend_plugin", "-q", "-p", "no:cacheprovider",
     )  # fmt: skip
     outcomes = result.parseoutcomes()
-    # the wrong rms_norm also breaks rms_norm_rope, whose default calls rms_norm then rope
-    composed = [c for c in all_cases() if c.concern == "dense" and c.op == "rms_norm_rope"]
+    # the wrong rms_norm also breaks the composed ops whose defaults call it
+    on_rms = ("rms_norm_rope", "hc_pre_norm", "hc_post_pre")
+    composed = [c for c in all_cases() if c.concern == "dense" and c.op in on_rms]
+    assert len(composed) >= 4
     assert outcomes.get("failed", 0) == len(rms_cases()) + len(composed)
     assert outcomes.get("passed", 0) > 0
     result.stdout.fnmatch_lines(["*dense.rms_norm*"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
@@ -29,20 +31,42 @@ class Block(Module):
             setattr(self, f"{site}_base", Slot(f"{site}_base", ((2 + n) * n,), "float32"))
             setattr(self, f"{site}_scale", Slot(f"{site}_scale", (3,), "float32"))
 
+    def sublayers(
+        self, input_ids: torch.Tensor, addr: StepAddressing, pools: Pools, ops: Backends
+    ) -> list[Sublayer]:
+        """Attention, then the MoE, each wrapped in mHC (its parameters and its norm)."""
+        return [
+            Sublayer(self, "hc_attn", self.attn_norm, lambda x: self.attn.forward(x, addr, pools, ops)),
+            Sublayer(self, "hc_ffn", self.ffn_norm, lambda x: self.ffn.forward(x, input_ids, ops)),
+        ]
+
     def forward(
         self, h: torch.Tensor, input_ids: torch.Tensor, addr: StepAddressing, pools: Pools, ops: Backends
     ) -> torch.Tensor:
-        h = self._sub(h, "hc_attn", self.attn_norm, lambda x: self.attn.forward(x, addr, pools, ops), ops)
-        return self._sub(h, "hc_ffn", self.ffn_norm, lambda x: self.ffn.forward(x, input_ids, ops), ops)
+        return run_sublayers(h, self.sublayers(input_ids, addr, pools, ops), self.cfg, ops)
 
-    def _sub(self, h: torch.Tensor, site: str, norm: Slot, body, ops: Backends) -> torch.Tensor:
-        cfg = self.cfg
-        fn, base, scale = (getattr(self, f"{site}_{k}").value for k in ("fn", "base", "scale"))
-        x, post, comb = ops.dense.hc_pre(
-            h, fn, base, scale, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps
-        )
-        y = body(ops.dense.rms_norm(x, norm.value, cfg.rms_norm_eps))
-        return ops.dense.hc_post(y, h, post, comb)
+
+class Sublayer:
+    """One mHC-wrapped sublayer: its block's ``{site}_fn/base/scale``, its norm and its body ``x -> y``."""
+
+    def __init__(self, block: Block, site: str, norm: Slot, body: Callable[[torch.Tensor], torch.Tensor]):
+        self.mhc = tuple(getattr(block, f"{site}_{k}").value for k in ("fn", "base", "scale"))
+        self.norm, self.body = norm, body
+
+
+def run_sublayers(
+    h: torch.Tensor, subs: list[Sublayer], cfg: DeepseekV4Config, ops: Backends
+) -> torch.Tensor:
+    """Streams ``h [T, N, D]`` through a chain of sublayers: ``hc_pre`` + norm -> body -> ``hc_post`` each,
+    where one sublayer's ``hc_post`` and the next one's entry are one op (``hc_post_pre``)."""
+    dense, mix = ops.dense, (cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+    x, post, comb = dense.hc_pre_norm(h, *subs[0].mhc, *mix, subs[0].norm.value)
+    for sub, nxt in zip(subs, [*subs[1:], None]):
+        y = sub.body(x)
+        if nxt is None:
+            return dense.hc_post(y, h, post, comb)
+        h, x, post, comb = dense.hc_post_pre(y, h, post, comb, *nxt.mhc, *mix, nxt.norm.value)
+    raise ValueError("run_sublayers needs at least one sublayer")
 
 
 class MTPBlock(Block):

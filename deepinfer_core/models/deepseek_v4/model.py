@@ -15,7 +15,7 @@ from deepinfer_core.kv.fp8 import Fp8KVFormat, is_fp8
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
-from deepinfer_core.models.deepseek_v4.block import Block, MTPBlock
+from deepinfer_core.models.deepseek_v4.block import Block, MTPBlock, run_sublayers
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointReader
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.loader import count_mtp_modules, load_weights, read_config
@@ -79,9 +79,12 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
             )
         addr = batch.plan if batch.plan is not None else StepAddressing(batch, self.cfg.sliding_window)
         h = self._embed(batch.input_ids)[:, None, :].expand(-1, self.cfg.hc_mult, -1).contiguous()
-        for block in self.layers[lo:hi]:
-            h = block.forward(h, batch.input_ids, addr, kv, self.backends)
-        return h
+        subs = [
+            s
+            for block in self.layers[lo:hi]
+            for s in block.sublayers(batch.input_ids, addr, kv, self.backends)
+        ]
+        return run_sublayers(h, subs, self.cfg, self.backends) if subs else h
 
     supports_graphs = True
 
