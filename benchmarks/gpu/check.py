@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 from check_attention import check_attention  # noqa: F401 - a section, called by name
 from check_common import (  # noqa: E402 - after check_common has set TRITON_INTERPRET for --smoke
@@ -68,6 +67,8 @@ from deepinfer_cuda_sm100.ops.moe import CudaMoEOps  # noqa: E402
 from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps  # noqa: E402
 
 # ----------------------------------------------------------------------------- dense
+
+REPEATS = 200 if not SMOKE else 3  # calls of a last-arriver kernel compared bitwise
 
 
 def check_dense():
@@ -116,7 +117,7 @@ def check_dense():
         err = rel_err(out, ref.hc_post(y, x, post, comb)) if T == 16 else None
         record("hc_post", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], bench(lambda: ops.hc_post(y, x, post, comb)),
                2 * T * HIDDEN * (1 + 2 * HC))  # fmt: skip
-    check_hc_decode(ops, fn, base, scale)
+    check_hc_fused(ops, fn, base, scale)
     for fmt in ("fp8_block", "fp4_e2m1"):
         w = rand_qweight(fmt, HIDDEN, HIDDEN)
         wc = to_device(w, torch.device("cpu"))
@@ -321,27 +322,60 @@ def sweep():
         torch.cuda.empty_cache()
 
 
-def check_hc_decode(ops, fn, base, scale):
-    """``hc_pre`` for one token in a graph, as a decode step runs it, over the launch shapes of its second
-    kernel (channel block, warps; the Sinkhorn iterations run in its first block) and the mixes' K splits."""
-    from deepinfer_cuda_sm100.kernels import mhc
+def check_hc_fused(ops, fn, base, scale):
+    """A sublayer boundary's mHC as decode runs it (one and two tokens, in a graph): ``hc_pre_norm`` and
+    ``hc_post_pre`` in one launch (``mhc._hc_fused_kernel``, whose last program per token finishes) against the
+    reference, against the separate launches they replace (timed side by side), and against themselves over
+    ``REPEATS`` calls, bitwise, where the programs of a token really run concurrently; the arrival counters
+    must be zero afterwards. Then the launch shapes (channels a program, finishing row, warps)."""
+    from deepinfer_cuda_sm100.kernels import _common, mhc
 
+    ref = reference_op("dense")
+    w = rnd(HIDDEN, dtype=F32).abs() + 0.5
+    mix = (fn, base, scale, 20, 1e-6, 1e-6)
+    fused_cfg = dispatch.hc_fused_config
+    for T in (1, 2):
+        x, y = rnd(T, HC, HIDDEN), rnd(T, HIDDEN)
+        _, post, comb = ops.hc_pre(x, *mix)
+        cases = {
+            "hc_pre_norm": (lambda: ops.hc_pre_norm(x, *mix, w), lambda: ref.hc_pre_norm(x, *mix, w),
+                            lambda: ops.rms_norm(ops.hc_pre(x, *mix)[0], w, 1e-6), 2 * x.numel()),
+            "hc_post_pre": (lambda: ops.hc_post_pre(y, x, post, comb, *mix, w),
+                            lambda: ref.hc_post_pre(y, x, post, comb, *mix, w),
+                            lambda: ops.rms_norm(ops.hc_pre(ops.hc_post(y, x, post, comb), *mix)[0], w, 1e-6),
+                            4 * x.numel() + 2 * y.numel()),
+        }  # fmt: skip
+        for name, (fused, reference, separate, act_bytes) in cases.items():
+            assert fused_cfg(T, HC, HIDDEN, fn.shape[0]) is not None, "the fused launch is off"
+            outs = poisoned(fused)
+            err = max(rel_err(a, b) for a, b in zip(outs, reference()))
+            first = [o.clone() for o in outs]
+            same = sum(all(torch.equal(a, b) for a, b in zip(fused(), first)) for _ in range(REPEATS))
+            zero = not bool(_common.arrival_counters(DEV).any())
+            by = act_bytes + 2 * T * HIDDEN + 4 * fn.numel()
+            record(f"{name}[graph]", f"{T}x{HC}x{HIDDEN} fused", err if same == REPEATS and zero else float("inf"),
+                   BOUND["bf16"], bench_graph(fused), by, note=f"{same}/{REPEATS} equal, counters zero: {zero}")  # fmt: skip
+            dispatch.hc_fused_config = lambda *a: None
+            try:
+                record(f"  {name}[graph] separate launches", f"{T}x{HC}x{HIDDEN}", None, None,
+                       bench_graph(separate), by)  # fmt: skip
+            finally:
+                dispatch.hc_fused_config = fused_cfg
     x = rnd(1, HC, HIDDEN)
-    split_cfg, mixes_cfg = dispatch.hc_split_config, dispatch.hc_mixes_config
-    want = ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)
-    for bd, warps, splits in ((1024, 4, None), (256, 1, None), (512, 2, None), (128, 1, None), (256, 1, 128)):
-        dispatch.hc_split_config = lambda t, n, d: dispatch.HcRowsConfig(bd, warps)
-        if splits:
-            dispatch.hc_mixes_config = lambda t, k, m: replace(mixes_cfg(t, k, m), splits=splits)
+    want = ops.hc_pre_norm(x, *mix, w)
+    for bd, tail, warps in ((32, 4096, 8), (16, 4096, 8), (64, 4096, 8), (32, 2048, 8), (32, 2048, 4)):
+        bd, tail = (min(bd, HIDDEN // 4), min(tail, HIDDEN)) if SMOKE else (bd, tail)
+        dispatch.hc_fused_config = lambda *a: dispatch.HcFusedConfig(bd, tail, warps)
         try:
-            outs = poisoned(lambda: mhc.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
+            outs = poisoned(lambda: mhc.hc_pre_norm(x, *mix, w))
             err = max(rel_err(a, b) for a, b in zip(outs, want))
-            ms = bench_graph(lambda: mhc.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
+            ms = bench_graph(lambda: mhc.hc_pre_norm(x, *mix, w))
         finally:
-            dispatch.hc_split_config, dispatch.hc_mixes_config = split_cfg, mixes_cfg
-        record("hc_pre[graph]", f"1x{HC}x{HIDDEN} split {bd}x{warps}w mixes {splits or 'auto'}", err, BOUND["bf16"],
-               ms, 2 * x.numel() + 2 * HIDDEN + 4 * fn.numel(), note="default" if (bd, warps, splits) == (
-                   split_cfg(1, HC, HIDDEN).block_d, split_cfg(1, HC, HIDDEN).num_warps, None) else "")  # fmt: skip
+            dispatch.hc_fused_config = fused_cfg
+        default = fused_cfg(1, HC, HIDDEN, fn.shape[0])
+        record("hc_pre_norm[graph]", f"1x{HC}x{HIDDEN} {bd} channels, row {tail}, {warps}w", err, BOUND["bf16"], ms,
+               2 * x.numel() + 2 * HIDDEN + 4 * fn.numel(),
+               note="default" if (bd, tail, warps) == (default.block_d, default.tail_d, default.num_warps) else "")  # fmt: skip
 
 
 def main() -> int:

@@ -19,7 +19,7 @@ from gemm_kernels import DEV, G, fp4, fp8, graph_ms
 
 from deepinfer_core.ops.weights import ExpertWeights
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+from deepinfer_cuda_sm100.kernels._common import arrival_counters
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
 from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
 
@@ -68,7 +68,7 @@ def main() -> None:
             row["finish_us"] = graph_ms(lambda i: fn()) * 1e3
             row["equal_calls"] = f"{same}/{CALLS}"
             row["after_graph_equal"] = bool(torch.equal(fn(), want))
-            row["counters_zero"] = not bool(gg.split_counters(DEV).any())
+            row["counters_zero"] = not bool(arrival_counters(DEV).any())
             bad += same != CALLS or not row["after_graph_equal"] or not row["counters_zero"]
         except Exception as exc:  # noqa: BLE001 - report and go on to the next case
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"

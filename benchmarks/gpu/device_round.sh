@@ -11,6 +11,8 @@
 #                                    checkfin check.py with DEEPINFER_SPLITK_FINISH=1
 #                                    splitfin split-K finished in-kernel against the epilogue launch: equal, timed
 #                                    gemm     decode GEMV tiles at one row, weights cold in L2
+#                                    checkdense check.py's dense section only (the fused mHC checks among them)
+#                                    nohc     the slice at batch 1/2 with DEEPINFER_HC_FUSED=0 (A/B)
 set -u
 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -31,6 +33,9 @@ for part in "${@:-check slice gemm}"; do
                  --contexts 4096 --prefill 0 --out "$OUT/noh2") ;;
       finish) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy slice
                    --batches 1 16 --contexts 4096 --prefill 0 --profile 1 --out "$OUT/finish") ;;
+      checkdense) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only dense --out "$OUT/checkdense") ;;
+      nohc) cmd=(env DEEPINFER_HC_FUSED=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 2
+                 --contexts 4096 --prefill 0 --out "$OUT/nohc") ;;
       splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
       checkfin) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1

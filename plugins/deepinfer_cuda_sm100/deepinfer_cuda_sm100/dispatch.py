@@ -241,6 +241,34 @@ def hc_split_config(t: int, n: int, d: int) -> HcRowsConfig:
 
 
 @dataclass(frozen=True)
+class HcFusedConfig:
+    block_d: int  # channels a program takes (all streams); the token's programs are ``cdiv(d, block_d)``
+    tail_d: int  # channels the finishing program holds at once (the whole row if it fits)
+    num_warps: int
+
+
+#: tokens up to which a sublayer boundary's mHC runs as one launch (:func:`hc_fused_config`)
+HC_FUSED_MAX_TOKENS = 2
+
+
+def hc_fused_config(t: int, n: int, d: int, m: int) -> HcFusedConfig | None:
+    """``hc_pre_norm`` / ``hc_post_pre`` in one launch (``mhc._hc_fused_kernel``), or ``None``: the separate
+    ``hc_post``, ``hc_pre`` (two launches) and ``rms_norm``. At decode each of those four is a link of
+    latency in the launch chain (v12 run 4, one token: 2.0 + 3.9 + 5.7 + 2.4 us a boundary, against ~0.4 us
+    of bytes); the fused launch has one, whose last program per token finishes (NOTES.md v14).
+
+    ``block_d`` gives ~128 programs a token (4096 channels: 32). Eight warps: the finishing program holds one
+    token's whole row (``tail_d``, 4 x 4096 channels: 172 registers a thread, so one program a multiprocessor
+    and one wave of 128) and loads it before its Sinkhorn loop; with more tokens, rows of 2048 (two passes,
+    108 registers, two programs a multiprocessor). Up to :data:`HC_FUSED_MAX_TOKENS` tokens, where the
+    programs fit in one wave, unless ``DEEPINFER_HC_FUSED=0``."""
+    if not 0 < t <= HC_FUSED_MAX_TOKENS or os.environ.get("DEEPINFER_HC_FUSED", "1") == "0":
+        return None
+    tail = _p2(d) if t == 1 and d <= 4096 else min(_p2(d), 2048)
+    return HcFusedConfig(_p2(d // 128, 16, 64), tail, 8)
+
+
+@dataclass(frozen=True)
 class RouteConfig:
     block_t: int
     num_warps: int

@@ -8,7 +8,7 @@ from __future__ import annotations
 from deepinfer_core import hookimpl
 from deepinfer_cuda_sm100.platform import CudaSM100Platform
 
-DEEPINFER_PLUGIN_API = "1.2"
+DEEPINFER_PLUGIN_API = "1.3"
 PLATFORM = CudaSM100Platform.name
 
 

@@ -183,3 +183,20 @@ def scale_f32(s):
         return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     else:
         return s.to(tl.float32)
+
+
+#: arrival counters one launch may use (one int32 each, kept zero between launches)
+COUNTERS = 1 << 16
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device) -> torch.Tensor:
+    """The per-device arrival counters of kernels whose last program to arrive finishes the work (split-K
+    tiles in :func:`finish_split`, tokens in the fused mHC kernel): zeros, allocated once, on first use (decode
+    warms up before graphs are captured); every launch leaves the counters it used zero again. One stream per
+    device uses them, and a launch starts only after the previous one has finished (with PDL too: the programs
+    wait in ``griddepcontrol.wait`` before any access)."""
+    c = _COUNTERS.get(device)
+    if c is None:
+        c = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+    return c

@@ -34,7 +34,9 @@ import triton.language as tl
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import (
+    COUNTERS,
     TL_DTYPE,
+    arrival_counters,
     dot_dtype,
     epilogue,
     mma,
@@ -215,22 +217,6 @@ class WeightTable:
                            byte_range(scales) if fmt == 2 else None, aligned16(datas))  # fmt: skip
 
 
-#: output tiles one split-K launch may finish in-kernel (one int32 counter each, kept zero between launches)
-SPLIT_COUNTERS = 1 << 16
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def split_counters(device: torch.device) -> torch.Tensor:
-    """The per-device split-K tile counters (``_common.finish_split``): zeros, allocated once, on first use
-    (decode warms up before graphs are captured); every launch leaves them zero again. One stream per device
-    uses them, and a launch starts only after the previous one has finished (with PDL too: the programs wait
-    in ``griddepcontrol.wait`` before any access)."""
-    c = _COUNTERS.get(device)
-    if c is None:
-        c = _COUNTERS[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
-    return c
-
-
 def ue8m0_bytes(scales: list[torch.Tensor]) -> list[torch.Tensor]:
     """FP4 scales as their ue8m0 bytes (the float32 exponent field, ``uint8``), which the kernels read
     instead of float32 (17 bytes per 32 weights, not 20), when every scale is a power of two in
@@ -349,8 +335,8 @@ def grouped_gemm(
     grid = (tile_expert.numel(), triton.cdiv(table.n, cfg.block_n), split)
     aligned = table.aligned and first.aligned and table.k % cfg.block_k == 0
     tiled = all_rows_tiled or (a_idx is None and c_idx is None)
-    finish = split > 1 and tiled and dispatch.split_finish(cfg) and grid[0] * grid[1] <= SPLIT_COUNTERS
-    cnt = split_counters(a.device) if finish else ws
+    finish = split > 1 and tiled and dispatch.split_finish(cfg) and grid[0] * grid[1] <= COUNTERS
+    cnt = arrival_counters(a.device) if finish else ws
     args = (
         a, a_idx if a_idx is not None else tile_start, out, c_idx if c_idx is not None else tile_start,
         row_w if row_w is not None else out,

@@ -87,6 +87,17 @@ class CudaDenseOps(DenseOps):
     def hc_post(self, y, residual, post, comb):
         return mhc.hc_post(y, residual, post, comb)
 
+    def hc_pre_norm(self, x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight):
+        fused = mhc.hc_pre_norm(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
+        if fused is None:
+            return super().hc_pre_norm(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
+        return fused
+
+    def hc_post_pre(self, y, residual, post, comb, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight):
+        mix = (fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
+        fused = mhc.hc_post_pre(y, residual, post, comb, *mix)
+        return fused if fused is not None else super().hc_post_pre(y, residual, post, comb, *mix)
+
     def hc_head(self, x, fn, base, scale, hc_eps, norm_eps):
         return mhc.hc_head(x, fn, base, scale, hc_eps, norm_eps)
 
