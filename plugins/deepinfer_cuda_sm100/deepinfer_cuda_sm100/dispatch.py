@@ -261,10 +261,18 @@ def hc_fused_config(t: int, n: int, d: int, m: int) -> HcFusedConfig | None:
     token's whole row (``tail_d``, 4 x 4096 channels: 172 registers a thread, so one program a multiprocessor
     and one wave of 128) and loads it before its Sinkhorn loop; with more tokens, rows of 2048 (two passes,
     108 registers, two programs a multiprocessor). Up to :data:`HC_FUSED_MAX_TOKENS` tokens, where the
-    programs fit in one wave, unless ``DEEPINFER_HC_FUSED=0``."""
-    if not 0 < t <= HC_FUSED_MAX_TOKENS or os.environ.get("DEEPINFER_HC_FUSED", "1") == "0":
+    programs fit in one wave.
+
+    **Off by default** (``DEEPINFER_HC_FUSED=1`` turns it on; ``=W:R``, ``W`` warps and rows of at most ``R``
+    channels): H200 v14 run 1, batch-1 slice step in a graph, 1.029 ms on against 0.987 ms off, although
+    its launches' kernel time per boundary fell from 14.0 to 11.7 us (NOTES.md v14)."""
+    env = os.environ.get("DEEPINFER_HC_FUSED", "0")
+    if not 0 < t <= HC_FUSED_MAX_TOKENS or env == "0":
         return None
     tail = _p2(d) if t == 1 and d <= 4096 else min(_p2(d), 2048)
+    if ":" in env:  # "WARPS:ROW", for A/B runs on the GPU
+        warps, row = (int(v) for v in env.split(":"))
+        return HcFusedConfig(_p2(d // 128, 16, 64), min(tail, row), warps)
     return HcFusedConfig(_p2(d // 128, 16, 64), tail, 8)
 
 

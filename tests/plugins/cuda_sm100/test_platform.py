@@ -143,6 +143,22 @@ def test_mhc_launch_shapes_for_few_tokens(monkeypatch):
     assert dispatch.hc_mixes_config(4096, 4 * 4096, 24).splits == 3  # 128 row tiles: 2 programs an SM
 
 
+def test_fused_mhc_is_opt_in_for_few_tokens(monkeypatch):
+    from deepinfer_cuda_sm100 import dispatch
+
+    monkeypatch.delenv("DEEPINFER_HC_FUSED", raising=False)
+    assert dispatch.hc_fused_config(1, 4, 4096, 24) is None  # off by default (slower in the H200 step)
+    monkeypatch.setenv("DEEPINFER_HC_FUSED", "1")
+    one = dispatch.hc_fused_config(1, 4, 4096, 24)
+    assert (one.block_d, one.tail_d, one.num_warps) == (32, 4096, 8)  # 128 programs, the whole row at once
+    two = dispatch.hc_fused_config(2, 4, 4096, 24)
+    assert two.tail_d == 2048 and dispatch.hc_fused_config(3, 4, 4096, 24) is None
+    assert dispatch.hc_fused_config(0, 4, 4096, 24) is None
+    monkeypatch.setenv("DEEPINFER_HC_FUSED", "4:2048")
+    spec = dispatch.hc_fused_config(1, 4, 4096, 24)
+    assert (spec.tail_d, spec.num_warps) == (2048, 4)
+
+
 def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):
     """Split-KV attention and chunked compressor windows only while the unsplit programs fill under half the
     SMs; chunks are whole tiles, so never more than the slots (or rows) allow."""

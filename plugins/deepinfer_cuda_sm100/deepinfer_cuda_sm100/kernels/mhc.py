@@ -327,6 +327,11 @@ def _hc_fused_kernel(
     d = p * BLOCK_D + tl.arange(0, BLOCK_D)
     xm = nm[:, None] & (d < D)[None, :]
     h_off = t * stride_ht + n[:, None] * stride_hn + d[None, :]
+    m = tl.arange(0, BLOCK_M)
+    mm = m < M
+    # fn's slice first: in program order after the store of h it could not be loaded before h is computed
+    f = tl.load(fn_ptr + m[:, None, None] * stride_fn + (n[:, None] * D + d[None, :])[None, :, :],
+                mask=mm[:, None, None] & xm[None, :, :], other=0.0)  # fmt: skip
     if POST:
         yv = tl.load(y_ptr + t * stride_yt + d, mask=d < D, other=0.0).to(tl.float32)
         r = tl.load(res_ptr + t * stride_rt + n[:, None] * stride_rn + d[None, :], mask=xm, other=0.0)
@@ -340,10 +345,6 @@ def _hc_fused_kernel(
         x = hv.to(tl.float32)
     else:
         x = tl.load(h_ptr + h_off, mask=xm, other=0.0).to(tl.float32)
-    m = tl.arange(0, BLOCK_M)
-    mm = m < M
-    f = tl.load(fn_ptr + m[:, None, None] * stride_fn + (n[:, None] * D + d[None, :])[None, :, :],
-                mask=mm[:, None, None] & xm[None, :, :], other=0.0)  # fmt: skip
     part = tl.sum(tl.sum(f * x[None, :, :], axis=2), axis=1)
     tl.store(part_ptr + (p * T + t) * M + m, part, mask=mm)
     tl.store(sq_ptr + p * T + t, tl.sum(tl.sum(x * x, axis=1), axis=0))
