@@ -10,5 +10,6 @@ __version__ = "0.1.0"
 #: cache (the core passes ``kv_format`` only when it is set, so 1.0 attention ops keep working).
 #: 1.2: ``DenseOps.rms_norm_rope`` (RMSNorm then RoPE in one op; the default calls the two).
 #: 1.3: ``DenseOps.hc_pre_norm`` and ``DenseOps.hc_post_pre`` (a sublayer's mHC entry with its RMSNorm, and
-#: one sublayer's exit with the next one's entry, each one op; the defaults call the existing ones).
+#: one sublayer's exit with the next one's entry, each one op; the defaults call the existing ones), and
+#: ``DenseOps.linear_f32`` (a float32 product of an activation of any dtype; the default casts it first).
 PLUGIN_API_VERSION = "1.3"

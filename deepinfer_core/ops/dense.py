@@ -16,6 +16,11 @@ class DenseOps(ABC):
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
         """``x [T, in] @ weight.T -> [T, out]`` in ``x.dtype``. ``weight`` may be a QuantizedWeight."""
 
+    def linear_f32(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
+        """``x @ weight.T`` with a float32 result, ``x`` widened to float32 exactly first (V4's MoE router
+        logits). New in plugin API 1.3; a platform may read ``x`` in its own dtype (this default casts it)."""
+        return self.linear(x.float(), weight)
+
     def grouped_linear(self, x: torch.Tensor, weights: list[Weight]) -> torch.Tensor:
         """``x [T, G, in]``, one weight per group ``[out, in]`` -> ``[T, G, out]``: ``out[:, g] =
         linear(x[:, g], weights[g])`` (V4's grouped output projection). A platform may do all groups in

@@ -30,6 +30,11 @@ def _linear(quant: str | None, out_f: int = 48, in_f: int = 64):
     return make
 
 
+def _linear_f32(g):
+    """The MoE router: bf16 activations, a float32 weight, float32 logits."""
+    return (randn(g, 5, 64).to(torch.bfloat16), randn(g, 48, 64, scale=0.125)), {}
+
+
 def _grouped_linear(quant: str | None):
     """Three groups, each its own weight (V4's output projection), five token rows."""
 
@@ -131,6 +136,7 @@ CASES = [
     OpCase("dense", "linear", "fp8_block_ragged", _linear("fp8", 200, 160), atol=1e-4, rtol=1e-4),
     OpCase("dense", "linear", "fp8_block_ue8m0", _linear("fp8_ue8m0"), atol=1e-4, rtol=1e-4),
     OpCase("dense", "linear", "fp4_e2m1", _linear("fp4"), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "linear_f32", "bf16_x_f32_weight", _linear_f32, atol=1e-5, rtol=1e-5),
     OpCase("dense", "grouped_linear", "fp8_block", _grouped_linear("fp8"), atol=1e-4, rtol=1e-4),
     OpCase("dense", "grouped_linear", "plain", _grouped_linear(None), atol=1e-4, rtol=1e-4),
     OpCase("dense", "rms_norm", "weighted", _rms(True)),

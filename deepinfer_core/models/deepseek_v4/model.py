@@ -78,7 +78,8 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
                 f"layer_range={batch.layer_range}: V4 runs from layer 0 (its input is the embedding)"
             )
         addr = batch.plan if batch.plan is not None else StepAddressing(batch, self.cfg.sliding_window)
-        h = self._embed(batch.input_ids)[:, None, :].expand(-1, self.cfg.hc_mult, -1).contiguous()
+        # the embedding row copied into every stream by one gather (not a gather, then a copy of the expansion)
+        h = self._embed(batch.input_ids[:, None].expand(-1, self.cfg.hc_mult))
         subs = [
             s
             for block in self.layers[lo:hi]

@@ -161,6 +161,25 @@ def test_hc_post_pre_matches_reference(ops, gen, monkeypatch, dtype, T, D):
     assert _fused_counters_zero()
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear_f32_reads_bf16_activations(ops, gen, monkeypatch, rows):
+    """The MoE router: bf16 activations and a float32 weight give the same floats as the cast then ``linear``
+    (one row: the GEMV widens as it loads, with no cast launch; more rows: the default cast)."""
+    from deepinfer_cuda_sm100 import dispatch
+
+    x, w = rand(gen, rows, 96, dtype=torch.bfloat16), rand(gen, 40, 96, scale=0.1)
+    x, w = dev(x, w)
+    casts = []
+    real_float = torch.Tensor.float
+    monkeypatch.setattr(torch.Tensor, "float", lambda t: casts.append(t.shape) or real_float(t))
+    got = ops.linear_f32(x, w)
+    monkeypatch.setattr(torch.Tensor, "float", real_float)
+    assert got.dtype == torch.float32 and got.shape == (rows, 40)
+    assert (casts == []) == dispatch.plain_gemv(rows, torch.float32, w)
+    assert torch.equal(got, ops.linear(x.float(), w))
+    assert rel_err(got, x.float().cpu() @ w.cpu().T) < 1e-5
+
+
 def _weight(gen, fmt, out_f, in_f):
     w = rand(gen, out_f, in_f, scale=0.1)
     if fmt == "fp8_block":
