@@ -11,5 +11,7 @@ __version__ = "0.1.0"
 #: 1.2: ``DenseOps.rms_norm_rope`` (RMSNorm then RoPE in one op; the default calls the two).
 #: 1.3: ``DenseOps.hc_pre_norm`` and ``DenseOps.hc_post_pre`` (a sublayer's mHC entry with its RMSNorm, and
 #: one sublayer's exit with the next one's entry, each one op; the defaults call the existing ones), and
-#: ``DenseOps.linear_f32`` (a float32 product of an activation of any dtype; the default casts it first).
+#: ``DenseOps.linear_f32`` (a float32 product of an activation of any dtype; the default casts it first) and
+#: ``AttentionOps.indexer_select`` (the indexer's weights scaled and its columns mapped to slots; the default
+#: does both in torch around ``indexer_topk``).
 PLUGIN_API_VERSION = "1.3"

@@ -74,6 +74,22 @@ class AttentionOps(ABC):
         ``q [T, Hi, Di]``, ``weights [T, Hi]`` float32 (already scaled), ``key_pool [S, Di]``.
         """
 
+    def indexer_select(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        weight_scale: float,
+        key_pool: torch.Tensor,
+        cand_slots: torch.Tensor,
+        topk: int,
+    ) -> torch.Tensor:
+        """:meth:`indexer_topk` with ``weights.float() * weight_scale`` (``weights [T, Hi]`` in any dtype), its
+        columns mapped to their ``cand_slots`` -> ``[T, min(topk, C)]`` slot ids (any order), ``-1`` where a
+        row has fewer valid candidates. New in plugin API 1.3; a platform may scale and map inside its
+        kernels (this default does both in torch around :meth:`indexer_topk`)."""
+        cols = self.indexer_topk(q, weights.float() * weight_scale, key_pool, cand_slots, topk)
+        return torch.where(cols >= 0, cand_slots.gather(1, cols.clamp(min=0)), -1)
+
     def write_compressor_state(
         self,
         state: torch.Tensor,

@@ -129,10 +129,9 @@ class Indexer(Module):
         hi, di = self.cfg.index_n_heads, self.cfg.index_head_dim
         q = ops.dense.linear(qr, self.wq_b.value).view(qr.shape[0], hi, di)
         q = ops.dense.rope(q, addr.positions, inv_freq)
-        weights = weights.float() * (di**-0.5 * hi**-0.5)
         cand = addr.compression(self.ratio, True).cand_slots
-        cols = ops.attention.indexer_topk(q, weights, keys, cand, self.cfg.index_topk)
-        return torch.where(cols >= 0, cand.gather(1, cols.clamp(min=0)), -1)
+        scale = di**-0.5 * hi**-0.5
+        return ops.attention.indexer_select(q, weights, scale, keys, cand, self.cfg.index_topk)
 
 
 class Attention(Module):

@@ -112,6 +112,25 @@ def test_indexer_topk_selects_the_best_scores(ops, gen, dtype):
     assert (got[3] == -1).sum() == 16 - (cand[3] >= 0).sum()
 
 
+@pytest.mark.parametrize("select", ["kernel", "torch"])
+def test_indexer_select_returns_the_slots_of_indexer_topk(ops, gen, monkeypatch, select):
+    """bf16 weights scaled in the scoring kernel, slots looked up in the select kernel (or after torch.topk):
+    the same slots, in the same order, as ``indexer_topk`` on the weights scaled in torch, mapped in torch."""
+    from deepinfer_cuda_sm100 import dispatch
+
+    monkeypatch.setattr(dispatch, "indexer_select", lambda c: select)
+    T, Hi, Di, C, S = 4, 8, 32, 90, 120
+    q, keys = rand(gen, T, Hi, Di, dtype=torch.bfloat16), rand(gen, S, Di, dtype=torch.bfloat16)
+    w = rand(gen, T, Hi, dtype=torch.bfloat16)  # signed: the scale and the relu both matter
+    cand = _slots(gen, T, C, S, pad_frac=0.2)
+    cand[3, 5:] = -1
+    q, w, keys, cand = dev(q, w, keys, cand)
+    got = ops.indexer_select(q, w, 0.0625, keys, cand, 16)
+    cols = ops.indexer_topk(q, w.float() * 0.0625, keys, cand, 16)
+    assert torch.equal(got, torch.where(cols >= 0, cand.gather(1, cols.clamp(min=0)), -1))
+    assert (got[3] == -1).sum() == 16 - (cand[3] >= 0).sum() and (got[got >= 0] < S).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compress_matches_reference(ops, gen, dtype):
     E, L, D = 6, 8, 40

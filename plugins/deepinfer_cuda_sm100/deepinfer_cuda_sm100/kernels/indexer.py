@@ -21,7 +21,7 @@ from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pdl_enter, pow2
 @triton.jit
 def _indexer_score_kernel(
     q_ptr, w_ptr, key_ptr, cand_ptr, out_ptr,
-    Hi, Di, C, stride_qt, stride_qh, stride_wt, stride_key, stride_ct, stride_ot,
+    Hi, Di, C, stride_qt, stride_qh, stride_wt, stride_key, stride_ct, stride_ot, w_scale,
     DOT_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
@@ -37,7 +37,7 @@ def _indexer_score_kernel(
         q_ptr + t * stride_qt + h[:, None] * stride_qh + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0
     )
     q = q.to(DOT_T)
-    w = tl.load(w_ptr + t * stride_wt + h, mask=hm, other=0.0)
+    w = tl.load(w_ptr + t * stride_wt + h, mask=hm, other=0.0).to(tl.float32) * w_scale
     cols = tl.arange(0, BLOCK_C)
     for c0 in range(split * BLOCK_C, C, n_split * BLOCK_C):
         cm = c0 + cols < C
@@ -53,9 +53,13 @@ def _indexer_score_kernel(
 
 
 def indexer_scores(
-    q: torch.Tensor, weights: torch.Tensor, key_pool: torch.Tensor, cand_slots: torch.Tensor
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    key_pool: torch.Tensor,
+    cand_slots: torch.Tensor,
+    w_scale: float = 1.0,
 ) -> torch.Tensor:
-    """``[T, C]`` float32 scores, ``-inf`` for invalid candidates."""
+    """``[T, C]`` float32 scores with ``weights.float() * w_scale``, ``-inf`` for invalid candidates."""
     T, Hi, Di = q.shape
     C = cand_slots.shape[1]
     out = torch.empty((T, C), dtype=torch.float32, device=q.device)
@@ -64,12 +68,12 @@ def indexer_scores(
     q = q if q.stride(-1) == 1 else q.contiguous()
     key_pool = key_pool if key_pool.stride(-1) == 1 else key_pool.contiguous()
     cand_slots = cand_slots.contiguous()
-    weights = weights.float().contiguous()
+    weights = weights.contiguous()
     cfg = dispatch.indexer_config(T, Hi, Di, C)
     _indexer_score_kernel[(T, cfg.splits)](
         q, weights, key_pool, cand_slots, out,
         Hi, Di, C, q.stride(0), q.stride(1), weights.stride(0), key_pool.stride(0), cand_slots.stride(0), out.stride(0),
-        DOT_T=dot_dtype(q.dtype), BLOCK_H=pow2(Hi, 16), BLOCK_D=pow2(Di, 16), BLOCK_C=cfg.block_c,
+        float(w_scale), DOT_T=dot_dtype(q.dtype), BLOCK_H=pow2(Hi, 16), BLOCK_D=pow2(Di, 16), BLOCK_C=cfg.block_c,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out
@@ -77,10 +81,11 @@ def indexer_scores(
 
 @triton.jit
 def _topk_select_kernel(
-    score_ptr, out_ptr, C, K, stride_s, stride_o, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    score_ptr, cand_ptr, out_ptr, C, K, stride_s, stride_c, stride_o, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    SLOTS: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """Row ``t``: the columns of its ``K`` largest finite scores (any order), then ``-1`` past the valid ones."""
+    """Row ``t``: the columns of its ``K`` largest finite scores (any order; ``SLOTS``: their ``cand`` slot ids),
+    then ``-1`` past the valid ones."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
@@ -100,23 +105,44 @@ def _topk_select_kernel(
     tie = valid & (key == lo)
     n_above = tl.sum(above.to(tl.int32))
     pos = tl.where(above, tl.cumsum(above.to(tl.int32), 0) - 1, n_above + tl.cumsum(tie.to(tl.int32), 0) - 1)
-    tl.store(out_ptr + t * stride_o + pos, c.to(tl.int64), mask=above | (tie & (pos < K)))
+    chosen_mask = above | (tie & (pos < K))
+    if SLOTS:
+        val = tl.load(cand_ptr + t * stride_c + c, mask=chosen_mask & (c < C), other=-1).to(tl.int64)
+    else:
+        val = c.to(tl.int64)
+    tl.store(out_ptr + t * stride_o + pos, val, mask=chosen_mask)
     chosen = tl.minimum(tl.sum(valid.to(tl.int32)), K)
     j = tl.arange(0, BLOCK_K)
     tl.store(out_ptr + t * stride_o + j, tl.full([BLOCK_K], -1, tl.int64), mask=(j >= chosen) & (j < K))
 
 
-def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """``[T, k]`` columns of each row's ``k`` largest finite scores (any order), ``-1`` past the valid ones."""
+def select_topk(scores: torch.Tensor, k: int, cand_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """``[T, k]`` columns of each row's ``k`` largest finite scores (any order; with ``cand_slots``, the slot
+    ids at those columns), ``-1`` past the valid ones."""
     T, C = scores.shape
     out = torch.empty((T, k), dtype=torch.int64, device=scores.device)
     if T and k:
         cfg = dispatch.select_config(C)
+        cand = cand_slots if cand_slots is not None else scores
         _topk_select_kernel[(T,)](
-            scores, out, C, k, scores.stride(0), out.stride(0), BLOCK_C=pow2(C, 16), BLOCK_K=pow2(k, 16),
-            num_warps=cfg.num_warps, **dispatch.pdl_args(T),
+            scores, cand, out, C, k, scores.stride(0), cand.stride(0), out.stride(0), BLOCK_C=pow2(C, 16),
+            BLOCK_K=pow2(k, 16), SLOTS=cand_slots is not None, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
         )  # fmt: skip
     return out
+
+
+def indexer_select(
+    q: torch.Tensor, weights: torch.Tensor, w_scale: float, key_pool: torch.Tensor, cand_slots: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:  # fmt: skip
+    """Slot ids of the ``min(topk, C)`` best scores (``weights`` scaled in the scoring kernel, columns mapped
+    to slots in the select kernel), ``-1`` past the valid ones."""
+    scores = indexer_scores(q, weights, key_pool, cand_slots, w_scale)
+    k = min(topk, cand_slots.shape[1])
+    if dispatch.indexer_select(scores.shape[1]) == "kernel":
+        return select_topk(scores, k, cand_slots.contiguous())
+    val, idx = torch.topk(scores, k, dim=1, sorted=False)
+    return torch.where(torch.isneginf(val), torch.full_like(idx, -1), cand_slots.gather(1, idx))
 
 
 def indexer_topk(
