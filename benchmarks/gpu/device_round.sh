@@ -13,9 +13,9 @@
 #                                    gemm     decode GEMV tiles at one row, weights cold in L2
 #                                    checkdense check.py's dense section only (the fused mHC checks among them)
 #                                    nohc     the slice at batch 1/2 with DEEPINFER_HC_FUSED=0 (A/B)
-#                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC off, on
-#                                             (8 warps, whole row), on (4 warps, rows of 2048); the on run profiled;
-#                                             then the split-K finish on (batch 1)
+#                                    greedyhc greedy equality with DEEPINFER_HC_FUSED=1
+#                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
+#                                             boundary off, on (the first on run profiled)
 set -u
 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -37,13 +37,14 @@ for part in "${@:-check slice gemm}"; do
       finish) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy slice
                    --batches 1 16 --contexts 4096 --prefill 0 --profile 1 --out "$OUT/finish") ;;
       checkdense) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only dense --out "$OUT/checkdense") ;;
+      greedyhc) cmd=(env DEEPINFER_HC_FUSED=1 timeout 160 python3 benchmarks/gpu/v4_slice.py --sections greedy
+                     --batches 1 --contexts 4096 --prefill 0 --out "$OUT/greedyhc") ;;
       nohc) cmd=(env DEEPINFER_HC_FUSED=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 2
                  --contexts 4096 --prefill 0 --out "$OUT/nohc") ;;
-      abhc) cmd=(bash -c 'for r in 1 2; do for v in 0 1 4:2048; do prof=(); [ "$v$r" = 11 ] && prof=(--profile 1)
+      abhc) cmd=(bash -c 'for r in 1 2; do for v in 0 1; do prof=(); [ "$v$r" = 11 ] && prof=(--profile 1)
                    echo "-- DEEPINFER_HC_FUSED=$v run $r"; DEEPINFER_HC_FUSED=$v timeout 45 python3 benchmarks/gpu/v4_slice.py \
                    --sections slice --batches 1 2 --contexts 4096 --prefill 0 "${prof[@]}" --out "$0/hc_${v/:/x}_$r"; done; done
-                   echo "-- DEEPINFER_SPLITK_FINISH=1"; DEEPINFER_SPLITK_FINISH=1 timeout 45 python3 benchmarks/gpu/v4_slice.py \
-                   --sections slice --batches 1 --contexts 4096 --prefill 0 --out "$0/finish"' "$OUT/abhc") ;;
+                   ' "$OUT/abhc") ;;
       splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
       checkfin) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1

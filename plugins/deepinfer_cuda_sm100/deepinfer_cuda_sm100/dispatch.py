@@ -242,38 +242,32 @@ def hc_split_config(t: int, n: int, d: int) -> HcRowsConfig:
 
 @dataclass(frozen=True)
 class HcFusedConfig:
-    block_d: int  # channels a program takes (all streams); the token's programs are ``cdiv(d, block_d)``
-    tail_d: int  # channels the finishing program holds at once (the whole row if it fits)
+    block_d: (
+        int  # launch 1: channels a program takes, of every stream (``cdiv(d, block_d)`` programs a token)
+    )
     num_warps: int
+    norm_block_d: int  # launch 2: channels a program collapses and norms
+    norm_warps: int
 
 
-#: tokens up to which a sublayer boundary's mHC runs as one launch (:func:`hc_fused_config`)
+#: tokens up to which a sublayer boundary's mHC runs as two launches (:func:`hc_fused_config`)
 HC_FUSED_MAX_TOKENS = 2
 
 
 def hc_fused_config(t: int, n: int, d: int, m: int) -> HcFusedConfig | None:
-    """``hc_pre_norm`` / ``hc_post_pre`` in one launch (``mhc._hc_fused_kernel``), or ``None``: the separate
-    ``hc_post``, ``hc_pre`` (two launches) and ``rms_norm``. At decode each of those four is a link of
-    latency in the launch chain (v12 run 4, one token: 2.0 + 3.9 + 5.7 + 2.4 us a boundary, against ~0.4 us
-    of bytes); the fused launch has one, whose last program per token finishes (NOTES.md v14).
+    """``hc_pre_norm`` / ``hc_post_pre`` in two launches (``mhc._hc_boundary_mix_kernel`` then
+    ``mhc._hc_collapse_norm_kernel``), or ``None``: the separate ``hc_post``, ``hc_pre`` (two launches) and
+    ``rms_norm``. At decode each launch is a link of latency in the chain (v12 run 4, one token: 2.0 + 3.9 +
+    5.7 + 2.4 us a boundary, against ~0.4 us of bytes). Launch 1 does ``hc_post``'s work inside the mixes'
+    split over channels (32 channels of every stream a program: ~128 programs a token); launch 2 is the split
+    kernel's one-warp shape (its first block runs the Sinkhorn, whose sums stay in each thread in one warp)
+    and norms its channels with the square sum that launch 1's Gram partials give (NOTES.md v16).
 
-    ``block_d`` gives ~128 programs a token (4096 channels: 32). Eight warps: the finishing program holds one
-    token's whole row (``tail_d``, 4 x 4096 channels: 172 registers a thread, so one program a multiprocessor
-    and one wave of 128) and loads it before its Sinkhorn loop; with more tokens, rows of 2048 (two passes,
-    108 registers, two programs a multiprocessor). Up to :data:`HC_FUSED_MAX_TOKENS` tokens, where the
-    programs fit in one wave.
-
-    **Off by default** (``DEEPINFER_HC_FUSED=1`` turns it on; ``=W:R``, ``W`` warps and rows of at most ``R``
-    channels): H200 v14 run 1, batch-1 slice step in a graph, 1.029 ms on against 0.987 ms off, although
-    its launches' kernel time per boundary fell from 14.0 to 11.7 us (NOTES.md v14)."""
-    env = os.environ.get("DEEPINFER_HC_FUSED", "0")
-    if not 0 < t <= HC_FUSED_MAX_TOKENS or env == "0":
+    Up to :data:`HC_FUSED_MAX_TOKENS` tokens, with ``DEEPINFER_HC_FUSED=1``; off by default until measured
+    on the H200 (v14's one-launch version, whose last program finished the token, was slower in the step)."""
+    if not 0 < t <= HC_FUSED_MAX_TOKENS or os.environ.get("DEEPINFER_HC_FUSED", "0") == "0":
         return None
-    tail = _p2(d) if t == 1 and d <= 4096 else min(_p2(d), 2048)
-    if ":" in env:  # "WARPS:ROW", for A/B runs on the GPU
-        warps, row = (int(v) for v in env.split(":"))
-        return HcFusedConfig(_p2(d // 128, 16, 64), min(tail, row), warps)
-    return HcFusedConfig(_p2(d // 128, 16, 64), tail, 8)
+    return HcFusedConfig(_p2(d // 128, 16, 64), 4, _p2(d, 16, 512 // _p2(n)), 1)
 
 
 @dataclass(frozen=True)

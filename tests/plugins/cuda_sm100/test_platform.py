@@ -147,16 +147,15 @@ def test_fused_mhc_is_opt_in_for_few_tokens(monkeypatch):
     from deepinfer_cuda_sm100 import dispatch
 
     monkeypatch.delenv("DEEPINFER_HC_FUSED", raising=False)
-    assert dispatch.hc_fused_config(1, 4, 4096, 24) is None  # off by default (slower in the H200 step)
+    assert dispatch.hc_fused_config(1, 4, 4096, 24) is None  # off by default until measured
     monkeypatch.setenv("DEEPINFER_HC_FUSED", "1")
     one = dispatch.hc_fused_config(1, 4, 4096, 24)
-    assert (one.block_d, one.tail_d, one.num_warps) == (32, 4096, 8)  # 128 programs, the whole row at once
-    two = dispatch.hc_fused_config(2, 4, 4096, 24)
-    assert two.tail_d == 2048 and dispatch.hc_fused_config(3, 4, 4096, 24) is None
-    assert dispatch.hc_fused_config(0, 4, 4096, 24) is None
-    monkeypatch.setenv("DEEPINFER_HC_FUSED", "4:2048")
-    spec = dispatch.hc_fused_config(1, 4, 4096, 24)
-    assert (spec.tail_d, spec.num_warps) == (2048, 4)
+    assert (one.block_d, one.num_warps) == (32, 4)  # 128 programs a token in launch 1
+    assert (one.norm_block_d, one.norm_warps) == (128, 1)  # the split kernel's one-warp shape
+    assert dispatch.hc_fused_config(2, 4, 4096, 24) == one
+    assert (
+        dispatch.hc_fused_config(3, 4, 4096, 24) is None and dispatch.hc_fused_config(0, 4, 4096, 24) is None
+    )
 
 
 def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):

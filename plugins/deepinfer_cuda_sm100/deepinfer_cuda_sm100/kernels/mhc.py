@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import arrival_counters, pdl_enter, pow2
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, pow2
 
 
 @triton.jit
@@ -88,10 +88,10 @@ def _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, n_split, inv_k,
 @triton.jit
 def _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, n_split, iters, inv_k,
                hc_eps, norm_eps, BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_S: tl.constexpr,
-               CACHE: tl.constexpr, SINK4: tl.constexpr):  # fmt: skip
+               CACHE: tl.constexpr):  # fmt: skip
     """Store token ``t``'s ``post = 2 sigmoid(.)`` and ``comb``, the Sinkhorn-Knopp projection of
-    ``softmax(.) + hc_eps`` (``iters`` column/row normalisations, columns first), computed in registers
-    (``SINK4``, ``N == 4``: as 16 scalars, :func:`_sinkhorn4`)."""
+    ``softmax(.) + hc_eps`` (``iters`` column/row normalisations, columns first), computed in registers: in one
+    warp its sums stay in each thread (more warps would reduce through shared memory, a barrier each)."""
     n = tl.arange(0, BLOCK_N)
     nm = n < N
     post_l = _load_mix(part_ptr, sq_ptr, N + n, nm, t, T, M, n_split, inv_k, norm_eps, BLOCK_S, CACHE)
@@ -103,80 +103,13 @@ def _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, 
                   n_split, inv_k, norm_eps, BLOCK_S, CACHE)  # fmt: skip
     c = tl.reshape(c, [BLOCK_N, BLOCK_N]) * tl.load(scale_ptr + 2)
     c = tl.where(cm, c + tl.load(base_ptr + 2 * N + jk, mask=cm, other=0.0), float("-inf"))
-    if SINK4:  # N == 4: the logits go to comb_ptr, whose entries _sinkhorn4 then projects as scalars
-        tl.store(comb_ptr + t * N * N + jk, c, mask=cm)
-        tl.debug_barrier()
-        _sinkhorn4(comb_ptr + t * N * N, iters, hc_eps)
-    else:
-        c = tl.exp(c - tl.max(c, axis=1)[:, None])
-        c = tl.where(cm, c / tl.sum(c, axis=1)[:, None] + hc_eps, 0.0)
-        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-        for _ in range(iters - 1):
-            c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
-            c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
-        tl.store(comb_ptr + t * N * N + jk, c, mask=cm)
-
-
-@triton.jit
-def _norm4(a, b, c, d, eps):
-    """Four entries divided by their sum plus ``eps`` (one division, four products)."""
-    r = 1.0 / (a + b + c + d + eps)
-    return a * r, b * r, c * r, d * r
-
-
-@triton.jit
-def _softmax4(a, b, c, d, eps):
-    m = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
-    a, b, c, d = tl.exp(a - m), tl.exp(b - m), tl.exp(c - m), tl.exp(d - m)
-    r = 1.0 / (a + b + c + d)
-    return a * r + eps, b * r + eps, c * r + eps, d * r + eps
-
-
-@triton.jit
-def _load4(ptr):
-    return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
-
-
-@triton.jit
-def _store4(ptr, a, b, c, d):
-    tl.store(ptr, a)
-    tl.store(ptr + 1, b)
-    tl.store(ptr + 2, c)
-    tl.store(ptr + 3, d)
-
-
-@triton.jit
-def _sinkhorn4(comb_ptr, iters, hc_eps):
-    """``comb_ptr[0:16]`` holds a 4 x 4 mixing matrix's logits (row-major); replace them with the Sinkhorn-Knopp
-    projection of their row softmax plus ``hc_eps`` (as :func:`_post_comb`). The 16 entries are scalars, so
-    every thread holds all of them and the ~40 dependent normalisations need no shuffle or barrier: in a
-    program of several warps a ``[4, 4]`` tensor's sums go through shared memory, a barrier each."""
-    c00, c01, c02, c03 = _load4(comb_ptr)
-    c10, c11, c12, c13 = _load4(comb_ptr + 4)
-    c20, c21, c22, c23 = _load4(comb_ptr + 8)
-    c30, c31, c32, c33 = _load4(comb_ptr + 12)
-    tl.debug_barrier()  # every thread has read the logits before any overwrites them
-    c00, c01, c02, c03 = _softmax4(c00, c01, c02, c03, hc_eps)
-    c10, c11, c12, c13 = _softmax4(c10, c11, c12, c13, hc_eps)
-    c20, c21, c22, c23 = _softmax4(c20, c21, c22, c23, hc_eps)
-    c30, c31, c32, c33 = _softmax4(c30, c31, c32, c33, hc_eps)
-    c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)
-    c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
-    c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
-    c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
+    c = tl.exp(c - tl.max(c, axis=1)[:, None])
+    c = tl.where(cm, c / tl.sum(c, axis=1)[:, None] + hc_eps, 0.0)
+    c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
     for _ in range(iters - 1):
-        c00, c01, c02, c03 = _norm4(c00, c01, c02, c03, hc_eps)
-        c10, c11, c12, c13 = _norm4(c10, c11, c12, c13, hc_eps)
-        c20, c21, c22, c23 = _norm4(c20, c21, c22, c23, hc_eps)
-        c30, c31, c32, c33 = _norm4(c30, c31, c32, c33, hc_eps)
-        c00, c10, c20, c30 = _norm4(c00, c10, c20, c30, hc_eps)
-        c01, c11, c21, c31 = _norm4(c01, c11, c21, c31, hc_eps)
-        c02, c12, c22, c32 = _norm4(c02, c12, c22, c32, hc_eps)
-        c03, c13, c23, c33 = _norm4(c03, c13, c23, c33, hc_eps)
-    _store4(comb_ptr, c00, c01, c02, c03)
-    _store4(comb_ptr + 4, c10, c11, c12, c13)
-    _store4(comb_ptr + 8, c20, c21, c22, c23)
-    _store4(comb_ptr + 12, c30, c31, c32, c33)
+        c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    tl.store(comb_ptr + t * N * N + jk, c, mask=cm)
 
 
 @triton.jit
@@ -196,7 +129,7 @@ def _hc_split_kernel(
     if not HEAD:
         if db == 0:
             _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, n_split, iters, inv_k,
-                       hc_eps, norm_eps, BLOCK_N, BLOCK_NN, BLOCK_S, "", False)  # fmt: skip
+                       hc_eps, norm_eps, BLOCK_N, BLOCK_NN, BLOCK_S, "")  # fmt: skip
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D
     x = tl.load(
@@ -303,22 +236,16 @@ def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: t
 
 
 @triton.jit
-def _hc_fused_kernel(
-    y_ptr, res_ptr, post_in_ptr, comb_in_ptr, h_ptr, fn_ptr, scale_ptr, base_ptr, w_ptr,
-    part_ptr, sq_ptr, cnt_ptr, out_ptr, post_ptr, comb_ptr,
-    T, N, D, M, P, stride_yt, stride_rt, stride_rn, stride_ht, stride_hn, stride_fn, stride_ot,
-    iters, inv_k, hc_eps, norm_eps,
-    POST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, TAIL_D: tl.constexpr, SINK4: tl.constexpr,
+def _hc_boundary_mix_kernel(
+    y_ptr, res_ptr, post_in_ptr, comb_in_ptr, h_ptr, fn_ptr, part_ptr, sq_ptr, gram_ptr,
+    T, N, D, M, stride_yt, stride_rt, stride_rn, stride_ht, stride_hn, stride_fn,
+    POST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """One launch for a sublayer boundary, over ``(token, channel block)``. Each program (``POST``: first
-    computes its channels of ``h = hc_post(y, residual, post_in, comb_in)`` for every stream, stores them in
-    ``h`` rounded to its dtype and goes on with the rounded values; else reads them from ``h``) stores its
-    partial mixes ``h[:, d] . fn[:, :, d]`` and ``sum h^2``, then counts itself in the token's counter. The
-    last of the token's ``P`` programs to arrive (the :func:`_common.finish_split` pattern) sums the partials
-    and runs the rest: gates, Sinkhorn, the collapse of ``h`` (its loads issued before the Sinkhorn loop)
-    rounded to ``h``'s dtype as ``hc_pre`` returns it, then the weighted RMSNorm, and zeroes the counter."""
+    """Launch 1 of a sublayer boundary, over ``(token, channel block)``: ``POST``: ``h = hc_post(y, residual,
+    post_in, comb_in)`` for its channels of every stream, stored rounded to ``h``'s dtype (else ``h`` is read);
+    then the partials, over those channels, of the mixes ``h . fn``, of ``sum h^2`` and of the streams' Gram
+    matrix ``G[i, j] = sum_d h[i, d] h[j, d]``, from which launch 2 gets the norm of the collapse."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
@@ -326,12 +253,12 @@ def _hc_fused_kernel(
     nm = n < N
     d = p * BLOCK_D + tl.arange(0, BLOCK_D)
     xm = nm[:, None] & (d < D)[None, :]
-    h_off = t * stride_ht + n[:, None] * stride_hn + d[None, :]
     m = tl.arange(0, BLOCK_M)
     mm = m < M
     # fn's slice first: in program order after the store of h it could not be loaded before h is computed
     f = tl.load(fn_ptr + m[:, None, None] * stride_fn + (n[:, None] * D + d[None, :])[None, :, :],
                 mask=mm[:, None, None] & xm[None, :, :], other=0.0)  # fmt: skip
+    h_off = t * stride_ht + n[:, None] * stride_hn + d[None, :]
     if POST:
         yv = tl.load(y_ptr + t * stride_yt + d, mask=d < D, other=0.0).to(tl.float32)
         r = tl.load(res_ptr + t * stride_rt + n[:, None] * stride_rn + d[None, :], mask=xm, other=0.0)
@@ -345,71 +272,86 @@ def _hc_fused_kernel(
         x = hv.to(tl.float32)
     else:
         x = tl.load(h_ptr + h_off, mask=xm, other=0.0).to(tl.float32)
-    part = tl.sum(tl.sum(f * x[None, :, :], axis=2), axis=1)
-    tl.store(part_ptr + (p * T + t) * M + m, part, mask=mm)
+    tl.store(part_ptr + (p * T + t) * M + m, tl.sum(tl.sum(f * x[None, :, :], axis=2), axis=1), mask=mm)
     tl.store(sq_ptr + p * T + t, tl.sum(tl.sum(x * x, axis=1), axis=0))
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-    tl.debug_barrier()
-    if arrived == P - 1:
-        pre = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps, BLOCK_N,
-                        BLOCK_P, ".cg")  # fmt: skip
-        dd = tl.arange(0, TAIL_D)
-        if TAIL_D >= D:  # the whole row at once: its loads go out before the Sinkhorn loop
-            hm = nm[:, None] & (dd < D)[None, :]
-            hs = tl.load(h_ptr + t * stride_ht + n[:, None] * stride_hn + dd[None, :], mask=hm, other=0.0,
-                         cache_modifier=".cg")  # fmt: skip
-            w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
-            _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, P, iters, inv_k,
-                       hc_eps, norm_eps, BLOCK_N, BLOCK_NN, BLOCK_P, ".cg", SINK4)  # fmt: skip
-            c = tl.sum(hs.to(tl.float32) * pre[:, None], axis=0).to(h_ptr.dtype.element_ty).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(c * c, axis=0) / D + norm_eps)
-            tl.store(out_ptr + t * stride_ot + dd, (c * rstd * w).to(out_ptr.dtype.element_ty), mask=dd < D)
-        else:  # two passes over channel chunks: the sum of squares, then the normed collapse
-            _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, P, iters, inv_k,
-                       hc_eps, norm_eps, BLOCK_N, BLOCK_NN, BLOCK_P, ".cg", SINK4)  # fmt: skip
-            acc = tl.zeros([TAIL_D], dtype=tl.float32)
-            for d0 in range(0, D, TAIL_D):
-                hm = nm[:, None] & (d0 + dd < D)[None, :]
-                hs = tl.load(h_ptr + t * stride_ht + n[:, None] * stride_hn + d0 + dd[None, :], mask=hm,
-                             other=0.0, cache_modifier=".cg")  # fmt: skip
-                c = tl.sum(hs.to(tl.float32) * pre[:, None], axis=0).to(h_ptr.dtype.element_ty).to(tl.float32)
-                acc += c * c
-            rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / D + norm_eps)
-            for d0 in range(0, D, TAIL_D):
-                hm = nm[:, None] & (d0 + dd < D)[None, :]
-                hs = tl.load(h_ptr + t * stride_ht + n[:, None] * stride_hn + d0 + dd[None, :], mask=hm,
-                             other=0.0, cache_modifier=".cg")  # fmt: skip
-                c = tl.sum(hs.to(tl.float32) * pre[:, None], axis=0).to(h_ptr.dtype.element_ty).to(tl.float32)
-                w = tl.load(w_ptr + d0 + dd, mask=d0 + dd < D, other=0.0)
-                tl.store(out_ptr + t * stride_ot + d0 + dd, (c * rstd * w).to(out_ptr.dtype.element_ty),
-                         mask=d0 + dd < D)  # fmt: skip
-        tl.atomic_xchg(cnt_ptr + t, 0)
+    g = tl.sum(x[:, None, :] * x[None, :, :], axis=2)
+    jk = n[:, None] * BLOCK_N + n[None, :]
+    tl.store(gram_ptr + (p * T + t) * BLOCK_N * BLOCK_N + jk, g)
 
 
-def _fused(
+@triton.jit
+def _hc_collapse_norm_kernel(
+    h_ptr, part_ptr, sq_ptr, gram_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, post_ptr, comb_ptr,
+    T, N, D, M, P, stride_ht, stride_hn, stride_ot, iters, inv_k, hc_eps, norm_eps,
+    BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Launch 2, over ``(token, channel block)``, as ``_hc_split_kernel`` (its first block also stores
+    ``post`` and ``comb``), except that it writes the collapse already normed: ``sum_d c[d]^2`` of the collapse
+    ``c = pre . h`` is ``pre^T G pre``, from launch 1's Gram partials, so no program needs the whole row. (The
+    square sum is of ``c`` before its rounding to ``h``'s dtype, which the separate ops would norm: exact in
+    float32, a relative difference of order 1e-5 in the norm in bf16.)"""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    db = tl.program_id(1)
+    n = tl.arange(0, BLOCK_N)
+    nm = n < N
+    pre = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps, BLOCK_N,
+                    BLOCK_P, "")  # fmt: skip
+    s = tl.arange(0, BLOCK_P)
+    jk = tl.arange(0, BLOCK_NN)
+    g = tl.load(gram_ptr + ((s * T + t) * BLOCK_NN)[:, None] + jk[None, :], mask=(s < P)[:, None], other=0.0)
+    g = tl.reshape(tl.sum(g, axis=0), [BLOCK_N, BLOCK_N])
+    pre0 = tl.where(nm, pre, 0.0)
+    ss = tl.sum(tl.sum(g * pre0[:, None] * pre0[None, :], axis=1), axis=0)
+    rstd = 1.0 / tl.sqrt(ss / D + norm_eps)
+    if db == 0:
+        _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, P, iters, inv_k, hc_eps,
+                   norm_eps, BLOCK_N, BLOCK_NN, BLOCK_P, "")  # fmt: skip
+    d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < D
+    x = tl.load(
+        h_ptr + t * stride_ht + n[:, None] * stride_hn + d[None, :], mask=nm[:, None] & dm[None, :], other=0.0
+    )
+    c = tl.sum(x.to(tl.float32) * pre[:, None], axis=0).to(h_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + d, mask=dm, other=0.0)
+    tl.store(out_ptr + t * stride_ot + d, (c * rstd * w).to(out_ptr.dtype.element_ty), mask=dm)
+
+
+def _boundary(
     y, residual, post, comb, h, fn, base, scale, weight, iters: int, hc_eps: float, norm_eps: float, cfg
 ):
-    """Launch :func:`_hc_fused_kernel`; ``y is None``: ``h`` is the input streams (``hc_pre_norm``), else ``h``
-    is written (``hc_post_pre``). -> ``(normed [T, D], post [T, N], comb [T, N, N])``."""
+    """The two launches; ``y is None``: ``h`` holds the input streams (``hc_pre_norm``), else they are written
+    to it (``hc_post_pre``). -> ``(normed [T, D], post [T, N], comb [T, N, N])``."""
     T, N, D = h.shape
     M = fn.shape[0]
     P = triton.cdiv(D, cfg.block_d)
+    BN = pow2(N)
     dev = h.device
     f32 = {"dtype": torch.float32, "device": dev}
-    part, sq = torch.empty((P, T, M), **f32), torch.empty((P, T), **f32)
+    part, sq, gram = (
+        torch.empty((P, T, M), **f32),
+        torch.empty((P, T), **f32),
+        torch.empty((P, T, BN * BN), **f32),
+    )
     out = torch.empty((T, D), dtype=h.dtype, device=dev)
     post_out, comb_out = torch.empty((T, N), **f32), torch.empty((T, N, N), **f32)
-    post_in, y_, res = (post, y, residual) if y is not None else (post_out, h, h)
-    _hc_fused_kernel[(T, P)](
-        y_, res, post_in.float().contiguous() if y is not None else post_out,
-        comb.float().contiguous() if y is not None else comb_out, h, fn.float().contiguous(),
-        scale.float().contiguous(), base.float().contiguous(), weight.float().contiguous(), part, sq,
-        arrival_counters(dev), out, post_out, comb_out,
-        T, N, D, M, P, y_.stride(0), res.stride(0), res.stride(1), h.stride(0), h.stride(1), fn.stride(0),
-        out.stride(0), iters, 1.0 / (N * D), hc_eps, norm_eps,
-        POST=y is not None, BLOCK_N=pow2(N), BLOCK_NN=pow2(N) ** 2, BLOCK_M=pow2(M), BLOCK_D=cfg.block_d,
-        BLOCK_P=pow2(P), TAIL_D=cfg.tail_d, SINK4=N == 4, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
+    fn = fn.float().contiguous()
+    if y is not None:
+        post_in, comb_in, y_, res = post.float().contiguous(), comb.float().contiguous(), y, residual
+    else:
+        post_in, comb_in, y_, res = post_out, comb_out, h, h  # not read
+    pdl = dispatch.pdl_args(T)
+    _hc_boundary_mix_kernel[(T, P)](
+        y_, res, post_in, comb_in, h, fn, part, sq, gram,
+        T, N, D, M, y_.stride(0), res.stride(0), res.stride(1), h.stride(0), h.stride(1), fn.stride(0),
+        POST=y is not None, BLOCK_N=BN, BLOCK_M=pow2(M), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **pdl,
+    )  # fmt: skip
+    _hc_collapse_norm_kernel[(T, triton.cdiv(D, cfg.norm_block_d))](
+        h, part, sq, gram, scale.float().contiguous(), base.float().contiguous(), weight.float().contiguous(), out,
+        post_out, comb_out, T, N, D, M, P, h.stride(0), h.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps,
+        norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN, BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), num_warps=cfg.norm_warps,
+        **pdl,
     )  # fmt: skip
     return out, post_out, comb_out
 
@@ -421,8 +363,8 @@ def hc_pre_norm(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps
     cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
     if cfg is None:
         return None
-    return _fused(None, None, None, None, x.contiguous(), fn, base, scale, weight, sinkhorn_iters, hc_eps,
-                  norm_eps, cfg)  # fmt: skip
+    return _boundary(None, None, None, None, x.contiguous(), fn, base, scale, weight, sinkhorn_iters, hc_eps,
+                     norm_eps, cfg)  # fmt: skip
 
 
 def hc_post_pre(y, residual, post, comb, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float,
@@ -436,7 +378,5 @@ def hc_post_pre(y, residual, post, comb, fn, base, scale, sinkhorn_iters: int, h
     y = y if y.stride(-1) == 1 else y.contiguous()
     residual = residual if residual.stride(-1) == 1 else residual.contiguous()
     h = torch.empty((T, N, D), dtype=residual.dtype, device=residual.device)
-    return (
-        h,
-        *_fused(y, residual, post, comb, h, fn, base, scale, weight, sinkhorn_iters, hc_eps, norm_eps, cfg),
-    )
+    return (h, *_boundary(y, residual, post, comb, h, fn, base, scale, weight, sinkhorn_iters, hc_eps, norm_eps,
+                          cfg))  # fmt: skip
