@@ -387,7 +387,10 @@ def gemv_config(rows_per_expert: float, fmt: str, weight_bytes: float = 0, gated
     H200, v10 run 4 (``gemm_kernels.py``, weights cold in L2 as in a decode step): calls of 16 MB and more
     are fastest in 32-row tiles of 512 (FP8 wq_b 32 MB 11.8 -> 10.3 us, wo_b 14.6 -> 11.7; FP4 experts at
     batch 1, gate+up and down, 70.1 -> 56.9 us); smaller ones in 8 x 1024 (FP8 wq_a 4.3 us against 5.2).
-    Gated FP8 (the shared expert) keeps 8 x 1024: two 32 x 512 FP8 tiles a step were not measured."""
+    Gated FP8 (the shared expert) keeps 8 x 1024: two 32 x 512 FP8 tiles a step were not measured.
+    The FP4 experts' down projection (not gated) takes 32 x 512 in two-warp programs: at four warps its 768
+    programs ran 1.16 waves; v15 run 2, gate+up and down at batch 1, 39.5 -> 37.5 us (other shapes of the down
+    projection alone: 37.9-42.9 us)."""
     bm = (
         1 if rows_per_expert <= GEMV_MAX_ROWS else _p2(math.ceil(rows_per_expert), 1, 8)
     )  # kernel unrolls <= 8
@@ -395,9 +398,11 @@ def gemv_config(rows_per_expert: float, fmt: str, weight_bytes: float = 0, gated
         return GemmConfig(bm, 16, 64, 4, 1, gemv=True)
     bn, bk = {"fp4_e2m1": (16, 512), "fp8_block": (8, 1024)}.get(fmt, (16, 256))
     wide = weight_bytes >= GEMV_WIDE_BYTES and not (gated and fmt == "fp8_block")
+    warps = 4
     if bm == 1 and wide and fmt in _BYTES_PER_WEIGHT:
         bn, bk = 32, 512
-    return GemmConfig(bm, bn, bk, 4, 1, gemv=True)
+        warps = 2 if fmt == "fp4_e2m1" and not gated else 4
+    return GemmConfig(bm, bn, bk, warps, 1, gemv=True)
 
 
 def fp4_decode_ptx(dtype: torch.dtype | None, scale_bytes: list[tuple[int, int] | None]) -> bool:
@@ -416,8 +421,9 @@ def fp4_decode_ptx(dtype: torch.dtype | None, scale_bytes: list[tuple[int, int] 
 
 def split_finish(cfg: GemmConfig) -> bool:
     """Split-K GEMMs finish in their last K slice (``_common.finish_split``) instead of a second launch:
-    ``cfg.split_finish``, or ``DEEPINFER_SPLITK_FINISH=1``. Off by default: built and tested under the
-    interpreter and compiled for ``sm_90`` (NOTES.md v13), not yet run on a GPU."""
+    ``cfg.split_finish``, or ``DEEPINFER_SPLITK_FINISH=1``. Off: on the H200 (NOTES.md v13 outcome) bitwise equal
+    to the epilogue launch over 200 calls, but slower (FP8 wq_a alone 3.8 -> 4.5 us; the batch-1 step 0.96-0.97
+    -> 1.02 ms)."""
     return cfg.split_finish or os.environ.get("DEEPINFER_SPLITK_FINISH", "0") == "1"
 
 

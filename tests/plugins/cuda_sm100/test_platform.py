@@ -128,6 +128,10 @@ def test_decode_gemvs_of_16_mb_and_more_take_32_by_512_tiles(monkeypatch):
     assert tile(2048, 4096, "fp8_block", True, (1, 1)) == (8, 1024)  # shared expert gate+up: gated FP8
     assert tile(2048, 4096, "fp4_e2m1", True, (6, 6)) == (32, 512)  # six experts' gate+up, 50 MB
     assert tile(2048, 4096, "fp4_e2m1", True, (1, 1)) == (16, 512)  # one expert, 8 MB
+    # the six experts' down projection (25 MB) in two-warp programs, gate+up in four (v15 run 2)
+    down = dispatch.gemm_config(1, 4096, 2048, "fp4_e2m1", gated=False, active=(6, 6))
+    up = dispatch.gemm_config(1, 2048, 4096, "fp4_e2m1", gated=True, active=(6, 6))
+    assert (down.block_n, down.block_k, down.num_warps, up.num_warps) == (32, 512, 2, 4)
 
 
 def test_mhc_launch_shapes_for_few_tokens(monkeypatch):
