@@ -341,17 +341,17 @@ def _boundary(
         post_in, comb_in, y_, res = post.float().contiguous(), comb.float().contiguous(), y, residual
     else:
         post_in, comb_in, y_, res = post_out, comb_out, h, h  # not read
-    pdl = dispatch.pdl_args(T)
     _hc_boundary_mix_kernel[(T, P)](
         y_, res, post_in, comb_in, h, fn, part, sq, gram,
         T, N, D, M, y_.stride(0), res.stride(0), res.stride(1), h.stride(0), h.stride(1), fn.stride(0),
-        POST=y is not None, BLOCK_N=BN, BLOCK_M=pow2(M), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **pdl,
+        POST=y is not None, BLOCK_N=BN, BLOCK_M=pow2(M), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+        **dispatch.pdl_args(T),
     )  # fmt: skip
     _hc_collapse_norm_kernel[(T, triton.cdiv(D, cfg.norm_block_d))](
         h, part, sq, gram, scale.float().contiguous(), base.float().contiguous(), weight.float().contiguous(), out,
         post_out, comb_out, T, N, D, M, P, h.stride(0), h.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps,
         norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN, BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), num_warps=cfg.norm_warps,
-        **pdl,
+        **dispatch.pdl_args(T),
     )  # fmt: skip
     return out, post_out, comb_out
 
