@@ -332,7 +332,6 @@ def check_hc_fused(ops, fn, base, scale):
     ref = reference_op("dense")
     w = rnd(HIDDEN, dtype=F32).abs() + 0.5
     mix = (fn, base, scale, 20, 1e-6, 1e-6)
-    os.environ.setdefault("DEEPINFER_HC_FUSED", "1")  # off by default
     fused_cfg = dispatch.hc_fused_config
     for T in (1, 2):
         x, y = rnd(T, HC, HIDDEN), rnd(T, HIDDEN)

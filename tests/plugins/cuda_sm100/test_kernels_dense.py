@@ -109,7 +109,7 @@ def test_hc_pre_norm_matches_reference(ops, gen, monkeypatch, dtype, T, N, D):
     against the reference's ``hc_pre`` then ``rms_norm``; 3 streams pad the ``[N, N]`` tiles."""
     from deepinfer_cuda_sm100 import dispatch
 
-    monkeypatch.setenv("DEEPINFER_HC_FUSED", "1")  # off by default
+    monkeypatch.delenv("DEEPINFER_HC_FUSED", raising=False)  # on by default
     x, fn, base, scale = _hc_inputs(gen, T=T, N=N, D=D, dtype=dtype)
     w = rand(gen, D).abs() + 0.5
     cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
@@ -132,7 +132,7 @@ def test_hc_post_pre_matches_reference(ops, gen, monkeypatch, dtype, T, D):
     post, comb = rand(gen, T, 4).sigmoid() * 2, rand(gen, T, 4, 4).softmax(-1)
     _, fn, base, scale = _hc_inputs(gen, T=T, D=D, dtype=dtype)
     w = rand(gen, D).abs() + 0.5
-    monkeypatch.setenv("DEEPINFER_HC_FUSED", "1")
+    monkeypatch.delenv("DEEPINFER_HC_FUSED", raising=False)
     launches = _count_boundary_launches(monkeypatch)
     got = ops.hc_post_pre(*dev(y, res, post, comb, fn, base, scale), 20, 1e-6, 1e-6, dev(w))
     assert len(launches) == (2 if T <= 2 else 0)

@@ -147,13 +147,13 @@ def test_mhc_launch_shapes_for_few_tokens(monkeypatch):
     assert dispatch.hc_mixes_config(4096, 4 * 4096, 24).splits == 3  # 128 row tiles: 2 programs an SM
 
 
-def test_fused_mhc_is_opt_in_for_few_tokens(monkeypatch):
+def test_fused_mhc_boundary_for_few_tokens(monkeypatch):
     from deepinfer_cuda_sm100 import dispatch
 
-    monkeypatch.delenv("DEEPINFER_HC_FUSED", raising=False)
-    assert dispatch.hc_fused_config(1, 4, 4096, 24) is None  # off by default until measured
-    monkeypatch.setenv("DEEPINFER_HC_FUSED", "1")
-    one = dispatch.hc_fused_config(1, 4, 4096, 24)
+    monkeypatch.setenv("DEEPINFER_HC_FUSED", "0")
+    assert dispatch.hc_fused_config(1, 4, 4096, 24) is None  # the A/B switch
+    monkeypatch.delenv("DEEPINFER_HC_FUSED")
+    one = dispatch.hc_fused_config(1, 4, 4096, 24)  # on by default (H200 v16)
     assert (one.block_d, one.num_warps) == (32, 4)  # 128 programs a token in launch 1
     assert (one.norm_block_d, one.norm_warps) == (128, 1)  # the split kernel's one-warp shape
     assert dispatch.hc_fused_config(2, 4, 4096, 24) == one
