@@ -192,7 +192,7 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 def arrival_counters(device: torch.device) -> torch.Tensor:
     """The per-device arrival counters of kernels whose last program to arrive finishes the work (split-K
-    tiles in :func:`finish_split`, tokens in the fused mHC kernel): zeros, allocated once, on first use (decode
+    tiles in :func:`finish_split`): zeros, allocated once, on first use (decode
     warms up before graphs are captured); every launch leaves the counters it used zero again. One stream per
     device uses them, and a launch starts only after the previous one has finished (with PDL too: the programs
     wait in ``griddepcontrol.wait`` before any access)."""

@@ -137,21 +137,22 @@ def indexer_select(
 ) -> torch.Tensor:  # fmt: skip
     """Slot ids of the ``min(topk, C)`` best scores (``weights`` scaled in the scoring kernel, columns mapped
     to slots in the select kernel), ``-1`` past the valid ones."""
-    scores = indexer_scores(q, weights, key_pool, cand_slots, w_scale)
-    k = min(topk, cand_slots.shape[1])
-    if dispatch.indexer_select(scores.shape[1]) == "kernel":
-        return select_topk(scores, k, cand_slots.contiguous())
-    val, idx = torch.topk(scores, k, dim=1, sorted=False)
-    return torch.where(torch.isneginf(val), torch.full_like(idx, -1), cand_slots.gather(1, idx))
+    return _best(indexer_scores(q, weights, key_pool, cand_slots, w_scale), cand_slots, topk, slots=True)
 
 
 def indexer_topk(
     q: torch.Tensor, weights: torch.Tensor, key_pool: torch.Tensor, cand_slots: torch.Tensor, topk: int
 ) -> torch.Tensor:
     """Column indices into ``cand_slots`` of the ``min(topk, C)`` best scores, ``-1`` past the valid ones."""
-    scores = indexer_scores(q, weights, key_pool, cand_slots)
+    return _best(indexer_scores(q, weights, key_pool, cand_slots), cand_slots, topk, slots=False)
+
+
+def _best(scores: torch.Tensor, cand_slots: torch.Tensor, topk: int, slots: bool) -> torch.Tensor:
+    """The ``min(topk, C)`` best columns of ``scores`` (``slots``: their ``cand_slots`` ids), by the select
+    kernel or ``torch.topk`` as :func:`dispatch.indexer_select` picks; ``-1`` past the valid ones."""
     k = min(topk, cand_slots.shape[1])
     if dispatch.indexer_select(scores.shape[1]) == "kernel":
-        return select_topk(scores, k)
+        return select_topk(scores, k, cand_slots.contiguous() if slots else None)
     val, idx = torch.topk(scores, k, dim=1, sorted=False)
-    return torch.where(torch.isneginf(val), torch.full_like(idx, -1), idx)
+    chosen = cand_slots.gather(1, idx) if slots else idx
+    return torch.where(torch.isneginf(val), torch.full_like(idx, -1), chosen)

@@ -13,6 +13,11 @@
 
 ``hc_post`` is one launch over ``(token, channel block)``; ``hc_head`` reuses both ``hc_pre`` kernels
 with only the ``pre`` gate.
+
+At decode (up to ``dispatch.HC_FUSED_MAX_TOKENS`` tokens) a sublayer boundary, ``hc_post`` then the next
+``hc_pre`` and its RMSNorm, is two launches instead of four: ``_hc_boundary_mix_kernel`` (``hc_post``'s work
+inside the mixes' split over channels, plus the streams' Gram partials) and ``_hc_collapse_norm_kernel``
+(the split kernel's work, its collapse normed through the Gram matrix).
 """
 
 from __future__ import annotations
@@ -58,49 +63,46 @@ def _hc_mixes_kernel(x_ptr, fn_ptr, part_ptr, sq_ptr, T, K, M, k_per_split, stri
 
 
 @triton.jit
-def _load_mix(part_ptr, sq_ptr, offs, mask, t, T, M, n_split, rstd_k, eps, BLOCK_S: tl.constexpr,
-              CACHE: tl.constexpr):  # fmt: skip
+def _load_mix(part_ptr, sq_ptr, offs, mask, t, T, M, n_split, rstd_k, eps, BLOCK_S: tl.constexpr):
     """Sum the split-K partials of mixes ``offs`` (1-D) of token ``t`` and apply the RMSNorm scalar. All
-    splits are one ``[BLOCK_S, len(offs)]`` load, so the sum costs one memory latency, not one per split.
-    ``CACHE=".cg"``: partials stored by other programs of the same launch (read past L1)."""
+    splits are one ``[BLOCK_S, len(offs)]`` load, so the sum costs one memory latency, not one per split."""
     s = tl.arange(0, BLOCK_S)
     sm = s < n_split
     acc = tl.load(
         part_ptr + ((s * T + t) * M)[:, None] + offs[None, :],
         mask=sm[:, None] & mask[None, :],
         other=0.0,
-        cache_modifier=CACHE,
     )
-    sq = tl.sum(tl.load(sq_ptr + s * T + t, mask=sm, other=0.0, cache_modifier=CACHE), axis=0)
+    sq = tl.sum(tl.load(sq_ptr + s * T + t, mask=sm, other=0.0), axis=0)
     return tl.sum(acc, axis=0) / tl.sqrt(sq * rstd_k + eps)
 
 
 @triton.jit
 def _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, n_split, inv_k, hc_eps, norm_eps,
-              BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, CACHE: tl.constexpr):  # fmt: skip
+              BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
     """``pre = sigmoid(mix * scale[0] + base) + hc_eps`` of token ``t`` -> ``[BLOCK_N]``."""
     n = tl.arange(0, BLOCK_N)
     nm = n < N
-    pre_l = _load_mix(part_ptr, sq_ptr, n, nm, t, T, M, n_split, inv_k, norm_eps, BLOCK_S, CACHE)
+    pre_l = _load_mix(part_ptr, sq_ptr, n, nm, t, T, M, n_split, inv_k, norm_eps, BLOCK_S)
     return tl.sigmoid(pre_l * tl.load(scale_ptr) + tl.load(base_ptr + n, mask=nm, other=0.0)) + hc_eps
 
 
 @triton.jit
 def _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, n_split, iters, inv_k,
                hc_eps, norm_eps, BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_S: tl.constexpr,
-               CACHE: tl.constexpr):  # fmt: skip
+               ):  # fmt: skip
     """Store token ``t``'s ``post = 2 sigmoid(.)`` and ``comb``, the Sinkhorn-Knopp projection of
     ``softmax(.) + hc_eps`` (``iters`` column/row normalisations, columns first), computed in registers: in one
     warp its sums stay in each thread (more warps would reduce through shared memory, a barrier each)."""
     n = tl.arange(0, BLOCK_N)
     nm = n < N
-    post_l = _load_mix(part_ptr, sq_ptr, N + n, nm, t, T, M, n_split, inv_k, norm_eps, BLOCK_S, CACHE)
+    post_l = _load_mix(part_ptr, sq_ptr, N + n, nm, t, T, M, n_split, inv_k, norm_eps, BLOCK_S)
     post_l = post_l * tl.load(scale_ptr + 1) + tl.load(base_ptr + N + n, mask=nm, other=0.0)
     tl.store(post_ptr + t * N + n, 2.0 * tl.sigmoid(post_l), mask=nm)
     cm = nm[:, None] & nm[None, :]
     jk = n[:, None] * N + n[None, :]
     c = _load_mix(part_ptr, sq_ptr, tl.reshape(2 * N + jk, [BLOCK_NN]), tl.reshape(cm, [BLOCK_NN]), t, T, M,
-                  n_split, inv_k, norm_eps, BLOCK_S, CACHE)  # fmt: skip
+                  n_split, inv_k, norm_eps, BLOCK_S)  # fmt: skip
     c = tl.reshape(c, [BLOCK_N, BLOCK_N]) * tl.load(scale_ptr + 2)
     c = tl.where(cm, c + tl.load(base_ptr + 2 * N + jk, mask=cm, other=0.0), float("-inf"))
     c = tl.exp(c - tl.max(c, axis=1)[:, None])
@@ -125,11 +127,11 @@ def _hc_split_kernel(
     n = tl.arange(0, BLOCK_N)
     nm = n < N
     pre = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, n_split, inv_k, hc_eps, norm_eps, BLOCK_N,
-                    BLOCK_S, "")  # fmt: skip
+                    BLOCK_S)  # fmt: skip
     if not HEAD:
         if db == 0:
             _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, n_split, iters, inv_k,
-                       hc_eps, norm_eps, BLOCK_N, BLOCK_NN, BLOCK_S, "")  # fmt: skip
+                       hc_eps, norm_eps, BLOCK_N, BLOCK_NN, BLOCK_S)  # fmt: skip
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D
     x = tl.load(
@@ -297,7 +299,7 @@ def _hc_collapse_norm_kernel(
     n = tl.arange(0, BLOCK_N)
     nm = n < N
     pre = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps, BLOCK_N,
-                    BLOCK_P, "")  # fmt: skip
+                    BLOCK_P)  # fmt: skip
     s = tl.arange(0, BLOCK_P)
     jk = tl.arange(0, BLOCK_NN)
     g = tl.load(gram_ptr + ((s * T + t) * BLOCK_NN)[:, None] + jk[None, :], mask=(s < P)[:, None], other=0.0)
@@ -307,7 +309,7 @@ def _hc_collapse_norm_kernel(
     rstd = 1.0 / tl.sqrt(ss / D + norm_eps)
     if db == 0:
         _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, P, iters, inv_k, hc_eps,
-                   norm_eps, BLOCK_N, BLOCK_NN, BLOCK_P, "")  # fmt: skip
+                   norm_eps, BLOCK_N, BLOCK_NN, BLOCK_P)  # fmt: skip
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D
     x = tl.load(

@@ -102,10 +102,9 @@ class CudaDenseOps(DenseOps):
         return mhc.hc_post(y, residual, post, comb)
 
     def hc_pre_norm(self, x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight):
-        fused = mhc.hc_pre_norm(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
-        if fused is None:
-            return super().hc_pre_norm(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
-        return fused
+        mix = (fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
+        fused = mhc.hc_pre_norm(x, *mix)
+        return fused if fused is not None else super().hc_pre_norm(x, *mix)
 
     def hc_post_pre(self, y, residual, post, comb, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight):
         mix = (fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
