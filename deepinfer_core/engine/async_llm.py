@@ -77,6 +77,8 @@ class RequestDelta:
     finished: bool = False
     #: the request's final output (as ``LLM.generate`` returns it), on the last delta
     output: RequestOutput | None = None
+    #: the prompt's logprobs (``SamplingParams.prompt_logprobs``), on the first delta that has tokens
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class _Update:
     progress: list[SampleProgress]
     final: RequestOutput | None = None
     error: BaseException | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
 
 @dataclass
@@ -171,11 +174,12 @@ class RequestStream:
         tokens: dict[int, list[int]] = {}
         logprobs: dict[int, list[PositionLogprobs]] = {}
         done: set[int] = set()
-        final = None
+        final = plp = None
         for u in updates:
             if u.error is not None:
                 self.finished = True
                 raise u.error
+            plp = u.prompt_logprobs or plp
             for p in u.progress:
                 tokens.setdefault(p.index, []).extend(p.token_ids)
                 if p.logprobs is not None:
@@ -188,7 +192,7 @@ class RequestStream:
                 CompletionDelta(i, "" if i in done else self._text(i).add(t), t, logprobs.get(i))
                 for i, t in sorted(tokens.items())
             ]
-            return RequestDelta(self.request_id, outs)
+            return RequestDelta(self.request_id, outs, prompt_logprobs=plp)
         self.finished = True
         outs = [
             CompletionDelta(
@@ -201,7 +205,7 @@ class RequestStream:
             )
             for c in final.outputs
         ]
-        return RequestDelta(self.request_id, outs, True, final)
+        return RequestDelta(self.request_id, outs, True, final, plp)
 
 
 class AsyncLLM:
@@ -398,7 +402,8 @@ class AsyncLLM:
             if final is not None:
                 del self._tracked[rid]
             if progress or final is not None:
-                batches.setdefault(t.loop, []).append((t, _Update(progress, final)))
+                plp = t.tracker.take_prompt_logprobs()
+                batches.setdefault(t.loop, []).append((t, _Update(progress, final, prompt_logprobs=plp)))
         self._post(batches)
 
     def _post(self, batches: dict[asyncio.AbstractEventLoop, list[tuple[_Tracked, _Update]]]) -> None:

@@ -47,11 +47,20 @@ class ProgressTracker:
     def __init__(self, request: Request):
         self.request = request
         self._sent: dict[int, int] = {}  # sample index -> output tokens already reported
+        self._prompt_logprobs_sent = request.params.prompt_logprobs is None
 
     @property
     def scheduled(self) -> bool:
         """Whether the request has been scheduled at least once (it left the waiting queue)."""
         return self.request.metrics.first_scheduled_time is not None
+
+    def take_prompt_logprobs(self) -> list[PositionLogprobs | None] | None:
+        """The prompt's logprobs, once, when all of them are known (they are before the first token)."""
+        plp = self.request.prompt_logprobs
+        if self._prompt_logprobs_sent or plp is None or len(plp) < len(self.request.prompt_token_ids):
+            return None
+        self._prompt_logprobs_sent = True
+        return list(plp)
 
     def poll(self) -> list[SampleProgress]:
         out = []
