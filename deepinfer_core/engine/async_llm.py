@@ -263,6 +263,7 @@ class AsyncLLM:
         add_special_tokens: bool = True,
     ) -> list[ProcessedPrompt]:
         """Validate and tokenize in a worker thread (see ``InputProcessor.process``)."""
+        self._check_alive()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._validator, self.engine.inputs.process, prompts, params, add_special_tokens
@@ -275,8 +276,7 @@ class AsyncLLM:
 
         :raises QueueFullError: not enough room in the waiting queue for all of them.
         :raises EngineDeadError: the step thread has stopped."""
-        if not self.is_alive:
-            raise EngineDeadError(f"the engine is not running ({self._dead or 'stopped'})")
+        self._check_alive()
         loop = asyncio.get_running_loop()
         with self._lock:
             limit = self.max_waiting_requests
@@ -305,6 +305,10 @@ class AsyncLLM:
         [item] = await self.process(prompt, params, add_special_tokens)
         [stream] = self.submit([item], [request_id] if request_id is not None else None)
         return stream
+
+    def _check_alive(self) -> None:
+        if not self.is_alive:
+            raise EngineDeadError(f"the engine is not running ({self._dead or 'stopped'})")
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
