@@ -20,8 +20,10 @@ Life of a request:
    which aborts the request in the engine at once: its KV blocks and grammar state are freed before
    the next step.
 
-A step that raises fails the requests in flight with :class:`RequestFailedError`, removes them from the
-engine, and the loop goes on serving new requests.
+Failures. A request the engine finishes with ``finish_reason="error"`` fails alone: its stream raises
+:class:`RequestFailedError`. A step that raises (the engine could not tell whose fault it was) fails
+every request in flight the same way, removes them from the engine, and the loop goes on serving new
+requests.
 """
 
 from __future__ import annotations
@@ -194,6 +196,8 @@ class RequestStream:
             ]
             return RequestDelta(self.request_id, outs, prompt_logprobs=plp)
         self.finished = True
+        if any(c.finish_reason == "error" for c in final.outputs):
+            raise RequestFailedError(f"request {self.request_id} failed in the engine")
         outs = [
             CompletionDelta(
                 c.index,

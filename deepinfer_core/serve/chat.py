@@ -38,8 +38,8 @@ from deepinfer_core.serve.responses import (
     sse,
     sse_error,
 )
-from deepinfer_core.serve.sampling import sampling_params
-from deepinfer_core.serve.serving import Serving, Submission, check_output, stream_error
+from deepinfer_core.serve.sampling import renames, sampling_params
+from deepinfer_core.serve.serving import Serving, Submission, stream_error
 
 _RENAMES = {"prompts": "messages", "thinking_mode": "chat_template_kwargs.thinking_mode"}
 
@@ -72,7 +72,7 @@ class ChatServing(Serving):
         params = sampling_params(
             req, self.settings, max_tokens=max_tokens, logprobs=ctx.top_k, skip_special_tokens=False
         )
-        items = await self.process([prompt], [params], False, _RENAMES)
+        items = await self.process([prompt], [params], False, renames(req, _RENAMES))
         self.cap_max_tokens(items)
         sub = self.submit("chatcmpl", req, items, start)
         sub.body = ctx
@@ -127,7 +127,6 @@ class ChatServing(Serving):
         try:
             async for _, d in self.deltas(sub):
                 if d.finished:
-                    check_output(d.output)
                     usage.add(len(d.output.prompt_token_ids), sum(len(c.token_ids) for c in d.output.outputs))
                 choices = [ch for c in d.outputs if (ch := self._stream_choice(ctx, parsers[c.index], c))]
                 if choices:

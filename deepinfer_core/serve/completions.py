@@ -23,8 +23,8 @@ from deepinfer_core.serve.responses import (
     sse,
     sse_error,
 )
-from deepinfer_core.serve.sampling import sampling_params
-from deepinfer_core.serve.serving import Serving, Submission, check_output, stream_error
+from deepinfer_core.serve.sampling import renames, sampling_params
+from deepinfer_core.serve.serving import Serving, Submission, stream_error
 
 _RENAMES = {"prompts": "prompt", "sampling_params": "prompt"}
 
@@ -39,7 +39,7 @@ class CompletionsServing(Serving):
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request(f"best_of={req.best_of} is invalid: only best_of == n is supported", "best_of")
         params = [self._params(req) for _ in prompts]
-        items = await self.process(prompts, params, req.add_special_tokens, _RENAMES)
+        items = await self.process(prompts, params, req.add_special_tokens, renames(req, _RENAMES))
         return self.submit("cmpl", req, items, start)
 
     def _params(self, req: CompletionRequest):
@@ -98,7 +98,6 @@ class CompletionsServing(Serving):
         try:
             async for i, d in self.deltas(sub):
                 if d.finished:
-                    check_output(d.output)
                     state.usage.add(
                         len(d.output.prompt_token_ids), sum(len(c.token_ids) for c in d.output.outputs)
                     )

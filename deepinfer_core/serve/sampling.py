@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from deepinfer_core.sampling_params import SamplingParams, StructuredOutputsParams
-from deepinfer_core.serve.errors import ApiError, bad_request, from_value_error
+from deepinfer_core.serve.errors import bad_request, from_value_error
 from deepinfer_core.serve.protocol import ResponseFormat, SamplingFields
 from deepinfer_core.serve.settings import ServeSettings
 
@@ -95,7 +95,8 @@ def _response_format(fmt: ResponseFormat, compact: bool) -> StructuredOutputsPar
     return StructuredOutputsParams(json=fmt.json_schema.schema_, disable_any_whitespace=compact)
 
 
-def structured_error(e: ValueError, req: SamplingFields) -> ApiError:
-    """A constraint the grammar backend refused, named after the field the request used."""
-    param = "response_format" if req.response_format is not None else "structured_outputs"
-    return bad_request(str(e), param)
+def renames(req: SamplingFields, base: dict[str, str]) -> dict[str, str]:
+    """The engine's parameter names -> this request's (a constraint came from ``response_format``)."""
+    if req.response_format is not None and req.response_format.type != "text":
+        return {**base, "structured_outputs": "response_format"}
+    return base

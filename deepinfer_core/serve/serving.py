@@ -159,8 +159,6 @@ class Serving:
             raise server_error(str(e)) from None
         except EngineDeadError as e:
             raise ApiError(503, str(e), type="server_error") from None
-        for o in outs.values():
-            check_output(o)
         return [outs[i] for i in range(len(sub.streams))]
 
 
@@ -172,12 +170,6 @@ async def _timed(stream: RequestStream, timer: RequestTimer) -> AsyncIterator[Re
     except Exception:
         timer.finish("error")
         raise
-
-
-def check_output(out: RequestOutput) -> None:
-    """A request the engine finished with an error outcome fails alone, as a 500."""
-    if any(c.finish_reason == "error" for c in out.outputs):
-        raise server_error(f"the engine failed while generating request {out.request_id}")
 
 
 def stream_error(e: Exception) -> dict[str, Any]:
