@@ -86,10 +86,11 @@ class BatchRunner:
         """The output record of one input line; never raises for a bad line."""
         record: dict[str, Any] = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": None, "response": None}
         try:
-            req = _request(line, lineno)
+            req = _json(line, lineno)
+            record["custom_id"] = req.get("custom_id")
+            _check(req, lineno)
         except ValueError as e:
             return {**record, "error": {"code": "invalid_request", "message": str(e)}}
-        record["custom_id"] = req["custom_id"]
         handler = self.routes[req["url"]]
         try:
             if not isinstance(req["body"], dict) or req["body"].get("stream"):
@@ -105,13 +106,17 @@ class BatchRunner:
         return {**record, "response": response, "error": None}
 
 
-def _request(line: str, lineno: int) -> dict[str, Any]:
+def _json(line: str, lineno: int) -> dict[str, Any]:
     try:
         req = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"line {lineno}: not JSON ({e})") from None
     if not isinstance(req, dict):
         raise ValueError(f"line {lineno}: expected a JSON object with {', '.join(_FIELDS)}")
+    return req
+
+
+def _check(req: dict[str, Any], lineno: int) -> None:
     missing = [f for f in _FIELDS if f not in req]
     if missing:
         raise ValueError(f"line {lineno}: missing {', '.join(missing)}")

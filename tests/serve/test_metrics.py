@@ -1,0 +1,69 @@
+"""GET /metrics: Prometheus text with the request, token, latency and engine-state series."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import running_server
+
+FAMILIES = {
+    "deepinfer_requests",
+    "deepinfer_prompt_tokens",
+    "deepinfer_generation_tokens",
+    "deepinfer_time_to_first_token_seconds",
+    "deepinfer_time_per_output_token_seconds",
+    "deepinfer_e2e_request_latency_seconds",
+    "deepinfer_num_requests_running",
+    "deepinfer_num_requests_waiting",
+    "deepinfer_kv_cache_usage_ratio",
+    "deepinfer_prefix_cache_queries",
+    "deepinfer_prefix_cache_hits",
+    "deepinfer_prefix_cache_hit_rate",
+    "deepinfer_spec_decode_draft_tokens",
+    "deepinfer_spec_decode_accepted_tokens",
+    "deepinfer_spec_decode_acceptance_rate",
+    "deepinfer_num_preemptions",
+}
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_count_requests_tokens_and_latencies(toy):
+    with running_server(toy.llm) as url:
+        prompt = list(range(2, 34))  # two full blocks: the second request finds them in the prefix cache
+        for _ in range(2):
+            r = httpx.post(
+                url + "/v1/completions",
+                json={"prompt": prompt, "max_tokens": 5, "temperature": 0},
+                timeout=60,
+            )
+            assert r.status_code == 200
+        assert (
+            httpx.post(
+                url + "/v1/completions", json={"prompt": "a", "temperature": -1}, timeout=60
+            ).status_code
+            == 400
+        )
+        text = httpx.get(url + "/metrics", timeout=60).text
+    assert FAMILIES <= {f.name for f in text_string_to_metric_families(text)}
+    s = _samples(text)
+    assert s[("deepinfer_requests_total", (("outcome", "length"),))] == 2
+    assert s[("deepinfer_requests_total", (("outcome", "bad_request"),))] == 1
+    assert s[("deepinfer_prompt_tokens_total", ())] == 2 * len(prompt)
+    assert s[("deepinfer_generation_tokens_total", ())] == 10
+    assert s[("deepinfer_time_to_first_token_seconds_count", ())] == 2
+    assert s[("deepinfer_time_per_output_token_seconds_count", ())] == 2
+    assert s[("deepinfer_num_requests_running", ())] == 0
+    assert s[("deepinfer_prefix_cache_hits_total", ())] > 0
+    assert 0 < s[("deepinfer_prefix_cache_hit_rate", ())] <= 1
+    assert {k[1] for k in s if k[0] == "deepinfer_kv_cache_usage_ratio"} == {
+        (("group", "compressed"),),
+        (("group", "window"),),
+    }
