@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 ENV_PREFIX = "DEEPINFER_"
 
@@ -45,7 +45,22 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     speculative_config: dict[str, Any] | None = None
     structured_outputs_backend: Literal["auto", "xgrammar", "llguidance"] = "xgrammar"
+    structured_outputs_max_spec_bytes: int = Field(
+        65536,
+        ge=1,
+        description="largest JSON schema, regex, grammar or choice list a request may give, bytes",
+    )
+    structured_outputs_compile_timeout_s: float = Field(
+        10.0, gt=0, description="longest a request's grammar may take to compile, seconds"
+    )
     skip_tokenizer_init: bool = False
+    check_weights_finite: bool = Field(
+        True, description="refuse checkpoints with NaN / Inf weights (skip for a trusted 400 GB checkpoint)"
+    )
+    allow_external_shards: bool = Field(
+        False,
+        description="let checkpoint shards (or their symlinks) resolve outside the checkpoint directory",
+    )
     enforce_eager: bool = Field(False, description="never capture decode steps as graphs")
     max_cudagraph_capture_size: int = Field(
         256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"
@@ -56,6 +71,14 @@ class EngineConfig(BaseModel):
     data_parallel_size: int = Field(1, ge=1)
     expert_parallel: bool = False
     eplb: dict[str, Any] | None = None
+    dist_timeout_s: float = Field(
+        120.0, gt=0, le=86400, description="bound on every collective between ranks, seconds"
+    )
+    dist_secret: SecretStr | None = Field(
+        None,
+        description="shared secret that authenticates control messages between ranks; single-host runs "
+        "make one per run, torchrun runs need the same value on every host",
+    )
     strict_plugins: bool = False
     plugins: list[str] | None = Field(None, description="entry-point names to load; None loads all, [] none")
 
