@@ -96,7 +96,7 @@ def _load_one(pm: pluggy.PluginManager, ep: md.EntryPoint, strict: bool, report:
             raise PluginLoadError(f"plugin {ep.name!r} from {dist} {version} is refused: {why}")
         _register(pm, obj, ep.name)
         _check_known_hooks(pm, pm.get_plugin(ep.name), ep.name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure (even sys.exit) is reported
         msg = exc.args[0] if isinstance(exc, PluginLoadError) else f"{type(exc).__name__}: {exc}"
         item = LoadedPlugin(ep.name, dist, version, None, msg)
         if strict:
