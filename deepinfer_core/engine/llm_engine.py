@@ -78,7 +78,9 @@ class LLMEngine:
         self.sampler = Sampler(
             backends.sampling, model.eos_token_ids, model.vocab_size, self.structured, self.spec_stats
         )
-        self.inputs = InputProcessor(tokenizer, model.vocab_size, self.max_model_len, self.structured)
+        self.inputs = InputProcessor(
+            tokenizer, model.vocab_size, self.max_model_len, self.structured, config.max_n
+        )
         self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len, self.structured)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()

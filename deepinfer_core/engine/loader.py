@@ -40,7 +40,12 @@ def resolve_dtype(name: str, device_type: str) -> torch.dtype:
 
 
 def model_class(path: Path, models: Any) -> type[CausalLM]:
-    cfg = json.loads((path / "config.json").read_text())
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"model={str(path)!r}: {path / 'config.json'} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"model={str(path)!r}: {path / 'config.json'} must hold a JSON object")
     names = list(cfg.get("architectures") or []) + [cfg.get("model_type")]
     for name in names:
         if name and name in models:

@@ -25,6 +25,10 @@ class PluginLoadError(RuntimeError):
     """A plugin failed to load and ``strict_plugins=True`` asked for failures to be fatal."""
 
 
+class UnknownPluginError(ValueError):
+    """The ``plugins`` allow-list (``DEEPINFER_PLUGINS``) names a plugin that is not installed."""
+
+
 @dataclass
 class LoadedPlugin:
     name: str  # entry-point name
@@ -75,6 +79,13 @@ def make_plugin_manager(
     pm.add_hookspecs(hookspecs)
     report = LoadReport()
     eps = list(md.entry_points(group=ENTRY_POINT_GROUP)) if entry_points is None else entry_points
+    unknown = sorted(set(allow or ()) - {ep.name for ep in eps})
+    if unknown:
+        installed = ", ".join(sorted({ep.name for ep in eps})) or "none"
+        raise UnknownPluginError(
+            f"plugins={allow!r} names {', '.join(repr(u) for u in unknown)}, which no installed plugin "
+            f"is called; installed plugins: {installed} (the built-in reference platform needs no entry)"
+        )
     for ep in sorted(eps, key=lambda e: e.name):
         if allow is not None and ep.name not in allow:
             report.skipped.append(ep.name)
