@@ -7,15 +7,40 @@ argument (``LLM(field=...)`` or a CLI flag). Unknown fields are errors.
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 ENV_PREFIX = "DEEPINFER_"
+log = logging.getLogger("deepinfer.config")
+
+#: ``DEEPINFER_*`` variables that are not engine fields: read by the platforms (their tuning switches),
+#: the server, and the build and training tools. Any other ``DEEPINFER_*`` variable is warned about,
+#: since it is most likely a misspelled field (``DEEPINFER_MAX_NUM_SEQ``) that would be ignored.
+OTHER_VARIABLES = frozenset(
+    {
+        "DEEPINFER_NUM_THREADS",
+        "DEEPINFER_HOST_RESERVE",
+        "DEEPINFER_PDL",
+        "DEEPINFER_HC_FUSED",
+        "DEEPINFER_SPLITK_FINISH",
+        "DEEPINFER_FP4_H2",
+        "DEEPINFER_CUDA_TILELANG",
+        "DEEPINFER_ASCEND_FUSED",
+        "DEEPINFER_ASCEND_GRAPHS",
+        "DEEPINFER_API_KEY",
+        "DEEPINFER_TORCH_SPEC",
+        "DEEPINFER_TRITON_SPEC",
+        "DEEPINFER_RAW_ONLY",
+        "DEEPINFER_CACHE",
+    }
+)
 
 
 class ConfigError(ValueError):
@@ -36,6 +61,7 @@ class EngineConfig(BaseModel):
     seed: int = 0
     max_model_len: int | None = Field(None, ge=1)
     max_num_seqs: int = Field(64, ge=1)
+    max_n: int = Field(128, ge=1, description="most samples (SamplingParams.n) one request may ask for")
     max_num_batched_tokens: int = Field(2048, ge=1)
     block_size: int | None = Field(
         None, ge=1, description="tokens per KV block; None picks the smallest valid"
@@ -45,7 +71,22 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     speculative_config: dict[str, Any] | None = None
     structured_outputs_backend: Literal["auto", "xgrammar", "llguidance"] = "xgrammar"
+    structured_outputs_max_spec_bytes: int = Field(
+        65536,
+        ge=1,
+        description="largest JSON schema, regex, grammar or choice list a request may give, bytes",
+    )
+    structured_outputs_compile_timeout_s: float = Field(
+        10.0, gt=0, description="longest a request's grammar may take to compile, seconds"
+    )
     skip_tokenizer_init: bool = False
+    check_weights_finite: bool = Field(
+        True, description="refuse checkpoints with NaN / Inf weights (skip for a trusted 400 GB checkpoint)"
+    )
+    allow_external_shards: bool = Field(
+        False,
+        description="let checkpoint shards (or their symlinks) resolve outside the checkpoint directory",
+    )
     enforce_eager: bool = Field(False, description="never capture decode steps as graphs")
     max_cudagraph_capture_size: int = Field(
         256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"
@@ -56,6 +97,14 @@ class EngineConfig(BaseModel):
     data_parallel_size: int = Field(1, ge=1)
     expert_parallel: bool = False
     eplb: dict[str, Any] | None = None
+    dist_timeout_s: float = Field(
+        120.0, gt=0, le=86400, description="bound on every collective between ranks, seconds"
+    )
+    dist_secret: SecretStr | None = Field(
+        None,
+        description="shared secret that authenticates control messages between ranks; single-host runs "
+        "make one per run, torchrun runs need the same value on every host",
+    )
     strict_plugins: bool = False
     plugins: list[str] | None = Field(None, description="entry-point names to load; None loads all, [] none")
 
@@ -75,24 +124,32 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     suffix = p.suffix.lower()
-    text = p.read_text()
-    if suffix == ".toml":
-        data = tomllib.loads(text)
-    elif suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text) or {}
-    elif suffix == ".json":
-        data = json.loads(text)
-    else:
+    if suffix not in (".toml", ".yaml", ".yml", ".json"):
         raise ConfigError(
             f"config file {str(p)!r}: unsupported extension {suffix!r}; use .toml, .yaml, .yml or .json"
         )
+    try:
+        data = _parse_config_text(p.read_text(), suffix)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid {suffix[1:].upper()}: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of field names to values")
     if isinstance(data.get("deepinfer"), dict):
         data = data["deepinfer"]
     return data
+
+
+def _parse_config_text(text: str, suffix: str) -> Any:
+    if suffix == ".toml":
+        return tomllib.loads(text)
+    if suffix == ".json":
+        return json.loads(text)
+    import yaml
+
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(str(e)) from None
 
 
 def _env_value(name: str, raw: str) -> Any:
@@ -111,13 +168,18 @@ def _env_value(name: str, raw: str) -> Any:
 
 
 def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """``DEEPINFER_<FIELD>`` variables as config values. ``DEEPINFER_PLUGINS`` is comma-separated."""
+    """``DEEPINFER_<FIELD>`` variables as config values. ``DEEPINFER_PLUGINS`` is comma-separated. Other
+    ``DEEPINFER_*`` variables that nothing reads are warned about, with the closest field name."""
     environ = os.environ if environ is None else environ
     out: dict[str, Any] = {}
-    for name in EngineConfig.model_fields:
-        key = ENV_PREFIX + name.upper()
-        if key in environ:
-            out[name] = _env_value(name, environ[key])
+    known = {ENV_PREFIX + name.upper(): name for name in EngineConfig.model_fields}
+    for key in environ:
+        if key in known:
+            out[known[key]] = _env_value(known[key], environ[key])
+        elif key.startswith(ENV_PREFIX) and key not in OTHER_VARIABLES:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            log.warning("deepinfer: ignoring unknown environment variable %s%s", key, hint)
     return out
 
 

@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from deepinfer_core.config import EngineConfig
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.platforms.base import Platform
-from deepinfer_core.plugins.registry import PluginRegistry, build_registry, resolve_backends, select_platform
+from deepinfer_core.plugins.registry import (
+    PluginHookError,
+    PluginRegistry,
+    build_registry,
+    resolve_backends,
+    select_platform,
+)
 
 
 @dataclass(frozen=True)
@@ -24,5 +30,9 @@ def build_runtime(config: EngineConfig, extra_plugins: list[object] = ()) -> Run
     registry = build_registry(
         allow=config.plugins, strict=config.strict_plugins, extra_plugins=list(extra_plugins)
     )
-    platform = select_platform(registry, config.backend)
-    return Runtime(config, registry, platform, resolve_backends(registry, platform, config))
+    while True:  # a plugin whose op hooks fail is dropped (reported) and the choice made again
+        platform = select_platform(registry, config.backend)
+        try:
+            return Runtime(config, registry, platform, resolve_backends(registry, platform, config))
+        except PluginHookError as exc:
+            registry.drop(exc.plugin, str(exc))

@@ -25,6 +25,19 @@ def invalid(name: str, value: Any, allowed: str) -> InvalidParameterError:
     return InvalidParameterError(f"{name}={value!r} is invalid: {allowed}")
 
 
+def check_text(name: str, text: str) -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate, e.g. from a broken JSON escape), which no
+    tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid(
+            name,
+            text[max(0, e.start - 10) : e.end + 10],
+            f"must be valid Unicode: a lone surrogate at index {e.start}",
+        ) from None
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -166,6 +179,7 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise invalid("stop", s, "stop strings must be non-empty strings")
+            check_text("stop", s)
         for t in self.stop_token_ids:
             if not _is_int(t) or t < 0:
                 raise invalid("stop_token_ids", t, "token ids must be ints >= 0")

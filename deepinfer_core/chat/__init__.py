@@ -4,9 +4,12 @@
   ``reasoning_content`` and ``tool_calls``, tool) plus offered tools into the prompt text, in one of
   three thinking modes (``non-think``, ``think-high``, ``think-max``).
 - :func:`parse_completion` splits what the model generated into reasoning, content and tool calls.
+- :func:`render_prompt` + :func:`encode_prompt` give the prompt's token ids with message content
+  tokenized as plain text, so content never becomes a control token (see ``encode``).
 
 Modules: ``tokens`` (the literal markers and fixed prompts), ``modes`` (what each thinking mode
-changes), ``validate`` (input checks), ``dsml`` (the tool-call markup), ``render``, ``parse``.
+changes), ``validate`` (input checks), ``dsml`` (the tool-call markup), ``prompt`` (rendered pieces),
+``render``, ``encode``, ``parse``.
 See docs/chat.md for the format.
 
 This is our own implementation of the format DeepSeek published with the V4 checkpoints. Sources
@@ -30,8 +33,19 @@ Left out on purpose: the ``developer`` and ``latest_reminder`` roles and the qui
 
 from __future__ import annotations
 
+from deepinfer_core.chat.encode import ContentTokenError, encode_prompt
 from deepinfer_core.chat.modes import THINKING_MODES, ThinkingMode
 from deepinfer_core.chat.parse import parse_completion
-from deepinfer_core.chat.render import render_messages
+from deepinfer_core.chat.prompt import Prompt
+from deepinfer_core.chat.render import render_messages, render_prompt
 
-__all__ = ["THINKING_MODES", "ThinkingMode", "parse_completion", "render_messages"]
+__all__ = [
+    "THINKING_MODES",
+    "ContentTokenError",
+    "Prompt",
+    "ThinkingMode",
+    "encode_prompt",
+    "parse_completion",
+    "render_messages",
+    "render_prompt",
+]

@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from deepinfer_core.chat.prompt import Prompt
 from deepinfer_core.chat.tokens import (
     DSML,
     INVOKE_END,
@@ -38,29 +39,32 @@ def _to_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def render_tools_section(functions: list[dict[str, Any]]) -> str:
-    """The tools part of the system prompt: instructions plus one JSON schema per line."""
-    return TOOLS_SECTION.replace("{schemas}", "\n".join(_to_json(fn) for fn in functions))
+def render_tools_section(functions: list[dict[str, Any]]) -> Prompt:
+    """The tools part of the system prompt: instructions plus one JSON schema per line (content)."""
+    head, tail = TOOLS_SECTION.split("{schemas}")
+    out = Prompt().own(head)
+    for k, fn in enumerate(functions):
+        out.own("\n" if k else "").content(_to_json(fn))
+    return out.own(tail)
 
 
-def render_tool_calls(calls: Iterable[ToolCall]) -> str:
-    """A DSML block for an assistant turn's tool calls, or "" when there are none."""
-    invokes = [_render_invoke(call) for call in calls]
-    if not invokes:
-        return ""
-    return f"{TOOL_CALLS_START}\n" + "\n".join(invokes) + f"\n{TOOL_CALLS_END}"
-
-
-def _render_invoke(call: ToolCall) -> str:
-    params = "\n".join(_render_parameter(k, v) for k, v in call.arguments.items())
-    return f'<{DSML}invoke name="{call.name}">\n{params}\n{INVOKE_END}'
-
-
-def _render_parameter(name: str, value: Any) -> str:
-    is_str = isinstance(value, str)
-    text = value if is_str else _to_json(value)
-    flag = "true" if is_str else "false"
-    return f'<{DSML}parameter name="{name}" string="{flag}">{text}{PARAMETER_END}'
+def render_tool_calls(calls: Iterable[ToolCall]) -> Prompt:
+    """A DSML block for an assistant turn's tool calls (empty when there are none); names and values are
+    content."""
+    calls = list(calls)
+    out = Prompt()
+    if not calls:
+        return out
+    out.own(f"{TOOL_CALLS_START}\n")
+    for k, call in enumerate(calls):
+        out.own("\n" if k else "").own(f'<{DSML}invoke name="').content(call.name).own('">\n')
+        for j, (name, value) in enumerate(call.arguments.items()):
+            is_str = isinstance(value, str)
+            flag = "true" if is_str else "false"
+            out.own("\n" if j else "").own(f'<{DSML}parameter name="').content(name)
+            out.own(f'" string="{flag}">').content(value if is_str else _to_json(value)).own(PARAMETER_END)
+        out.own(f"\n{INVOKE_END}")
+    return out.own(f"\n{TOOL_CALLS_END}")
 
 
 _BLOCK = re.compile(rf"{re.escape(TOOL_CALLS_START)}(?P<body>.*){re.escape(TOOL_CALLS_END)}\s*", re.DOTALL)

@@ -21,6 +21,10 @@ Layout (think-high, one earlier turn, tools offered)::
 - Reasoning is shown only in thinking modes, and, unless tools are offered, only after the last user
   turn: earlier turns get ``</think>`` and lose their reasoning ("drop thinking"). With tools every
   turn keeps its reasoning, because a tool-calling agent needs its earlier reasoning to carry on.
+
+The prompt is built as :class:`Prompt` pieces, each marked as the encoder's own text (markers and fixed
+prompts) or as content (anything from the messages or tool definitions). :mod:`.encode` tokenizes content
+as plain text, so only the encoder itself can emit control tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 from deepinfer_core.chat.dsml import render_tool_calls, render_tools_section
 from deepinfer_core.chat.modes import ThinkingMode, resolve_thinking_mode
+from deepinfer_core.chat.prompt import Prompt
 from deepinfer_core.chat.tokens import (
     ASSISTANT,
     BOS,
@@ -46,7 +51,7 @@ from deepinfer_core.chat.validate import Message, validate_messages, validate_to
 @dataclass
 class _Turn:
     role: str  # "system", "user" (user and tool messages merged) or "assistant"
-    text: str = ""  # system text, or the merged user text once built
+    text: Prompt = field(default_factory=Prompt)  # system text, or the merged user text once built
     parts: list[Message] = field(default_factory=list)  # user turn: its user/tool messages
     message: Message | None = None  # assistant turn
 
@@ -61,9 +66,20 @@ def render_messages(
 
     ``add_generation_prompt`` appends ``<｜Assistant｜>`` plus the mode's thinking marker when the
     conversation ends with a user or tool message; a conversation ending with an assistant message
-    is already complete (it ends with EOS) and gets nothing appended. The result starts with BOS, so
-    tokenize it with ``add_special_tokens=False``.
+    is already complete (it ends with EOS) and gets nothing appended. The result starts with BOS.
+    To tokenize it safely use :func:`render_prompt` and :func:`~deepinfer_core.chat.encode.encode_prompt`
+    (tokenizing this text would turn control-token text inside messages into control tokens).
     """
+    return render_prompt(messages, thinking_mode, tools, add_generation_prompt).text
+
+
+def render_prompt(
+    messages: list[dict[str, Any]],
+    thinking_mode: ThinkingMode = "non-think",
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> Prompt:
+    """:func:`render_messages` as :class:`Prompt` pieces that keep content apart from the encoder's text."""
     mode = resolve_thinking_mode(thinking_mode)
     functions = validate_tools(tools)
     turns = _build_turns(validate_messages(messages))
@@ -71,27 +87,32 @@ def render_messages(
         _attach_tools(turns, render_tools_section(functions))
     keep_reasoning = bool(functions)
     last_user = max((i for i, t in enumerate(turns) if t.role == "user"), default=-1)
-    out = [BOS, mode.effort_prompt]
+    out = Prompt().own(BOS + mode.effort_prompt)
     for i, turn in enumerate(turns):
         # Thinking modes show reasoning after the last user turn, or everywhere when tools are offered.
         keeps = mode.thinking and (keep_reasoning or i >= last_user)
         if turn.role == "system":
-            out.append(turn.text)
+            out.extend(turn.text)
         elif turn.role == "user":
-            out.append(USER + turn.text)
+            out.own(USER).extend(turn.text)
             following = turns[i + 1].role if i + 1 < len(turns) else None
             if following == "assistant" or (following is None and add_generation_prompt):
-                out.append(ASSISTANT + (THINK_START if keeps else THINK_END))
+                out.own(ASSISTANT + (THINK_START if keeps else THINK_END))
         else:
-            out.append(_render_assistant(turn.message, show_reasoning=keeps))
-    return "".join(out)
+            out.extend(_render_assistant(turn.message, show_reasoning=keeps))
+    return out
 
 
-def _render_assistant(msg: Message | None, show_reasoning: bool) -> str:
+def _render_assistant(msg: Message | None, show_reasoning: bool) -> Prompt:
     assert msg is not None
-    reasoning = (msg.reasoning_content or "") + THINK_END if show_reasoning else ""
+    out = Prompt()
+    if show_reasoning:
+        out.content(msg.reasoning_content or "").own(THINK_END)
+    out.content(msg.content)
     calls = render_tool_calls(msg.tool_calls)
-    return reasoning + msg.content + ("\n\n" + calls if calls else "") + EOS
+    if calls:
+        out.own("\n\n").extend(calls)
+    return out.own(EOS)
 
 
 def _build_turns(messages: list[Message]) -> list[_Turn]:
@@ -99,7 +120,7 @@ def _build_turns(messages: list[Message]) -> list[_Turn]:
     call_order: dict[str, int] = {}
     for msg in messages:
         if msg.role == "system":
-            turns.append(_Turn("system", text=msg.content))
+            turns.append(_Turn("system", text=Prompt().content(msg.content)))
         elif msg.role == "assistant":
             if msg.tool_calls:
                 call_order = {c.id: k for k, c in enumerate(msg.tool_calls) if c.id}
@@ -113,20 +134,26 @@ def _build_turns(messages: list[Message]) -> list[_Turn]:
     return turns
 
 
-def _user_text(parts: list[Message], call_order: dict[str, int]) -> str:
+def _user_text(parts: list[Message], call_order: dict[str, int]) -> Prompt:
     """Join a user turn's parts; tool results take the slots of tool results, in call order."""
     results = [p for p in parts if p.role == "tool"]
     if len(results) > 1 and call_order:
         # Results whose id is unknown sort as if answering the first call, as in the reference.
         ordered = iter(sorted(results, key=lambda p: call_order.get(p.tool_call_id or "", 0)))
         parts = [next(ordered) if p.role == "tool" else p for p in parts]
-    return "\n\n".join(
-        TOOL_RESULT_START + p.content + TOOL_RESULT_END if p.role == "tool" else p.content for p in parts
-    )
+    out = Prompt()
+    for k, p in enumerate(parts):
+        if k:
+            out.own("\n\n")
+        if p.role == "tool":
+            out.own(TOOL_RESULT_START).content(p.content).own(TOOL_RESULT_END)
+        else:
+            out.content(p.content)
+    return out
 
 
-def _attach_tools(turns: list[_Turn], section: str) -> None:
+def _attach_tools(turns: list[_Turn], section: Prompt) -> None:
     if turns and turns[0].role == "system":
-        turns[0].text += "\n\n" + section
+        turns[0].text.own("\n\n").extend(section)
     else:
-        turns.insert(0, _Turn("system", text="\n\n" + section))
+        turns.insert(0, _Turn("system", text=Prompt().own("\n\n").extend(section)))

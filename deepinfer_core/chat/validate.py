@@ -151,6 +151,13 @@ def _optional_str(raw: dict[str, Any], key: str, where: str) -> str | None:
     value = raw.get(key)
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{where}.{key} must be a string; got {type(value).__name__}")
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{where}.{key} must be valid Unicode: a lone surrogate at index {e.start}"
+            ) from None
     return value
 
 

@@ -74,9 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
-    except ValueError as e:  # configuration and input errors: one clear line, no traceback
+    except (ValueError, OSError) as e:  # configuration, input and file errors: one clear line, no traceback
         print(f"deepinfer: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("deepinfer: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ so the MoE all-to-alls of expert parallelism still meet. Every ``interval_steps`
 experts together (:class:`.ep.ExpertParallel`).
 
 Control traffic (which requests a rank serves, its outputs) goes through the rendezvous store, not
-collectives, so idle ranks can wait between ``generate`` calls for as long as the user likes.
+collectives, so idle ranks can wait between ``generate`` calls for as long as the user likes. It is
+plain JSON authenticated with the run's secret (:mod:`.control`, :mod:`.wire`): a value that anyone
+else wrote into the store is refused, and nothing read from it is ever unpickled.
 
 Failures. Any error inside the loop marks ``deepinfer/failed/<rank>`` in the store. A rank whose
 collective failed waits a short grace period for the other survivors' marks; the ranks that never
@@ -16,8 +18,8 @@ names them. Collectives are bounded by the process-group timeout, so nothing han
 
 from __future__ import annotations
 
+import logging
 import os
-import pickle
 import sys
 import time
 from typing import Any
@@ -26,8 +28,10 @@ import torch.distributed as dist
 
 from deepinfer_core.config import ConfigError, EngineConfig
 from deepinfer_core.distributed import launcher
+from deepinfer_core.distributed.control import ControlChannel, ControlMessageError, new_secret
 from deepinfer_core.distributed.ep import ExpertParallel
 from deepinfer_core.distributed.vote import DPVoter, RankFailureError, Vote
+from deepinfer_core.distributed.wire import output_from_wire, output_to_wire, prompt_from_wire, prompt_to_wire
 from deepinfer_core.engine.input_processor import ProcessedPrompt
 from deepinfer_core.engine.llm_engine import LLMEngine
 from deepinfer_core.engine.outputs import RequestOutput
@@ -35,6 +39,7 @@ from deepinfer_core.engine.scheduler import SchedulerOutput
 
 _GRACE_S = 3.0
 _POLL_S = 0.02
+log = logging.getLogger("deepinfer.distributed")
 
 
 class RankEngine:
@@ -44,6 +49,7 @@ class RankEngine:
         from deepinfer_core.runtime import build_runtime
 
         self.ctx = ctx
+        self.channel = ControlChannel(ctx.store, ctx.secret)
         _check_supported(config)
         rt = build_runtime(config)
         self.engine = LLMEngine.from_config(config, rt)
@@ -52,6 +58,8 @@ class RankEngine:
             if config.expert_parallel
             else None
         )
+        # a step retried one sequence at a time would run MoE all-to-alls the other ranks do not join
+        self.engine.isolate_failures = self.ep is None
         self.voter = DPVoter(store=ctx.store)
         self.idle_steps = 0  # empty batches run so the MoE collectives meet
 
@@ -153,20 +161,23 @@ class DPEngine:
         """Spawn the ranks (single host) or join torchrun's group. Under torchrun, ranks other than 0
         serve here until rank 0 closes, then exit the process."""
         backend = _dist_backend(config)
-        world = config.data_parallel_size
+        world, timeout = config.data_parallel_size, config.dist_timeout_s
+        given = config.dist_secret.get_secret_value() if config.dist_secret is not None else None
         if launcher.under_torchrun():
-            ctx = launcher.init_torchrun(world, backend)
+            ctx = launcher.init_torchrun(world, backend, given, timeout)
             if ctx.rank != 0:
                 serve(RankEngine(config, ctx))
                 launcher.shutdown()
                 sys.exit(0)
         else:
-            ctx = launcher.spawn_ranks(world, backend, _rank_main, (config.model_dump(),))
+            ctx = launcher.spawn_ranks(
+                world, backend, given or new_secret(), timeout, _rank_main, (config.model_dump(),)
+            )
         try:
             return cls(config, ctx)
         except BaseException:
             for p in ctx.procs:
-                p.join(launcher.timeout_s())
+                p.join(timeout)
                 if p.is_alive():
                     p.kill()
             launcher.shutdown()
@@ -177,7 +188,8 @@ class DPEngine:
             raise RuntimeError("this data-parallel engine is closed (a rank failed or close() was called)")
         shares = assign_by_load(items, self.ctx.world, self.max_model_len)
         self._cmd += 1
-        self.ctx.store.set(f"deepinfer/cmd/{self._cmd}", pickle.dumps(("run", shares)))
+        wire = [[(rid, prompt_to_wire(it)) for rid, it in share] for share in shares]
+        self.rank.channel.send(f"deepinfer/cmd/{self._cmd}", {"cmd": "run", "shares": wire})
         try:
             done = self.rank.run(shares[0])
         except RankFailureError as exc:
@@ -191,9 +203,11 @@ class DPEngine:
             raise
         self._stats[0] = self.rank.stats()
         for r in range(1, self.ctx.world):
-            outs, stats = pickle.loads(self.ctx.store.get(f"deepinfer/result/{self._cmd}/{r}"))
-            done.update(outs)
-            self._stats[r] = stats
+            result = _recv_authentic(
+                self.rank.channel, f"deepinfer/result/{self._cmd}/{r}", self.ctx.timeout_s
+            )
+            done.update((o["request_id"], output_from_wire(o)) for o in result["outputs"])
+            self._stats[r] = result["stats"]
         return [done[str(i)] for i in range(len(items))]
 
     def get_stats(self) -> dict[str, Any]:
@@ -223,11 +237,11 @@ class DPEngine:
             return
         self._closed = True
         try:
-            self.ctx.store.set(f"deepinfer/cmd/{self._cmd + 1}", pickle.dumps(("exit", None)))
+            self.rank.channel.send(f"deepinfer/cmd/{self._cmd + 1}", {"cmd": "exit"})
         except Exception:  # noqa: BLE001 - the store may be unusable after a failure
             force = True
         for p in self.ctx.procs:
-            p.join(None if not force else launcher.timeout_s() + 2 * _GRACE_S)  # survivors exit on their own
+            p.join(None if not force else self.ctx.timeout_s + 2 * _GRACE_S)  # survivors exit on their own
             if p.is_alive():
                 p.kill()
         launcher.shutdown()
@@ -269,11 +283,32 @@ def serve(rank: RankEngine) -> None:
             if os.getppid() != parent:
                 raise RuntimeError(f"data-parallel rank {me}: the host process is gone")
             time.sleep(_POLL_S)
-        cmd, shares = pickle.loads(store.get(key))
-        if cmd == "exit":
+        msg = _recv_authentic(rank.channel, key, None)
+        if msg.get("cmd") == "exit":
             return
-        outs = rank.run(shares[me])
-        store.set(f"deepinfer/result/{n}/{me}", pickle.dumps((outs, rank.stats())))
+        items = [(str(rid), prompt_from_wire(d)) for rid, d in msg["shares"][me]]
+        outs = rank.run(items)
+        rank.channel.send(
+            f"deepinfer/result/{n}/{me}",
+            {"outputs": [output_to_wire(o) for o in outs.values()], "stats": rank.stats()},
+        )
+
+
+def _recv_authentic(channel: ControlChannel, key: str, timeout_s: float | None) -> Any:
+    """The authentic value under ``key``. A forged value (someone else wrote the key) is logged and
+    waited out: the real writer's value replaces it. ``timeout_s`` bounds the wait (None: forever)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    warned = False
+    while True:
+        try:
+            return channel.recv(key)
+        except ControlMessageError as exc:
+            if not warned:
+                log.warning("deepinfer: %s", exc)
+                warned = True
+            if deadline is not None and time.monotonic() > deadline:
+                raise
+            time.sleep(_POLL_S)
 
 
 _TRANSPORT_MARKERS = ("connection closed", "connection reset", "timed out", "timeout", "gloo", "nccl", "hccl")
@@ -286,8 +321,10 @@ def _is_transport_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _TRANSPORT_MARKERS)
 
 
-def _rank_main(rank: int, world: int, port: int, backend: str, config: dict) -> None:
-    ctx = launcher.init_rank(rank, world, port, backend)
+def _rank_main(
+    rank: int, world: int, port: int, backend: str, secret: str, timeout_s: float, config: dict
+) -> None:
+    ctx = launcher.init_rank(rank, world, port, backend, secret, timeout_s)
     try:
         serve(RankEngine(EngineConfig(**config), ctx))
     except RankFailureError as exc:

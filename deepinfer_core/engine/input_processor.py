@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from deepinfer_core.sampling_params import InvalidParameterError, SamplingParams, invalid
+from deepinfer_core.sampling_params import InvalidParameterError, SamplingParams, check_text, invalid
 
 Prompt = str | dict
 
@@ -22,10 +22,13 @@ class ProcessedPrompt:
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, structured: Any = None):
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, max_model_len: int, structured: Any = None, max_n: int = 128
+    ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.max_n = max_n
         #: the engine's StructuredOutputManager (compiles constraints; None: structured outputs refused)
         self.structured = structured
 
@@ -74,6 +77,7 @@ class InputProcessor:
             )
         if not text:
             raise invalid(f"prompts[{i}]", text, "the prompt must not be empty")
+        check_text(f"prompts[{i}]", text)
         if self.tokenizer is None:
             raise InvalidParameterError(
                 f"prompts[{i}]={text[:40]!r} is invalid: this model has no tokenizer (checkpoint without tokenizer "
@@ -97,6 +101,8 @@ class InputProcessor:
             )
 
     def _check_params(self, i: int, sp: SamplingParams, n: int) -> None:
+        if sp.n > self.max_n:
+            raise invalid("n", sp.n, f"must be <= max_n={self.max_n} (an engine setting)")
         room = self.max_model_len - n
         if sp.max_tokens is not None and sp.max_tokens > room:
             raise invalid(

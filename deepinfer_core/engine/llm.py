@@ -1,7 +1,15 @@
-"""``LLM``: the offline API (vLLM's names). ``LLM(model, **engine_config)`` then ``generate`` or ``chat``."""
+"""``LLM``: the offline API (vLLM's names). ``LLM(model, **engine_config)`` then ``generate`` or ``chat``.
+
+Several threads may call ``generate`` on one ``LLM`` at once. There is still one step loop: whichever
+caller still waits for outputs and finds nobody stepping runs the next step, and hands every output to
+the call that submitted its request, so each caller gets exactly its own requests and all of them share
+the batches. Everything that touches the engine's state (submitting, stepping, applying aborts) happens
+under one condition variable's lock, never concurrently.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -27,16 +35,24 @@ class LLM:
         if config.data_parallel_size > 1:
             from deepinfer_core.distributed.dp_engine import DPEngine
 
-            self.engine = DPEngine.from_config(config)  # spawns (or, under torchrun, joins) the DP ranks
+            engine = DPEngine.from_config(config)  # spawns (or, under torchrun, joins) the DP ranks
         else:
-            self.engine = LLMEngine.from_config(config)
+            engine = LLMEngine.from_config(config)
+        self._attach(engine)
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:
         """Wrap an engine built by hand (tests, embedding applications)."""
         llm = cls.__new__(cls)
-        llm.engine = engine
+        llm._attach(engine)
         return llm
+
+    def _attach(self, engine: Any) -> None:
+        self.engine = engine
+        self._cv = threading.Condition()
+        self._stepping = False  # a caller is inside engine.step() (or another state change)
+        self._inbox: dict[str, dict[str, RequestOutput]] = {}  # request id -> its caller's outputs
+        self._dp_lock = threading.Lock()  # data-parallel generate calls run one at a time
 
     @property
     def vocab_size(self) -> int:
@@ -66,32 +82,69 @@ class LLM:
         add_special_tokens: bool = True,
     ) -> list[RequestOutput]:
         """Complete every prompt (a string or ``{"prompt_token_ids": [...]}``); results in input order.
-        Everything is validated before anything is scheduled."""
+        Everything is validated before anything is scheduled, and a call's requests are queued all or
+        none. Safe to call from several threads at once. A request that fails alone comes back with
+        ``finish_reason="error"`` and ``RequestOutput.error``; the others complete normally."""
         items = self.engine.inputs.process(prompts, sampling_params, add_special_tokens)
         if self.engine.config.data_parallel_size > 1:
-            return self.engine.generate(items)
-        ids = [self.engine.add_request(it) for it in items]
+            with self._dp_lock:
+                return self.engine.generate(items)
+        box: dict[str, RequestOutput] = {}
+        with self._exclusive():
+            ids = self.engine.add_requests(items)
+            self._inbox.update((rid, box) for rid in ids)
         try:
-            return self._run(ids, use_tqdm)
+            return self._wait(ids, box, use_tqdm)
         except BaseException:
             for rid in ids:
                 self.engine.abort(rid)
-            self.engine.apply_aborts()
+            with self._exclusive():
+                self._deliver(self.engine.apply_aborts())
             raise
+        finally:
+            with self._cv:
+                for rid in ids:
+                    self._inbox.pop(rid, None)
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
-        wanted = set(ids)
+    def _wait(self, ids: list[str], box: dict[str, RequestOutput], use_tqdm: bool) -> list[RequestOutput]:
+        """Step the engine (or wait while another caller does) until every one of ``ids`` is in ``box``."""
         bar = _Progress(len(ids)) if use_tqdm else None
-        while wanted - done.keys():
-            for out in self.engine.step():
-                if out.request_id in wanted:
-                    done[out.request_id] = out
-                    if bar:
+        seen = 0
+        while True:
+            with self._cv:
+                while len(box) < len(ids) and self._stepping:
+                    self._cv.wait()
+                if bar:
+                    for out in list(box.values())[seen:]:
                         bar.update(out)
+                    seen = len(box)
+                if len(box) == len(ids):
+                    break
+                self._stepping = True
+            outs: list[RequestOutput] = []
+            try:
+                outs = self.engine.step()
+            finally:
+                self._release(outs)
         if bar:
             bar.close()
-        return [done[i] for i in ids]
+        return [box[i] for i in ids]
+
+    def _release(self, outs: list[RequestOutput]) -> None:
+        with self._cv:
+            self._stepping = False
+            self._deliver(outs)
+            self._cv.notify_all()
+
+    def _deliver(self, outs: list[RequestOutput]) -> None:
+        """Hand each output to the call waiting for it (the caller holds ``self._cv``)."""
+        for out in outs:
+            box = self._inbox.get(out.request_id)
+            if box is not None:
+                box[out.request_id] = out
+
+    def _exclusive(self) -> _Exclusive:
+        return _Exclusive(self)
 
     def chat(
         self,
@@ -101,17 +154,47 @@ class LLM:
         chat_template_kwargs: dict[str, Any] | None = None,
         thinking_mode: str | None = None,
         tools: list[dict] | None = None,
+        *,
+        special_tokens_in_content: bool = False,
     ) -> list[RequestOutput]:
         """Render one conversation (a list of messages) or several with the DeepSeek chat encoding, then
-        generate. ``thinking_mode`` (or ``chat_template_kwargs={"thinking_mode": ...}``) picks the mode."""
-        from deepinfer_core.chat import render_messages
+        generate. ``thinking_mode`` (or ``chat_template_kwargs={"thinking_mode": ...}``) picks the mode.
 
+        Message content is tokenized as plain text: text that spells a control token (``<｜Assistant｜>``,
+        ``<｜end▁of▁sentence｜>``, DSML markers) stays text, so content cannot forge turns. Pass
+        ``special_tokens_in_content=True`` to let it become control tokens."""
+        from deepinfer_core.chat import encode_prompt, render_prompt
+
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs the model's tokenizer; this engine has none (skip_tokenizer_init?)")
         kwargs = dict(chat_template_kwargs or {})
         if thinking_mode is not None:
             kwargs["thinking_mode"] = thinking_mode
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [render_messages(c, tools=tools, **kwargs) for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm, add_special_tokens=False)
+        prompts = []
+        for conv in convs:
+            rendered = render_prompt(conv, tools=tools, **kwargs)
+            ids = encode_prompt(rendered, tokenizer, special_tokens_in_content=special_tokens_in_content)
+            prompts.append({"prompt": rendered.text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+
+class _Exclusive:
+    """``with llm._exclusive():`` waits until no caller is stepping and keeps the others out meanwhile."""
+
+    def __init__(self, llm: LLM):
+        self.llm = llm
+
+    def __enter__(self) -> None:
+        llm = self.llm
+        with llm._cv:
+            while llm._stepping:
+                llm._cv.wait()
+            llm._stepping = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.llm._release([])
 
 
 class _Progress:

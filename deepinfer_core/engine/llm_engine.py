@@ -2,11 +2,18 @@
 
 ``step()`` is the whole loop: schedule -> execute -> sample -> update -> outputs. See
 :mod:`deepinfer_core.engine.scheduler` for the overlap-scheduling seam.
+
+One request never takes the others down. Whatever fails for one request (its grammar allows no token,
+its grammar library raises, its output processing raises, or the step raises and the same request fails
+again when stepped alone) ends that request with ``finish_reason="error"`` and ``RequestOutput.error``;
+its blocks and grammar state are freed and every other request goes on. The engine is not thread-safe:
+:class:`~deepinfer_core.engine.llm.LLM` serialises its callers.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -20,7 +27,7 @@ from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.engine.outputs import RequestMetrics, RequestOutput
 from deepinfer_core.engine.sampler import Sampler
 from deepinfer_core.engine.scheduler import Scheduler, SchedulerOutput
-from deepinfer_core.engine.sequence import Request, Sequence
+from deepinfer_core.engine.sequence import Request, SeqStatus, Sequence
 from deepinfer_core.kv.budget import choose_block_size, plan_kv
 from deepinfer_core.kv.kv_manager import KVCacheManager
 from deepinfer_core.models.base import CausalLM
@@ -28,6 +35,9 @@ from deepinfer_core.ops.backends import Backends
 from deepinfer_core.spec_decode import SpecStats, build_proposer
 from deepinfer_core.spec_decode.rounds import draft_round
 from deepinfer_core.structured import StructuredOutputManager
+
+log = logging.getLogger("deepinfer.engine")
+Failures = list[tuple[Sequence, str]]
 
 
 class LLMEngine:
@@ -62,17 +72,23 @@ class LLMEngine:
             tokenizer,
             model.vocab_size,
             model.eos_token_ids,
+            max_spec_bytes=config.structured_outputs_max_spec_bytes,
+            compile_timeout_s=config.structured_outputs_compile_timeout_s,
         )
         self.sampler = Sampler(
             backends.sampling, model.eos_token_ids, model.vocab_size, self.structured, self.spec_stats
         )
-        self.inputs = InputProcessor(tokenizer, model.vocab_size, self.max_model_len, self.structured)
+        self.inputs = InputProcessor(
+            tokenizer, model.vocab_size, self.max_model_len, self.structured, config.max_n
+        )
         self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len, self.structured)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._pending_aborts: set[str] = set()
         self._lock = threading.Lock()
         self.num_prompt_tokens = self.num_generation_tokens = self.num_requests = 0
+        #: retry a failed step one sequence at a time (off where ranks must run the same steps: EP)
+        self.isolate_failures = True
         if self.proposer is not None:
             self.proposer.bind(self)
 
@@ -111,6 +127,21 @@ class LLMEngine:
         self.num_prompt_tokens += len(item.token_ids)
         return rid
 
+    def add_requests(self, items: list[ProcessedPrompt], request_ids: list[str] | None = None) -> list[str]:
+        """Queue all of ``items`` or none: if one cannot be queued, those queued before it are removed."""
+        added: list[str] = []
+        try:
+            for i, item in enumerate(items):
+                added.append(self.add_request(item, None if request_ids is None else request_ids[i]))
+        except BaseException:
+            for rid in added:
+                req = self.requests.pop(rid)
+                self._end(req, "abort")
+                self.num_requests -= 1
+                self.num_prompt_tokens -= len(req.prompt_token_ids)
+            raise
+        return added
+
     def _new_seq(self, req: Request, index: int, front: bool) -> None:
         max_tokens = req.params.max_tokens or self.max_model_len - len(req.prompt_token_ids)
         seq = Sequence(req, index, self.config.seed, max_tokens)
@@ -138,27 +169,84 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return aborted + self._stuck()
-        logits = self.runner.execute(sched)
-        samples = self.sampler.sample(logits, sched)
-        finished = self.outputs.append(sched, samples)
-        self.scheduler.update(sched, finished)
-        self._post_step(sched)
+        finished, failed = self._run(sched)
+        errors = self._fail(failed) + self._post_step(sched)
         if self.proposer is not None:
             draft_round(self.proposer, sched, self.scheduler.running, self.max_model_len)
-        return aborted + self._collect(finished)
+        return aborted + errors + self._collect(finished)
 
-    def _post_step(self, sched: SchedulerOutput) -> None:
+    def _compute(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures]:
+        logits = self.runner.execute(sched)
+        samples = self.sampler.sample(logits, sched)
+        finished, failed = self.outputs.append(sched, samples)
+        self.scheduler.update(sched, finished)
+        return finished, failed
+
+    def _run(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures]:
+        """The step; if it raises, each sequence is stepped alone, and those that raise again fail. The
+        failed attempt left nothing behind: KV is written by position and rewritten by the retry, and
+        sequence state only changes after sampling, whose per-sequence errors are caught where they occur."""
+        try:
+            return self._compute(sched)
+        except Exception as exc:  # noqa: BLE001 - find the request(s) that break the step
+            if not self.isolate_failures:
+                raise
+            log.warning(
+                "deepinfer: a step of %d sequences raised %r; retrying each alone", len(sched.scheduled), exc
+            )
+        finished: list[Sequence] = []
+        failed: Failures = []
+        for s in sched.scheduled:
+            try:
+                done, bad = self._compute(SchedulerOutput([s]))
+            except Exception as exc:  # noqa: BLE001 - this request fails alone
+                done, bad = [], [(s.seq, f"its step raised {type(exc).__name__}: {exc}")]
+            finished += done
+            failed += bad
+        return finished, failed
+
+    def _fail(self, failed: Failures) -> list[RequestOutput]:
+        """End each failed sequence's request with ``finish_reason="error"``; returns their outputs."""
+        outs = []
+        for seq, why in failed:
+            req = seq.request
+            if self.requests.pop(req.request_id, None) is None:
+                continue  # a sibling sample already failed it
+            req.error = f"request {req.request_id!r} failed: {why}"
+            log.warning("deepinfer: %s", req.error)
+            self._end(req, "error")
+            outs.append(self.outputs.request_output(req))
+        return outs
+
+    def _end(self, req: Request, reason: str) -> None:
+        """Stop every live sample of ``req`` with ``reason``, freeing their blocks and grammar state."""
+        live = [s for s in req.seqs if s.status is not SeqStatus.FINISHED]
+        self.scheduler.abort(live)
+        for s in live:
+            s.finish_reason = s.finish_reason if reason != "error" and s.finish_reason else reason
+            self.outputs.forget(s)
+        req.n = len(req.seqs)  # samples not yet spawned will not come
+        req.siblings_spawned = True
+
+    def _post_step(self, sched: SchedulerOutput) -> list[RequestOutput]:
         """Count generated tokens; start samples 1..n-1 once sample 0's prompt is computed, so they find
-        it in the prefix cache."""
+        it in the prefix cache. Returns the outputs of requests whose samples could not start."""
+        errors = []
         for s in sched.scheduled:
             req = s.seq.request
-            if s.samples:  # one token, or a draft round's accepted drafts + one
+            if s.samples and s.seq.finish_reason != "error":  # one token, or accepted drafts + one
                 self.num_generation_tokens += len(s.seq.token_ids) - s.end + s.num_drafts
             if s.samples and s.seq.sample_index == 0 and req.n > 1 and not req.siblings_spawned:
                 req.siblings_spawned = True
-                for i in range(req.n - 1, 0, -1):
-                    self._new_seq(req, i, front=True)
+                try:
+                    for i in range(req.n - 1, 0, -1):
+                        self._new_seq(req, i, front=True)
+                except Exception as exc:  # noqa: BLE001 - e.g. its grammar cannot start again
+                    errors += self._fail(
+                        [(s.seq, f"starting its samples raised {type(exc).__name__}: {exc}")]
+                    )
                 req.seqs.sort(key=lambda q: q.sample_index)
+        return errors
 
     def _collect(self, finished: list[Sequence]) -> list[RequestOutput]:
         outs = []
@@ -175,15 +263,9 @@ class LLMEngine:
         outs = []
         for rid in ids:
             req = self.requests.pop(rid, None)
-            if req is None:
-                continue
-            live = [s for s in req.seqs if s.finish_reason is None]
-            self.scheduler.abort(live)
-            for s in live:
-                s.finish_reason = "abort"
-                self.outputs.forget(s)
-            req.n = len(req.seqs)  # samples not yet spawned will not come
-            outs.append(self.outputs.request_output(req))
+            if req is not None:
+                self._end(req, "abort")
+                outs.append(self.outputs.request_output(req))
         return outs
 
     def _stuck(self) -> list[RequestOutput]:

@@ -10,6 +10,7 @@ import torch
 
 from deepinfer_core.config import ConfigError, EngineConfig
 from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.weight_checks import LoadOptions
 
 if TYPE_CHECKING:
     from deepinfer_core.runtime import Runtime
@@ -39,7 +40,12 @@ def resolve_dtype(name: str, device_type: str) -> torch.dtype:
 
 
 def model_class(path: Path, models: Any) -> type[CausalLM]:
-    cfg = json.loads((path / "config.json").read_text())
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"model={str(path)!r}: {path / 'config.json'} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"model={str(path)!r}: {path / 'config.json'} must hold a JSON object")
     names = list(cfg.get("architectures") or []) + [cfg.get("model_type")]
     for name in names:
         if name and name in models:
@@ -50,7 +56,8 @@ def model_class(path: Path, models: Any) -> type[CausalLM]:
 
 
 def load_tokenizer(path: Path, skip: bool) -> Any:
-    """The checkpoint's tokenizer, or None when it ships none (token-id prompts only)."""
+    """The checkpoint's tokenizer, or None when it ships none (token-id prompts only). Code shipped with a
+    checkpoint is never run: a tokenizer that needs it (``auto_map`` in its config) is refused."""
     if skip or not any((path / f).is_file() for f in _TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -58,15 +65,25 @@ def load_tokenizer(path: Path, skip: bool) -> Any:
     if (path / "tokenizer.json").is_file():
         # Read tokenizer.json directly: AutoTokenizer would parse config.json through transformers' own
         # config class, which rejects valid DeepSeek configs (e.g. compress ratios other than 4 and 128).
-        return PreTrainedTokenizerFast.from_pretrained(str(path))
-    return AutoTokenizer.from_pretrained(str(path))
+        return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, local_files_only=True)
+    except ValueError as e:
+        if "trust_remote_code" not in str(e):
+            raise ConfigError(f"model={str(path)!r}: cannot load its tokenizer: {e}") from None
+        raise ConfigError(
+            f"model={str(path)!r}: its tokenizer needs custom code shipped with the checkpoint (auto_map), "
+            "and DeepInfer never runs code from a checkpoint (trust_remote_code=False). Ship a tokenizer.json, "
+            "or pass token ids with skip_tokenizer_init=True"
+        ) from None
 
 
 def load(config: EngineConfig, runtime: Runtime) -> tuple[CausalLM, Any]:
     path = checkpoint_path(config)
     cls = model_class(path, runtime.registry.models)
     dtype = resolve_dtype(config.dtype, runtime.platform.device_type)
-    model = cls.from_checkpoint(path, runtime.backends, dtype)
+    options = LoadOptions(config.check_weights_finite, config.allow_external_shards)
+    model = cls.from_checkpoint(path, runtime.backends, dtype, options)
     supported = runtime.backends.attention.kv_cache_dtypes
     if config.kv_cache_dtype not in supported:
         raise ConfigError(

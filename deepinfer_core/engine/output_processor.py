@@ -40,34 +40,45 @@ class OutputProcessor:
         self._detok: dict[int, Any] = {}
         self._piece: dict[int, str] = {}
 
-    def append(self, sched: SchedulerOutput, samples: SamplerOutput) -> list[Sequence]:
-        """Record each sample; returns the sequences that finished this step."""
+    def append(
+        self, sched: SchedulerOutput, samples: SamplerOutput
+    ) -> tuple[list[Sequence], list[tuple[Sequence, str]]]:
+        """Record each sample; returns the sequences that finished this step, and those that failed with
+        why (their sample discarded, or their processing raised: each fails alone)."""
         now = time.perf_counter()
-        finished = []
+        finished, failed = [], []
         for i, pl in samples.prompt.items():
             self._prompt_logprobs(sched.scheduled[i].seq.request, pl)
-        logprobs = samples.logprobs
-        spec = samples.spec
         for i, (s, tok) in enumerate(zip(sched.scheduled, samples.tokens)):
-            if tok is None and i not in spec:
+            if tok is None and i not in samples.spec:
                 continue
             seq = s.seq
+            if i in samples.failed:
+                failed.append((seq, samples.failed[i]))
+                continue
             m = seq.request.metrics
             if m.first_token_time is None:
                 m.first_token_time = now - m.arrival_time
-            if tok is not None:
-                self._append_one(seq, tok, logprobs.get(i) if logprobs else None)
-            else:  # a draft round: stop at the first token that finishes the sequence (truncation)
-                lps = samples.spec_logprobs.get(i)
-                for j, t in enumerate(spec[i]):
-                    self._append_one(seq, t, lps[j] if lps else None)
-                    if seq.finish_reason is not None:
-                        break
+            try:
+                self._record(seq, i, tok, samples)
+            except Exception as exc:  # noqa: BLE001 - e.g. a grammar library failing on this request
+                failed.append((seq, f"processing its output raised {type(exc).__name__}: {exc}"))
+                continue
             if seq.finish_reason is not None:
                 seq.status = SeqStatus.FINISHED
                 self.forget(seq)
                 finished.append(seq)
-        return finished
+        return finished, failed
+
+    def _record(self, seq: Sequence, i: int, tok: int | None, samples: SamplerOutput) -> None:
+        if tok is not None:
+            self._append_one(seq, tok, samples.logprobs.get(i))
+            return
+        lps = samples.spec_logprobs.get(i)  # a draft round: stop at the first token that finishes it
+        for j, t in enumerate(samples.spec[i]):
+            self._append_one(seq, t, lps[j] if lps else None)
+            if seq.finish_reason is not None:
+                break
 
     def _append_one(self, seq: Sequence, tok: int, lp: tuple[float, RawLogprobs] | None) -> None:
         self._append(seq, tok, lp)
@@ -189,4 +200,5 @@ class OutputProcessor:
             finished=req.finished,
             num_cached_tokens=req.num_cached_tokens,
             metrics=m,
+            error=req.error,
         )

@@ -22,7 +22,8 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None
     logprobs: list[PositionLogprobs] | None
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    #: "stop", "length", "abort", or "error" (this request failed alone; see ``RequestOutput.error``)
+    finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it
 
     def finished(self) -> bool:
@@ -56,3 +57,5 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+    #: why the request failed (its unfinished samples end with ``finish_reason="error"``); None if it did not
+    error: str | None = None

@@ -5,10 +5,15 @@ of structured-output requests, penalties, then
 greedy rows take the argmax and the others draw from ``ops.probs`` with the sequence's own generator
 (seeded from its seed and output position; see :meth:`Sequence.generator`). Reported logprobs are
 the log-softmax of the *raw* logits, before any of that processing.
+
+A constrained row whose grammar allows no token at all (an empty language, a dead end, or a grammar
+backend that failed on it) cannot be sampled: its sequence is reported in :attr:`SamplerOutput.failed`
+and whatever was drawn for it is discarded, so that request alone ends with an error.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +41,8 @@ class SamplerOutput:
     spec: dict[int, list[int]] = field(default_factory=dict)
     #: i -> logprobs of each token in ``spec[i]`` for requests that want logprobs
     spec_logprobs: dict[int, list[tuple[float, RawLogprobs]]] = field(default_factory=dict)
+    #: i -> why sequence ``i`` could not be sampled (its sample, if any, must be discarded)
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class _DraftRow:
@@ -130,7 +137,9 @@ class Sampler:
     def _sample_rows(
         self, logits: torch.Tensor, seqs: list[Sequence], idx: list[int], out: SamplerOutput
     ) -> None:
-        x = self._process(logits, seqs)
+        x, dead = self._process(logits, seqs)
+        for r, why in dead.items():
+            out.failed[idx[r]] = why
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         if len(greedy) == len(seqs):
             tokens = self.ops.argmax(x).tolist()
@@ -169,8 +178,10 @@ class Sampler:
             views.extend(_DraftRow(seq, d[:j]) for j in range(len(d) + 1))
             keys.append(seq.grammar_key or f"\0spec/{seq.seq_id}")  # unknown keys: all-ones rows
         raw = logits[rows]
-        x = self._process(raw, views, keys, dict(zip(keys, drafts)))
+        x, dead = self._process(raw, views, keys, dict(zip(keys, drafts)))
         offsets = list(itertools.accumulate((len(d) + 1 for d in drafts), initial=0))
+        for r, why in dead.items():
+            out.failed[items[bisect.bisect_right(offsets, r) - 1][0]] = why
         tokens: list[list[int]] = [[] for _ in seqs]
         greedy = [b for b, q in enumerate(seqs) if q.params.greedy]
         rand = [b for b, q in enumerate(seqs) if not q.params.greedy]
@@ -205,9 +216,10 @@ class Sampler:
         seqs: list[Sequence],
         keys: list[str | None] | None = None,
         drafts: dict[str, list[int]] | None = None,
-    ) -> torch.Tensor:
-        """Logit bias, min_tokens masking and penalties; returns new logits (float32). ``keys`` and
-        ``drafts``: grammar keys owning the rows when they are draft rows (see ``fill_bitmask``)."""
+    ) -> tuple[torch.Tensor, dict[int, str]]:
+        """Logit bias, min_tokens masking and penalties; returns new logits (float32) and the rows that
+        cannot be sampled (row -> why). ``keys`` and ``drafts``: grammar keys owning the rows when they
+        are draft rows (see ``fill_bitmask``)."""
         x = logits.float()
         touched = False
         for i, s in enumerate(seqs):
@@ -222,21 +234,40 @@ class Sampler:
                     banned = set(prm.stop_token_ids) | (set() if prm.ignore_eos else set(self.eos))
                     if banned:
                         x[i, list(banned)] = float("-inf")
+        dead: dict[int, str] = {}
         if self.structured is not None and len(self.structured):
-            mask = self.structured.fill_bitmask(keys or [s.grammar_key for s in seqs], drafts)
+            owners = keys or [s.grammar_key for s in seqs]
+            mask = self.structured.fill_bitmask(owners, drafts)
             if mask is not None:
-                masked = self.ops.apply_bitmask(x, mask.to(x.device))
-                # The grammar wins over min_tokens: where it allows only a stop token that min_tokens
-                # banned, the row would have no finite logit; mask the unbanned logits instead.
-                dead = torch.isinf(masked).all(dim=-1).nonzero().flatten().tolist()
-                if dead:
-                    masked[dead] = self.ops.apply_bitmask(logits[dead].float(), mask[dead].to(x.device))
-                x, touched = masked, True
+                x = self._apply_grammar(x, logits, mask)
+                dead = self._dead_rows(x, owners)
+                touched = True
         pen = [i for i, s in enumerate(seqs) if s.params.has_penalties]
         if pen:
             x = x.clone() if not touched else x
             x[pen] = self._penalties(x[pen], [seqs[i] for i in pen])
-        return x
+        return x, dead
+
+    def _apply_grammar(self, x: torch.Tensor, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        masked = self.ops.apply_bitmask(x, mask.to(x.device))
+        # The grammar wins over min_tokens: where it allows only a stop token that min_tokens banned,
+        # the row would have no finite logit; mask the unbanned logits instead.
+        empty = torch.isinf(masked).all(dim=-1).nonzero().flatten().tolist()
+        if empty:
+            masked[empty] = self.ops.apply_bitmask(logits[empty].float(), mask[empty].to(x.device))
+        return masked
+
+    def _dead_rows(self, x: torch.Tensor, owners: list[str | None]) -> dict[int, str]:
+        """Rows with no finite logit even after the fallback: their grammar allows no token at all."""
+        rows = torch.isinf(x).all(dim=-1).nonzero().flatten().tolist()
+        out = {}
+        for r in rows:
+            key = owners[r]
+            if key is not None and self.structured.is_constrained(key):
+                out[r] = self.structured.failure(key) or (
+                    "its structured-output grammar allows no next token (an empty language or a dead end)"
+                )
+        return out
 
     def _penalties(self, x: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         b, v, dev = x.shape[0], x.shape[1], x.device

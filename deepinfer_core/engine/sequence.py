@@ -37,6 +37,7 @@ class Request:
     num_cached_tokens: int = 0
     siblings_spawned: bool = False
     n: int = 0  # samples; set from params.n
+    error: str | None = None  # why the request failed alone (finish_reason "error")
 
     def __post_init__(self) -> None:
         self.n = self.n or self.params.n

@@ -11,6 +11,7 @@ import torch
 if TYPE_CHECKING:
     from deepinfer_core.engine.forward_batch import ForwardBatch
     from deepinfer_core.kv.spec import CacheSpec
+    from deepinfer_core.models.weight_checks import LoadOptions
     from deepinfer_core.ops.backends import Backends
 
 
@@ -25,8 +26,12 @@ class CausalLM(ABC):
 
     @classmethod
     @abstractmethod
-    def from_checkpoint(cls, path: Path, backends: Backends, dtype: torch.dtype) -> CausalLM:
-        """Load config and weights from a checkpoint directory onto ``backends.memory.device``."""
+    def from_checkpoint(
+        cls, path: Path, backends: Backends, dtype: torch.dtype, options: LoadOptions | None = None
+    ) -> CausalLM:
+        """Load config and weights from a checkpoint directory onto ``backends.memory.device``, checking
+        what ``options`` (:class:`~deepinfer_core.models.weight_checks.LoadOptions`) asks: the checkpoint
+        is untrusted input."""
 
     def use_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
         """Store attention KV as ``kv_cache_dtype`` (see :mod:`deepinfer_core.kv.fp8`); called once, after

@@ -25,6 +25,10 @@ class PluginLoadError(RuntimeError):
     """A plugin failed to load and ``strict_plugins=True`` asked for failures to be fatal."""
 
 
+class UnknownPluginError(ValueError):
+    """The ``plugins`` allow-list (``DEEPINFER_PLUGINS``) names a plugin that is not installed."""
+
+
 @dataclass
 class LoadedPlugin:
     name: str  # entry-point name
@@ -75,6 +79,13 @@ def make_plugin_manager(
     pm.add_hookspecs(hookspecs)
     report = LoadReport()
     eps = list(md.entry_points(group=ENTRY_POINT_GROUP)) if entry_points is None else entry_points
+    unknown = sorted(set(allow or ()) - {ep.name for ep in eps})
+    if unknown:
+        installed = ", ".join(sorted({ep.name for ep in eps})) or "none"
+        raise UnknownPluginError(
+            f"plugins={allow!r} names {', '.join(repr(u) for u in unknown)}, which no installed plugin "
+            f"is called; installed plugins: {installed} (the built-in reference platform needs no entry)"
+        )
     for ep in sorted(eps, key=lambda e: e.name):
         if allow is not None and ep.name not in allow:
             report.skipped.append(ep.name)
@@ -96,7 +107,7 @@ def _load_one(pm: pluggy.PluginManager, ep: md.EntryPoint, strict: bool, report:
             raise PluginLoadError(f"plugin {ep.name!r} from {dist} {version} is refused: {why}")
         _register(pm, obj, ep.name)
         _check_known_hooks(pm, pm.get_plugin(ep.name), ep.name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure (even sys.exit) is reported
         msg = exc.args[0] if isinstance(exc, PluginLoadError) else f"{type(exc).__name__}: {exc}"
         item = LoadedPlugin(ep.name, dist, version, None, msg)
         if strict:

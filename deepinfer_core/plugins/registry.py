@@ -1,24 +1,40 @@
-"""Resolve hooks once into plain objects: platforms, backends, proposers, grammar backends, models."""
+"""Resolve hooks once into plain objects: platforms, backends, proposers, grammar backends, models.
+
+A plugin is called through pluggy's hook callers one plugin at a time (a subset caller that leaves out
+the others), so a plugin that raises, exits, or registers a name that is already taken is identified,
+reported in ``report.failed`` and dropped whole, and the others are unaffected (unless
+``strict_plugins``). The core's built-in plugin registers first, so its names win.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from deepinfer_core.platforms.base import Availability, Platform
-from deepinfer_core.plugins.manager import LoadReport, make_plugin_manager
+from deepinfer_core.plugins.manager import LoadedPlugin, LoadReport, PluginLoadError, make_plugin_manager
 
 if TYPE_CHECKING:
     from deepinfer_core.config import EngineConfig
     from deepinfer_core.ops.backends import Backends
 
+log = logging.getLogger("deepinfer.plugins")
+
 
 class BackendSelectionError(ValueError):
     """The configured ``backend`` cannot be used; the message lists what is installed and why."""
+
+
+class PluginHookError(RuntimeError):
+    """A plugin's hook failed; ``plugin`` names it (the engine drops that plugin and carries on)."""
+
+    def __init__(self, plugin: str, message: str):
+        super().__init__(message)
+        self.plugin = plugin
 
 
 class NamedRegistry(dict):
@@ -30,12 +46,19 @@ class NamedRegistry(dict):
         self.owners: dict[str, str] = {}
 
     def add(self, name: str, obj: Any, owner: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} name {name!r} must be a non-empty string")
         if name in self:
             raise ValueError(
                 f"{self.kind} {name!r} is registered twice: by {self.owners[name]} and by {owner}"
             )
         self[name] = obj
         self.owners[name] = owner
+
+    def drop_owner(self, owner: str) -> None:
+        for name in [n for n, o in self.owners.items() if o == owner]:
+            del self.owners[name]
+            dict.pop(self, name)
 
     def __getitem__(self, name: str) -> Any:
         obj = super().__getitem__(name)
@@ -50,6 +73,7 @@ class NamedRegistry(dict):
 class PluginRegistry:
     pm: pluggy.PluginManager
     report: LoadReport
+    strict: bool = False
     platforms: NamedRegistry = field(default_factory=lambda: NamedRegistry("platform"))
     proposers: NamedRegistry = field(default_factory=lambda: NamedRegistry("proposer"))
     structured_backends: NamedRegistry = field(
@@ -60,29 +84,82 @@ class PluginRegistry:
     def availability(self) -> dict[str, Availability]:
         return {name: _probe(p) for name, p in self.platforms.items()}
 
+    def tables(self) -> list[tuple[str, NamedRegistry]]:
+        return [
+            ("deepinfer_register_platforms", self.platforms),
+            ("deepinfer_register_proposers", self.proposers),
+            ("deepinfer_register_structured_backends", self.structured_backends),
+            ("deepinfer_register_models", self.models),
+        ]
+
+    def call_one(self, hook_name: str, plugin_name: str, **kwargs: Any) -> Any:
+        """Call ``hook_name`` of one plugin only, through pluggy; any failure (``SystemExit`` included)
+        becomes a :class:`PluginHookError` naming the plugin."""
+        others = [p for p in self.pm.get_plugins() if self.pm.get_name(p) != plugin_name]
+        caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
+        try:
+            return caller(**kwargs)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - contained, reported by the caller
+            raise PluginHookError(plugin_name, f"{hook_name} raised {type(exc).__name__}: {exc}") from exc
+
+    def implementers(self, hook_name: str) -> list[str]:
+        """Plugins implementing ``hook_name``, in pluggy's call order."""
+        hook = getattr(self.pm.hook, hook_name)
+        return [impl.plugin_name for impl in reversed(hook.get_hookimpls())]
+
+    def drop(self, plugin_name: str, why: str) -> None:
+        """Report ``plugin_name`` as failed and remove it and everything it registered (or raise, when
+        ``strict_plugins``)."""
+        if self.strict:
+            raise PluginLoadError(f"plugin {plugin_name!r} failed: {why}")
+        log.warning("deepinfer: plugin %r failed and is skipped: %s", plugin_name, why)
+        loaded = next((p for p in self.report.loaded if p.name == plugin_name), None)
+        if loaded is not None:
+            self.report.loaded.remove(loaded)
+        item = loaded or LoadedPlugin(plugin_name, "?", "?", None)
+        self.report.failed.append(LoadedPlugin(item.name, item.dist, item.version, None, why))
+        for _, table in self.tables():
+            table.drop_owner(plugin_name)
+        plugin = self.pm.get_plugin(plugin_name)
+        if plugin is not None:
+            self.pm.unregister(plugin)
+
 
 def build_registry(
     allow: list[str] | None = None, strict: bool = False, extra_plugins: list[object] = (), entry_points=None
 ) -> PluginRegistry:
     """Load plugins (see :func:`make_plugin_manager`) plus the core's built-in plugin and call every
-    registration hook once."""
+    registration hook once, one plugin at a time, the built-in plugin first. A plugin whose registration
+    raises or takes a name already registered is dropped whole and reported."""
     from deepinfer_core import builtin
 
     pm, report = make_plugin_manager(allow, strict, [builtin, *extra_plugins], entry_points)
-    reg = PluginRegistry(pm, report)
-    for hook, table in (
-        (pm.hook.deepinfer_register_platforms, reg.platforms),
-        (pm.hook.deepinfer_register_proposers, reg.proposers),
-        (pm.hook.deepinfer_register_structured_backends, reg.structured_backends),
-        (pm.hook.deepinfer_register_models, reg.models),
-    ):
-        for impl in hook.get_hookimpls():
-            owner = impl.plugin_name
-            if table is reg.platforms:
-                impl.function(register=lambda p, _o=owner, _t=table: _t.add(p.name, p, _o))
-            else:
-                impl.function(register=lambda n, obj, _o=owner, _t=table: _t.add(n, obj, _o))
+    reg = PluginRegistry(pm, report, strict)
+    names = [pm.get_name(p) for p in pm.get_plugins()]
+    first = pm.get_name(builtin)
+    for plugin_name in [first] + sorted(n for n in names if n != first):
+        try:
+            _register_all(reg, plugin_name)
+        except PluginHookError as exc:
+            reg.drop(plugin_name, str(exc))
     return reg
+
+
+def _register_all(reg: PluginRegistry, plugin_name: str) -> None:
+    """Run one plugin's registration hooks; on any failure undo what it registered and raise."""
+    try:
+        for hook_name, table in reg.tables():
+            if plugin_name not in reg.implementers(hook_name):
+                continue
+            if table is reg.platforms:
+                add = lambda p, _t=table: _t.add(getattr(p, "name", None), p, plugin_name)  # noqa: E731
+            else:
+                add = lambda n, obj, _t=table: _t.add(n, obj, plugin_name)  # noqa: E731
+            reg.call_one(hook_name, plugin_name, register=add)
+    except PluginHookError:
+        for _, table in reg.tables():
+            table.drop_owner(plugin_name)
+        raise
 
 
 def _probe(p: Platform) -> Availability:
@@ -137,14 +214,27 @@ def reference_op(concern: str) -> Any:
 
 
 def resolve_backends(reg: PluginRegistry, platform: Platform, config: EngineConfig) -> Backends:
-    """Call each op hook once for ``platform``; concerns nobody serves get the reference ops."""
+    """Call each op hook once for ``platform``, plugin by plugin in pluggy's order until one answers;
+    concerns nobody serves get the reference ops.
+
+    :raises PluginHookError: naming the plugin whose op hook, or whose platform's ``finalize``, failed."""
     from deepinfer_core.ops.backends import CONCERNS, Backends
 
     objs: dict[str, Any] = {}
     for concern in CONCERNS:
-        hook: Callable[..., Any] = getattr(reg.pm.hook, f"deepinfer_{concern}_ops")
-        obj = hook(platform=platform.name, config=config)
+        hook_name = f"deepinfer_{concern}_ops"
+        obj = None
+        for plugin_name in reg.implementers(hook_name):
+            obj = reg.call_one(hook_name, plugin_name, platform=platform.name, config=config)
+            if obj is not None:
+                break
         objs[concern] = obj if obj is not None else reference_op(concern)
     backends = Backends(platform=platform.name, **objs)
-    platform.finalize(backends, config)
+    try:
+        platform.finalize(backends, config)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the platform's plugin is at fault
+        owner = reg.platforms.owners.get(platform.name, "?")
+        raise PluginHookError(
+            owner, f"platform {platform.name!r} finalize raised {type(exc).__name__}: {exc}"
+        ) from exc
     return backends

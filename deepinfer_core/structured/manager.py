@@ -10,6 +10,10 @@ Life of a constrained request (what the engine calls, and when):
    accepted a stop token and the request finishes with ``finish_reason="stop"``;
 4. when the request finishes or is aborted: :meth:`free`.
 
+A matcher that raises while filling its row (a grammar library failing mid-generation) does not take
+the batch down: its row is left empty (no token allowed), :meth:`failure` says why, and the sampler
+ends that request alone with an error.
+
 With speculative decoding, request ``i`` with ``k_i`` drafts occupies ``1 + k_i`` logits rows (row 0
 predicts the first draft, row ``k_i`` the bonus token) and :meth:`fill_bitmask` masks row ``j`` with the state reached by tentatively accepting
 drafts ``0..j-1``; the state is rolled back before it returns, and only the tokens the verifier
@@ -18,6 +22,7 @@ emits are then passed to :meth:`accept`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +56,10 @@ class StructuredOutputManager:
     :param backend: the ``structured_outputs_backend`` name (``"xgrammar"``, ``"llguidance"``, ``"auto"``).
     :param tokenizer: the engine's tokenizer; :param vocab_size: the logits width.
     :param stop_token_ids: the tokens that end a request (default: the tokenizer's EOS).
+    :param max_spec_bytes: the largest constraint text (schema, regex, grammar, choices) accepted.
+    :param compile_timeout_s: how long a compile may take before the request is refused. Compiles run
+        on the manager's own worker threads (the grammar libraries release the GIL), so a slow one blocks
+        only the caller that submitted it; one that times out keeps its worker until it ends.
     """
 
     def __init__(
@@ -62,7 +71,12 @@ class StructuredOutputManager:
         stop_token_ids: Iterable[int] | None = None,
         *,
         cache: GrammarCache | None = None,
+        max_spec_bytes: int = 65536,
+        compile_timeout_s: float = 10.0,
     ):
+        self.max_spec_bytes = max_spec_bytes
+        self.compile_timeout_s = compile_timeout_s
+        self._compiler: concurrent.futures.ThreadPoolExecutor | None = None
         self._factories = backend_factories
         self.backend_name = backend
         self._tokenizer = tokenizer
@@ -71,6 +85,7 @@ class StructuredOutputManager:
         self._cache = cache
         self._backend: GrammarBackend | None = None
         self._requests: dict[str, RequestGrammar] = {}
+        self._failures: dict[str, str] = {}
 
     @classmethod
     def from_registry(
@@ -87,6 +102,8 @@ class StructuredOutputManager:
             tokenizer,
             vocab_size,
             stop_token_ids,
+            max_spec_bytes=config.structured_outputs_max_spec_bytes,
+            compile_timeout_s=config.structured_outputs_compile_timeout_s,
         )
 
     # ------------------------------------------------------------------ backend
@@ -136,9 +153,26 @@ class StructuredOutputManager:
     # ------------------------------------------------------------------ submission
 
     def compile(self, params: Any) -> CompiledGrammar:
-        """Validate and compile ``params`` (cached). :raises ValueError: a bad constraint."""
+        """Validate and compile ``params`` (cached). :raises ValueError: a bad constraint, one over
+        ``max_spec_bytes``, or one whose compile takes longer than ``compile_timeout_s``."""
         constraint = constraint_from_params(params)  # malformed input fails before a backend is built
-        return self.backend.compile(constraint)
+        size = len(constraint.spec.encode())
+        if size > self.max_spec_bytes:
+            raise ValueError(
+                f"the {constraint.kind} constraint is {size} bytes; the limit is "
+                f"structured_outputs_max_spec_bytes={self.max_spec_bytes}"
+            )
+        backend = self.backend
+        if self._compiler is None:
+            self._compiler = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="deepinfer-grammar")
+        job = self._compiler.submit(backend.compile, constraint)
+        try:
+            return job.result(timeout=self.compile_timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise ValueError(
+                f"compiling the {constraint.kind} constraint took longer than "
+                f"structured_outputs_compile_timeout_s={self.compile_timeout_s:g}; simplify it or raise the limit"
+            ) from None
 
     def validate_and_compile(
         self,
@@ -236,10 +270,28 @@ class StructuredOutputManager:
         if not todo:
             return
         rows = [r for _, r in todo]
-        self.backend.fill_bitmasks([s.matcher for s, _ in todo], bitmask, rows)
+        try:
+            self.backend.fill_bitmasks([s.matcher for s, _ in todo], bitmask, rows)
+        except Exception:  # noqa: BLE001 - find the matcher(s) that fail, one by one
+            todo = self._fill_one_by_one(todo, bitmask)
         unfiltered = [r for s, r in todo if not s.matcher.excludes_added_tokens]
         if unfiltered:
             self._filter_added_tokens(bitmask, unfiltered)
+
+    def _fill_one_by_one(
+        self, jobs: list[tuple[RequestGrammar, int]], bitmask: torch.Tensor
+    ) -> list[tuple[RequestGrammar, int]]:
+        """Fill each row alone; a matcher that raises gets an empty row and a recorded failure."""
+        ok = []
+        for state, row in jobs:
+            try:
+                self.backend.fill_bitmasks([state.matcher], bitmask, [row])
+                ok.append((state, row))
+            except Exception as exc:  # noqa: BLE001 - one request's grammar failing is its own problem
+                bitmask[row] = 0
+                key = next(k for k, v in self._requests.items() if v is state)
+                self._failures[key] = f"its grammar backend failed: {type(exc).__name__}: {exc}"
+        return ok
 
     def _filter_added_tokens(self, bitmask: torch.Tensor, rows: list[int]) -> None:
         index = torch.tensor(rows)
@@ -287,8 +339,13 @@ class StructuredOutputManager:
         state = self._requests.get(request_id)
         return state is not None and state.terminated
 
+    def failure(self, request_id: str) -> str | None:
+        """Why the request's grammar could not fill its row this step (None: it did not fail)."""
+        return self._failures.get(request_id)
+
     def free(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+        self._failures.pop(request_id, None)
 
     def __len__(self) -> int:
         return len(self._requests)

@@ -22,7 +22,9 @@ def test_generate_makes_no_deepinfer_hook_call(tmp_path, monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(pluggy.HookCaller, "__call__", spy)
-    build_registry().pm.hook.deepinfer_dense_ops(platform="reference", config=None)
+    reg = build_registry()
+    calls.clear()
+    reg.pm.hook.deepinfer_dense_ops(platform="reference", config=None)
     assert calls == ["deepinfer_dense_ops"]  # the spy sees deepinfer hook calls
     calls.clear()
     outs = llm.generate(

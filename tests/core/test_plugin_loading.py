@@ -100,5 +100,9 @@ def test_misspelled_hook_is_an_error_not_silence(fake_dist):
 def test_duplicate_platform_names_are_rejected(fake_dist):
     fake_dist("deepinfer-a", "dup_a_mod", GOOD, "dupa")
     fake_dist("deepinfer-b", "dup_b_mod", GOOD, "dupb")
-    with pytest.raises(ValueError, match="registered twice"):
-        build_registry(allow=["dupa", "dupb"])
+    reg = build_registry(allow=["dupa", "dupb"])
+    assert reg.platforms.owners["fakeplat"] == "dupa"
+    [failed] = reg.report.failed
+    assert failed.name == "dupb" and "registered twice: by dupa and by dupb" in failed.error
+    with pytest.raises(PluginLoadError, match="registered twice"):
+        build_registry(allow=["dupa", "dupb"], strict=True)

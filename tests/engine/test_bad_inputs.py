@@ -107,8 +107,11 @@ def test_unknown_llm_keyword_is_a_config_error_naming_it():
         make_toy_llm(max_num_seq=4)
 
 
-def test_a_model_error_mid_generation_frees_everything_and_the_llm_still_works():
+def test_a_transient_model_error_mid_generation_is_retried_and_changes_nothing():
     llm = make_toy_llm()
+    prompts = [{"prompt_token_ids": list(range(2 + i, 90))} for i in range(3)]
+    params = SamplingParams(max_tokens=20, temperature=0.7, seed=5)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     model = llm.engine.model
     real = model.forward
     calls = {"n": 0}
@@ -120,10 +123,29 @@ def test_a_model_error_mid_generation_frees_everything_and_the_llm_still_works()
         return real(batch, kv)
 
     model.forward = flaky
-    with pytest.raises(RuntimeError, match="device fell over"):
-        llm.generate(
-            [{"prompt_token_ids": list(range(2, 90))}] * 3, SamplingParams(max_tokens=20), use_tqdm=False
-        )
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert calls["n"] > 3 and [o.outputs[0].token_ids for o in outs] == expected
+    assert all(o.error is None for o in outs)
+
+
+def test_a_persistent_model_error_fails_every_request_alone_and_the_llm_still_works():
+    llm = make_toy_llm()
+    model = llm.engine.model
+    real = model.forward
+    broken = {"on": True}
+
+    def failing(batch, kv):
+        if broken["on"]:
+            raise RuntimeError("device fell over")
+        return real(batch, kv)
+
+    model.forward = failing
+    outs = llm.generate(
+        [{"prompt_token_ids": list(range(2, 90))}] * 3, SamplingParams(max_tokens=20), use_tqdm=False
+    )
+    assert [o.outputs[0].finish_reason for o in outs] == ["error"] * 3
+    assert all("device fell over" in o.error for o in outs)
     assert not llm.engine.requests and not llm.engine.scheduler.running and not llm.engine.scheduler.waiting
     assert all(p.num_in_use == 0 for p in llm.engine.kv.pools.values())
+    broken["on"] = False
     assert llm.generate([OK], SamplingParams(max_tokens=2), use_tqdm=False)[0].finished

@@ -142,9 +142,9 @@ def test_chat_renders_the_conversation_then_generates(llm, monkeypatch):
 
     def render(messages, thinking_mode="non-think", tools=None):
         seen.update(messages=messages, mode=thinking_mode, tools=tools)
-        return "abc"
+        return chat.Prompt().own("abc")
 
-    monkeypatch.setattr(chat, "render_messages", render)
+    monkeypatch.setattr(chat, "render_prompt", render)
     msgs = [{"role": "user", "content": "hi"}]
     out = llm.chat(msgs, SamplingParams(max_tokens=2), use_tqdm=False, thinking_mode="thinking")
     assert seen == {"messages": msgs, "mode": "thinking", "tools": None}

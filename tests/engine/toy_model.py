@@ -39,7 +39,7 @@ class ToyHybridLM(CausalLM):
         self.forward_calls = 0
 
     @classmethod
-    def from_checkpoint(cls, path: Path, backends=None, dtype=torch.float32) -> ToyHybridLM:
+    def from_checkpoint(cls, path: Path, backends=None, dtype=torch.float32, options=None) -> ToyHybridLM:
         cfg = json.loads((Path(path) / "config.json").read_text())
         return cls(
             cfg["vocab_size"], cfg["dim"], cfg["max_position_embeddings"], cfg["seed"], cfg["eos_token_id"]

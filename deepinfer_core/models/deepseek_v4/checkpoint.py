@@ -1,9 +1,15 @@
-"""Reading safetensors checkpoints tensor by tensor: sharded (``model.safetensors.index.json``) or not."""
+"""Reading safetensors checkpoints tensor by tensor: sharded (``model.safetensors.index.json``) or not.
+
+Shard names come from an untrusted index, so each must be a relative path that resolves inside the
+checkpoint directory: ``/etc/shadow``, ``../../x`` and symlinks that leave the directory are refused,
+except the Hugging Face cache's own layout (``snapshots/<rev>/f`` -> ``blobs/<hash>`` of the same
+repository) or with ``allow_external_shards=True``.
+"""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import torch
 from safetensors import safe_open
@@ -27,8 +33,9 @@ def problem_list(header: str, problems: list[str]) -> str:
 class CheckpointReader:
     """Names, shapes and tensors of a checkpoint; opens each shard lazily and reads one tensor at a time."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, allow_external: bool = False):
         self.path = Path(path)
+        self.allow_external = allow_external
         self._handles: dict[str, object] = {}
         index = self.path / INDEX
         if index.is_file():
@@ -37,7 +44,30 @@ class CheckpointReader:
             files = sorted(p.name for p in self.path.glob("*.safetensors"))
             if not files:
                 raise CheckpointError(f"{self.path}: no {INDEX} and no *.safetensors file")
+            for f in files:
+                self._check_inside(f)
             self.weight_map = {k: f for f in files for k in self._open(f).keys()}
+
+    def _check_inside(self, name: object) -> None:
+        """Refuse a shard name that is not a relative path resolving inside the checkpoint directory."""
+        if not isinstance(name, str) or not name:
+            raise CheckpointError(
+                f"checkpoint {self.path}: shard name {name!r} in {INDEX} is not a file name"
+            )
+        if self.allow_external:
+            return
+        parts = PurePath(name).parts
+        if PurePath(name).is_absolute() or ".." in parts:
+            raise CheckpointError(
+                f"checkpoint {self.path}: shard {name!r} is not a relative path inside the checkpoint directory"
+            )
+        root, real = self.path.resolve(), (self.path / name).resolve()
+        hub_blob = root.parent.name == "snapshots" and real.parent == root.parent.parent / "blobs"
+        if not real.is_relative_to(root) and not hub_blob:
+            raise CheckpointError(
+                f"checkpoint {self.path}: shard {name!r} resolves to {str(real)!r}, outside the checkpoint "
+                "directory; set allow_external_shards=True if you trust it"
+            )
 
     def _read_index(self, index: Path) -> dict[str, str]:
         try:
@@ -46,8 +76,11 @@ class CheckpointReader:
             raise CheckpointError(
                 f"{index}: not a safetensors index (needs a 'weight_map' object): {e}"
             ) from e
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: 'weight_map' must be an object of tensor name -> shard file")
         shards: dict[str, int] = {}
         for f in weight_map.values():
+            self._check_inside(f)
             shards[f] = shards.get(f, 0) + 1
         missing = [
             f"missing shard: {f} (holds {n} tensors)"

@@ -12,6 +12,7 @@ a flat ``rope_parameters`` / ``rope_scaling`` dict, or DeepSeek's ``rope_factor`
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,19 +91,35 @@ def _get(d: dict[str, Any], *names: str, default: Any = _MISSING) -> Any:
     return default
 
 
-def _int(d: dict[str, Any], *names: str, default: Any = _MISSING, minimum: int = 1) -> int:
+#: upper bounds on sizes and counts: far above any DeepSeek model, far below what would exhaust memory or
+#: time while the model is built (config.json is untrusted input)
+MAX_SIZE = 1 << 24
+MAX_LOOP = 1000
+
+
+def _int(
+    d: dict[str, Any], *names: str, default: Any = _MISSING, minimum: int = 1, maximum: int = MAX_SIZE
+) -> int:
     v = _get(d, *names, default=default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ModelConfigError(f"config.json: {names[0]}={v!r} must be an integer >= {minimum}")
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+        raise ModelConfigError(f"config.json: {names[0]}={v!r} must be an integer in [{minimum}, {maximum}]")
     return v
 
 
-def _float(d: dict[str, Any], *names: str, default: Any = _MISSING, positive: bool = False) -> float:
+def _float(
+    d: dict[str, Any],
+    *names: str,
+    default: Any = _MISSING,
+    positive: bool = False,
+    maximum: float = math.inf,
+) -> float:
+    """A finite number (NaN and infinities are never valid), > 0 if ``positive``, <= ``maximum``."""
     v = _get(d, *names, default=default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (positive and v <= 0):
-        raise ModelConfigError(
-            f"config.json: {names[0]}={v!r} must be a {'positive ' if positive else ''}number"
-        )
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    if not ok or (positive and v <= 0) or v > maximum:
+        rng = f"in ({0 if positive else '-inf'}, {maximum:g}]" if maximum < math.inf else ""
+        kind = "positive " if positive else ""
+        raise ModelConfigError(f"config.json: {names[0]}={v!r} must be a finite {kind}number {rng}".rstrip())
     return float(v)
 
 
@@ -123,7 +140,9 @@ def _attention_schedule(d: dict[str, Any], n: int) -> tuple[tuple[str, ...], tup
             )
         for kind in (CSA, HCA):
             r = rates[kind]
-            if kind in types[:n] and (not isinstance(r, int) or r < 2):
+            if kind in types[:n] and (
+                isinstance(r, bool) or not isinstance(r, int) or not 2 <= r <= MAX_SIZE
+            ):
                 raise ModelConfigError(f"config.json: compress_rates[{kind!r}]={r!r} must be an integer >= 2")
         return tuple(types[:n]), tuple(0 if t == SLIDING else rates[t] for t in types[:n])
     if d.get("compress_ratios") is not None:
@@ -142,7 +161,7 @@ def _from_compress_ratios(ratios: list[Any], n: int, n_mtp: int) -> tuple[tuple[
             f"config.json: compress_ratios has {len(ratios)} entries, num_hidden_layers is {n}"
         )
     for i, r in enumerate(ratios):
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0 or r == 1:
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0 or r == 1 or r > MAX_SIZE:
             raise ModelConfigError(
                 f"config.json: compress_ratios[{i}]={r!r} must be 0 (sliding window), 4 (CSA) or a ratio >= 2 (HCA)"
             )
@@ -233,7 +252,7 @@ def _yarn(rp: dict[str, Any], d: dict[str, Any]) -> YarnParams | None:
 def _eos(d: dict[str, Any]) -> tuple[int, ...]:
     eos = d.get("eos_token_id", 1)
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    if not all(isinstance(e, int) for e in eos):
+    if not all(isinstance(e, int) and not isinstance(e, bool) for e in eos):
         raise ModelConfigError(
             f"config.json: eos_token_id={d.get('eos_token_id')!r} must be an integer or a list of integers"
         )
@@ -243,13 +262,15 @@ def _eos(d: dict[str, Any]) -> tuple[int, ...]:
 def _moe_fields(d: dict[str, Any], n: int) -> dict[str, Any]:
     return dict(
         mlp_layer_types=_mlp_schedule(d, n),
-        n_routed_experts=_int(d, "n_routed_experts", "num_local_experts"),
+        n_routed_experts=_int(d, "n_routed_experts", "num_local_experts", maximum=1 << 16),
         num_experts_per_tok=_int(d, "num_experts_per_tok", "n_activated_experts"),
         n_shared_experts=_int(d, "n_shared_experts", default=1),
         moe_intermediate_size=_int(d, "moe_intermediate_size", "moe_inter_dim"),
         scoring_func=_get(d, "scoring_func", "score_func", default="sqrtsoftplus"),
-        routed_scaling_factor=_float(d, "routed_scaling_factor", "route_scale", default=1.5, positive=True),
-        swiglu_limit=_float(d, "swiglu_limit", default=10.0),
+        routed_scaling_factor=_float(
+            d, "routed_scaling_factor", "route_scale", default=1.5, positive=True, maximum=1e3
+        ),
+        swiglu_limit=_float(d, "swiglu_limit", default=10.0, maximum=1e6),
     )
 
 
@@ -277,23 +298,30 @@ def _attention_fields(d: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def _parse(d: dict[str, Any]) -> DeepseekV4Config:
-    n = _int(d, "num_hidden_layers", "n_layers")
+    n = _int(d, "num_hidden_layers", "n_layers", maximum=4096)
     cfg = DeepseekV4Config(
         vocab_size=_int(d, "vocab_size"),
         hidden_size=_int(d, "hidden_size", "dim"),
         num_hidden_layers=n,
         **_attention_fields(d, n),
         **_moe_fields(d, n),
-        hc_mult=_int(d, "hc_mult", default=4),
-        hc_sinkhorn_iters=_int(d, "hc_sinkhorn_iters", default=20),
-        hc_eps=_float(d, "hc_eps", default=1e-6, positive=True),
-        rms_norm_eps=_float(d, "rms_norm_eps", "norm_eps", default=1e-6, positive=True),
-        max_position_embeddings=_int(d, "max_position_embeddings", "max_seq_len", default=1 << 20),
+        hc_mult=_int(d, "hc_mult", default=4, maximum=64),
+        hc_sinkhorn_iters=_int(d, "hc_sinkhorn_iters", default=20, maximum=MAX_LOOP),
+        hc_eps=_float(d, "hc_eps", default=1e-6, positive=True, maximum=1.0),
+        rms_norm_eps=_float(d, "rms_norm_eps", "norm_eps", default=1e-6, positive=True, maximum=1.0),
+        max_position_embeddings=_int(
+            d, "max_position_embeddings", "max_seq_len", default=1 << 20, maximum=1 << 26
+        ),
         num_nextn_predict_layers=_int(d, "num_nextn_predict_layers", "n_mtp_layers", default=1, minimum=0),
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         eos_token_ids=_eos(d),
     )
     _validate(cfg, d)
+    bad = [e for e in cfg.eos_token_ids if not 0 <= e < cfg.vocab_size]
+    if bad:
+        raise ModelConfigError(
+            f"config.json: eos_token_id {bad[0]} is outside the vocabulary [0, {cfg.vocab_size})"
+        )
     return cfg
 
 

@@ -24,6 +24,7 @@ from deepinfer_core.models.deepseek_v4.layout import (
     scale_companions,
 )
 from deepinfer_core.models.deepseek_v4.params import Module
+from deepinfer_core.models.weight_checks import SCALE_DTYPES, LoadOptions, dtype_problem, nonfinite_count
 from deepinfer_core.quant.formats import FP4_BLOCK, FP8_BLOCK
 
 ARCHITECTURE = "DeepseekV4ForCausalLM"
@@ -80,10 +81,13 @@ def _check_shape(
 
 
 def validate(
-    slots: dict[str, tuple[tuple[int, ...], bool]], reader: CheckpointReader
+    slots: dict[str, tuple[tuple[int, ...], bool]],
+    reader: CheckpointReader,
+    kinds: dict[str, str] | None = None,
 ) -> tuple[dict[str, Source], dict[str, str | None]]:
     """Match the checkpoint to ``slots``; returns ``(plan, scale key of each planned key or None)`` or raises
-    one :class:`CheckpointError` listing every missing, unexpected and mis-shaped tensor."""
+    one :class:`CheckpointError` listing every missing, unexpected, mis-shaped and mis-typed tensor.
+    ``kinds``: slot name -> slot kind, for the dtype check."""
     keys = reader.keys()
     companions = scale_companions(set(keys))
     scale_keys = set(companions.values())
@@ -103,6 +107,10 @@ def validate(
         why = _check_shape(src, dtype, shape, reader.info(scale_key)[1] if scale_key else None)
         if why:
             problems.append(f"mis-shaped: {key} ({reader.file_of(key)}): {why}")
+        kind = (kinds or {}).get(src.targets[0][0])
+        why = _check_dtypes(kind, dtype, reader.info(scale_key)[0] if scale_key else None)
+        if why:
+            problems.append(f"mis-typed: {key} ({reader.file_of(key)}): {why}")
         scales[key] = scale_key
     problems += [
         f"unexpected: {k} ({reader.file_of(k)})"
@@ -113,16 +121,56 @@ def validate(
     return plan, scales
 
 
-def load_weights(model: Module, reader: CheckpointReader, dtype: torch.dtype, device: torch.device) -> str:
-    """Fill every slot of ``model`` from ``reader``, one checkpoint tensor at a time; returns the layout name."""
+def _check_dtypes(kind: str | None, dtype: str, scale_dtype: str | None) -> str | None:
+    if kind is None:
+        return None
+    why = dtype_problem(kind, dtype, scale_dtype is not None)
+    if why is None and scale_dtype is not None and scale_dtype not in SCALE_DTYPES:
+        why = f"its scale is stored as {scale_dtype}; scales must be F8_E8M0 or floating"
+    return why
+
+
+def load_weights(
+    model: Module,
+    reader: CheckpointReader,
+    dtype: torch.dtype,
+    device: torch.device,
+    options: LoadOptions = LoadOptions(),
+) -> str:
+    """Fill every slot of ``model`` from ``reader``, one checkpoint tensor at a time; returns the layout name.
+    :raises CheckpointError: naming the tensor and its file (see :mod:`~deepinfer_core.models.weight_checks`)."""
     slots = dict(model.named_slots())
-    plan, scales = validate({n: (s.shape, s.kind == "linear") for n, s in slots.items()}, reader)
+    shapes = {n: (s.shape, s.kind == "linear") for n, s in slots.items()}
+    plan, scales = validate(shapes, reader, {n: s.kind for n, s in slots.items()})
     for key, src in plan.items():
         tensor = reader.get(key)
         scale = reader.get(scales[key]) if scales[key] else None
+        if options.check_weights_finite:
+            _check_finite(reader, key, tensor, scales[key], scale)
         for name, extract in src.targets:
-            slots[name].weight_loader(extract(tensor), scale, dtype, device)
+            try:
+                slots[name].weight_loader(extract(tensor), scale, dtype, device)
+            except ValueError as e:
+                raise CheckpointError(
+                    f"checkpoint {reader.path}: {key} ({reader.file_of(key)}): {e}"
+                ) from None
         del tensor, scale
     for m in model.modules():
         m.post_load()
     return layout_name(reader.keys())
+
+
+def _check_finite(
+    reader: CheckpointReader,
+    key: str,
+    tensor: torch.Tensor,
+    scale_key: str | None,
+    scale: torch.Tensor | None,
+) -> None:
+    for name, t in ((key, tensor), (scale_key, scale)):
+        bad = nonfinite_count(t) if t is not None else 0
+        if bad:
+            raise CheckpointError(
+                f"checkpoint {reader.path}: {name} ({reader.file_of(name)}) holds {bad} non-finite values "
+                "(NaN or Inf); a trusted checkpoint can skip this check with check_weights_finite=False"
+            )

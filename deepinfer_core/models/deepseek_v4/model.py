@@ -20,6 +20,7 @@ from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointReader
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.loader import count_mtp_modules, load_weights, read_config
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
+from deepinfer_core.models.weight_checks import LoadOptions
 from deepinfer_core.ops.backends import Backends
 
 
@@ -49,12 +50,14 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
         self.mtp = [MTPBlock(cfg, i, dtype) for i in range(num_mtp_layers)]
 
     @classmethod
-    def from_checkpoint(cls, path: Path, backends: Backends, dtype: torch.dtype) -> DeepseekV4ForCausalLM:
+    def from_checkpoint(
+        cls, path: Path, backends: Backends, dtype: torch.dtype, options: LoadOptions = LoadOptions()
+    ) -> DeepseekV4ForCausalLM:
         cfg, _ = read_config(Path(path))
-        reader = CheckpointReader(Path(path))
+        reader = CheckpointReader(Path(path), allow_external=options.allow_external_shards)
         try:
             model = cls(cfg, backends, dtype, count_mtp_modules(reader.keys(), cfg.num_nextn_predict_layers))
-            model.layout = load_weights(model, reader, dtype, backends.memory.device)
+            model.layout = load_weights(model, reader, dtype, backends.memory.device, options)
         finally:
             reader.close()
         return model

@@ -27,7 +27,9 @@ class MoE(Module):
         e, d = cfg.n_routed_experts, cfg.hidden_size
         self.gate = Slot("gate.weight", (e, d), "float32")
         if self.is_hash:
-            self.tid2eid = Slot("gate.tid2eid", (cfg.vocab_size, cfg.num_experts_per_tok), "index")
+            self.tid2eid = Slot(
+                "gate.tid2eid", (cfg.vocab_size, cfg.num_experts_per_tok), "index", bounds=(0, e)
+            )
         else:
             self.bias = Slot("gate.bias", (e,), "float32")
         self.experts = [Expert(d, cfg.moe_intermediate_size) for _ in range(e)]

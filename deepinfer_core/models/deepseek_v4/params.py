@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import torch
 
+from deepinfer_core.models.weight_checks import check_index_range
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.ops.weights import QuantizedWeight, concat_rows
 from deepinfer_core.quant.formats import fp4_data_to_uint8, scale_to_float32
@@ -30,13 +31,20 @@ class Slot:
     """
 
     def __init__(
-        self, key: str, shape: tuple[int, ...], kind: SlotKind, loader: Callable[..., Any] | None = None
+        self,
+        key: str,
+        shape: tuple[int, ...],
+        kind: SlotKind,
+        loader: Callable[..., Any] | None = None,
+        bounds: tuple[int, int] | None = None,
     ):
         self.key = key
         self.shape = tuple(shape)
         self.kind = kind
         self.value: Any = None
         self._custom = loader
+        #: ``index`` slots: every id must lie in ``[low, high)``
+        self.bounds = bounds
 
     def weight_loader(
         self, tensor: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype, device: torch.device
@@ -50,6 +58,10 @@ class Slot:
         if self.kind == "float32":
             return tensor.to(device=device, dtype=torch.float32)
         if self.kind == "index":
+            if self.bounds is not None:
+                why = check_index_range(tensor, *self.bounds)
+                if why:
+                    raise ValueError(why)
             return tensor.to(device=device, dtype=torch.int64)
         if self.kind == "linear" and scale is not None:
             return quantized(tensor, scale, self.shape, device)
