@@ -76,6 +76,8 @@ def run(ns: argparse.Namespace) -> int:
     server = make_server(llm, settings, name, on_started=started)
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it has already shut down on
+        pass
     finally:
         llm.shutdown()
     return 0

@@ -196,8 +196,8 @@ class RequestStream:
             ]
             return RequestDelta(self.request_id, outs, prompt_logprobs=plp)
         self.finished = True
-        if any(c.finish_reason == "error" for c in final.outputs):
-            raise RequestFailedError(f"request {self.request_id} failed in the engine")
+        if final.error is not None or any(c.finish_reason == "error" for c in final.outputs):
+            raise RequestFailedError(final.error or f"request {self.request_id!r} failed in the engine")
         outs = [
             CompletionDelta(
                 c.index,
@@ -272,6 +272,12 @@ class AsyncLLM:
         return await loop.run_in_executor(
             self._validator, self.engine.inputs.process, prompts, params, add_special_tokens
         )
+
+    async def run_off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on a validation worker: for other CPU work a front does before submitting
+        (tokenizing a chat prompt), so it blocks neither the event loop nor the step loop."""
+        self._check_alive()
+        return await asyncio.get_running_loop().run_in_executor(self._validator, fn, *args)
 
     def submit(
         self, items: list[ProcessedPrompt], request_ids: list[str] | None = None

@@ -18,7 +18,7 @@ from typing import Any
 from deepinfer_core.chat.stream import CompletionParser, ParsedDelta
 from deepinfer_core.engine.async_llm import CompletionDelta
 from deepinfer_core.engine.outputs import CompletionOutput
-from deepinfer_core.serve.chat_prompt import offered_tools, render, thinking_mode
+from deepinfer_core.serve.chat_prompt import encode, offered_tools, render, thinking_mode
 from deepinfer_core.serve.errors import ApiError, bad_request
 from deepinfer_core.serve.logprobs import chat_logprobs
 from deepinfer_core.serve.protocol import ChatCompletionRequest
@@ -64,7 +64,8 @@ class ChatServing(Serving):
         req = self.parse(ChatCompletionRequest, body)
         mode = thinking_mode(req, self.settings.default_thinking_mode)
         tools = offered_tools(req)
-        prompt = render(req, mode, tools)
+        rendered = render(req, mode, tools)
+        prompt = await self.llm.run_off_loop(encode, rendered, self.llm.tokenizer)
         ctx = _Chat(req, mode, tools is not None)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")

@@ -9,6 +9,8 @@ Thinking mode, first rule that applies:
 4. ``thinking: true``: think-high;
 5. the server's ``default_thinking_mode``.
 
+Message content is tokenized as plain text (:func:`encode`): only the encoder writes control tokens.
+
 ``tool_choice``: ``"auto"`` (the default) offers ``tools`` and parses the model's DSML calls; ``"none"``
 offers none. Forcing a call (``"required"``, a named function) is refused: the V4 encoding has no way
 to force one.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_core.chat import THINKING_MODES, render_messages
+from deepinfer_core.chat import THINKING_MODES, ContentTokenError, Prompt, encode_prompt, render_prompt
 from deepinfer_core.serve.errors import bad_request, from_value_error
 from deepinfer_core.serve.protocol import ChatCompletionRequest
 
@@ -80,12 +82,24 @@ def offered_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     )
 
 
-def render(req: ChatCompletionRequest, mode: str, tools: list[dict[str, Any]] | None) -> str:
+def render(req: ChatCompletionRequest, mode: str, tools: list[dict[str, Any]] | None) -> Prompt:
     messages = [_message(m, i) for i, m in enumerate(req.messages)]
     try:
-        return render_messages(messages, thinking_mode=mode, tools=tools)
+        return render_prompt(messages, thinking_mode=mode, tools=tools)
     except ValueError as e:
         raise from_value_error(e) from None
+
+
+def encode(prompt: Prompt, tokenizer: Any) -> dict[str, Any]:
+    """The engine prompt: message content tokenized as plain text, so it never becomes a control token
+    (a user cannot forge turns by writing ``<｜Assistant｜>``)."""
+    if tokenizer is None:
+        raise bad_request("chat needs the model's tokenizer; this server's engine has none", "messages")
+    try:
+        ids = encode_prompt(prompt, tokenizer)
+    except ContentTokenError as e:
+        raise bad_request(str(e), "messages") from None
+    return {"prompt": prompt.text, "prompt_token_ids": ids}
 
 
 def _message(m: Any, i: int) -> Any:

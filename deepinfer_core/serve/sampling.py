@@ -46,8 +46,6 @@ def sampling_params(
             f"max_tokens={max_tokens} is invalid: must be <= {settings.max_tokens_limit} (this server's limit)",
             "max_tokens",
         )
-    if req.n > settings.max_n:
-        raise bad_request(f"n={req.n} is invalid: must be <= {settings.max_n} (this server's limit)", "n")
     kwargs: dict[str, Any] = {k: getattr(req, k) for k in _PASSTHROUGH if getattr(req, k) is not None}
     kwargs.update(
         n=req.n,

@@ -3,7 +3,8 @@
 Every field can be set, in increasing precedence, by its default, a config file (the same
 ``--config file.toml|yaml|json`` as the engine's fields: the file may mix both), a ``DEEPINFER_<FIELD>``
 environment variable (``DEEPINFER_API_KEY``, ``DEEPINFER_PORT``, ...), and a ``deepinfer serve`` flag.
-The defaults are the safe ones: loopback only, no CORS, bounded bodies, ``max_tokens`` and ``n``.
+The defaults are the safe ones: loopback only, no CORS, bounded bodies and ``max_tokens`` (``n`` is
+bounded by the engine's ``max_n``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ class ServeSettings(BaseModel):
     max_tokens_limit: int = Field(
         32768, ge=1, description="largest max_tokens a request may ask for (also the chat default cap)"
     )
-    max_n: int = Field(16, ge=1, description="largest n (samples per prompt) a request may ask for")
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds sent with 503")
     cors_allow_origins: list[str] = Field(
         default_factory=list, description="origins allowed by CORS; empty (the default): no CORS headers"
@@ -89,7 +89,9 @@ def load_serve_config(
     serve_names = set(ServeSettings.model_fields)
     file_serve = {k: v for k, v in from_file.items() if k in serve_names}
     file_engine = {k: v for k, v in from_file.items() if k not in serve_names}
-    engine = load_config(environ={}, **{**file_engine, **env_overrides(environ), **(engine_args or {})})
+    serve_env = {ENV_PREFIX + name.upper() for name in serve_names}
+    engine_env = {k: v for k, v in environ.items() if k not in serve_env}  # not warned about as unknown
+    engine = load_config(environ={}, **{**file_engine, **env_overrides(engine_env), **(engine_args or {})})
     merged = {**file_serve, **_env(environ), **(serve_args or {})}
     try:
         return engine, ServeSettings(**merged)

@@ -15,7 +15,7 @@ from deepinfer_core.chat.validate import ToolCall
 
 BLOCK = render_tool_calls(
     [ToolCall("get_weather", {"location": "Bei\njing </", "days": 3}), ToolCall("f", {"x": [1, {"y": None}]})]
-)
+).text
 WELL_FORMED = [
     ("think-high", "Let me think < about </ it.</think>The answer:\n\n" + BLOCK),
     ("think-max", "<think>reason</think>just content\n"),

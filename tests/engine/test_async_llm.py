@@ -162,20 +162,48 @@ class _PoisonToy(ToyHybridLM):
         return super().forward(batch, kv)
 
 
-def test_a_failing_step_fails_the_requests_in_flight_frees_them_and_the_loop_goes_on():
+def _poisoned_llm() -> AsyncLLM:
     from deepinfer_core.config import load_config
 
     cfg = load_config(environ={}, kv_cache_memory_bytes=8 << 20, max_model_len=512)
-    llm = AsyncLLM(LLMEngine(cfg, _PoisonToy(), toy_backends(), ToyTokenizer()))
+    return AsyncLLM(LLMEngine(cfg, _PoisonToy(), toy_backends(), ToyTokenizer()))
 
-    async def run():
-        bad = await llm.generate(
-            {"prompt_token_ids": [3, 50, 4]}, SamplingParams(temperature=0, max_tokens=4)
-        )
-        with pytest.raises(RequestFailedError, match="poisoned"):
-            await bad.result()
+
+async def _bad_and_good(llm: AsyncLLM):
+    """A poisoned and a clean request, queued together so that they share their first step."""
+    sp = SamplingParams(temperature=0, max_tokens=4)
+    items = await llm.process([{"prompt_token_ids": [3, 50, 4]}, {"prompt_token_ids": [3, 5, 4]}], sp)
+    bad, good = llm.submit(items)
+    with pytest.raises(RequestFailedError, match="poisoned"):
+        await bad.result()
+    try:
+        return await good.result()
+    finally:
         stats = await asyncio.to_thread(llm.wait_for_stats, lambda st: st.num_running == 0, TIMEOUT)
         assert sum(stats.kv_blocks_in_use.values()) == 0
+
+
+def test_a_request_that_breaks_the_step_fails_alone(pair):
+    llm = _poisoned_llm()
+    try:
+        out = asyncio.run(_bad_and_good(llm))
+    finally:
+        llm.shutdown()
+    ref = pair[1].generate(
+        [{"prompt_token_ids": [3, 5, 4]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False
+    )
+    assert out.outputs[0].token_ids == ref[0].outputs[0].token_ids
+
+
+def test_a_step_that_raises_fails_the_requests_in_flight_and_the_loop_goes_on():
+    """Without the engine's per-request retry (``isolate_failures=False``, as under expert parallelism) a
+    failing step raises: every request in it fails, none is left in the engine, new ones are served."""
+    llm = _poisoned_llm()
+    llm.engine.isolate_failures = False
+
+    async def run():
+        with pytest.raises(RequestFailedError, match="poisoned"):
+            await _bad_and_good(llm)
         good = await llm.generate(
             {"prompt_token_ids": [3, 5, 4]}, SamplingParams(temperature=0, max_tokens=4)
         )

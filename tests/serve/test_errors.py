@@ -48,7 +48,7 @@ def _error(r: httpx.Response, status: int) -> dict:
         ("/chat/completions", {**CHAT, "reasoning_effort": "extreme"}, "reasoning_effort"),
         ("/chat/completions", {**CHAT, "chat_template_kwargs": {"foo": 1}}, "chat_template_kwargs.foo"),
         ("/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
-        ("/chat/completions", {**CHAT, "n": 17, "temperature": 1}, "n"),
+        ("/chat/completions", {**CHAT, "n": 129, "temperature": 1}, "n"),  # the engine's max_n
     ],
 )
 def test_a_bad_parameter_is_a_400_that_names_it(toy, route, body, param):

@@ -51,7 +51,7 @@ def test_deepinfer_serve_starts_on_loopback_with_the_key_from_the_environment(tm
             client.completions.create(model="demo", prompt="def f(x):", max_tokens=65)
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) in (0, -signal.SIGINT)  # uvicorn re-raises the signal it handled
+        assert proc.wait(timeout=60) == 0  # Ctrl-C: a graceful shutdown
 
 
 def test_serve_settings_take_file_then_environment_then_flags(tmp_path):
@@ -63,7 +63,7 @@ def test_serve_settings_take_file_then_environment_then_flags(tmp_path):
         "DEEPINFER_CORS_ALLOW_ORIGINS": "a.example, b.example",
     }
     engine, s = load_serve_config(cfg, {"max_num_seqs": 10}, {"port": 9002}, environ=env)
-    assert (s.port, s.max_n, s.host, engine.max_num_seqs) == (9002, 3, "0.0.0.0", 10)
+    assert (s.port, engine.max_n, s.host, engine.max_num_seqs) == (9002, 3, "0.0.0.0", 10)
     assert s.cors_allow_origins == ["a.example", "b.example"]
     engine, s = load_serve_config(cfg, {}, {}, environ=env)
     assert (s.port, engine.max_num_seqs) == (9001, 9)
