@@ -62,7 +62,7 @@ def run(ns: argparse.Namespace) -> int:
     engine_cfg, settings = load_serve_config(ns.config, engine_kwargs(ns), serve_kwargs(ns))
     if not _is_loopback(settings.host) and settings.api_key is None:
         print(f"deepinfer: warning: listening on {settings.host} without --api-key", file=sys.stderr)
-    llm = AsyncLLM.from_config(engine_cfg, max_waiting_requests=settings.max_waiting_requests)
+    llm = AsyncLLM.from_config(engine_cfg)
     name = settings.model_name(engine_cfg)
 
     def started(server: Any) -> None:

@@ -41,46 +41,20 @@ from typing import Any
 from deepinfer_core.config import ConfigError, EngineConfig
 from deepinfer_core.engine.input_processor import ProcessedPrompt
 from deepinfer_core.engine.llm_engine import LLMEngine
-from deepinfer_core.engine.outputs import PositionLogprobs, RequestOutput
-from deepinfer_core.engine.streaming import ProgressTracker, SampleProgress, TextDeltas
+from deepinfer_core.engine.outputs import RequestOutput
+from deepinfer_core.engine.request_stream import (
+    CompletionDelta,
+    EngineDeadError,
+    QueueFullError,
+    RequestDelta,
+    RequestFailedError,
+    RequestStream,
+    StreamUpdate,
+)
+from deepinfer_core.engine.streaming import ProgressTracker
 from deepinfer_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-class QueueFullError(RuntimeError):
-    """``max_waiting_requests`` requests are already waiting to be scheduled; retry later."""
-
-
-class EngineDeadError(RuntimeError):
-    """The step thread has stopped (shut down, or a failure it could not recover from)."""
-
-
-class RequestFailedError(RuntimeError):
-    """The engine failed while serving this request."""
-
-
-@dataclass
-class CompletionDelta:
-    """What one sample gained since the previous read of its stream."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[PositionLogprobs] | None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class RequestDelta:
-    request_id: str
-    outputs: list[CompletionDelta]
-    finished: bool = False
-    #: the request's final output (as ``LLM.generate`` returns it), on the last delta
-    output: RequestOutput | None = None
-    #: the prompt's logprobs (``SamplingParams.prompt_logprobs``), on the first delta that has tokens
-    prompt_logprobs: list[PositionLogprobs | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,16 +75,6 @@ class EngineStats:
 
 
 @dataclass
-class _Update:
-    """Step thread -> stream."""
-
-    progress: list[SampleProgress]
-    final: RequestOutput | None = None
-    error: BaseException | None = None
-    prompt_logprobs: list[PositionLogprobs | None] | None = None
-
-
-@dataclass
 class _Tracked:
     """The step thread's record of a request it serves."""
 
@@ -122,94 +86,9 @@ class _Tracked:
     waiting: bool = True
 
 
-def _put_all(items: list[tuple[asyncio.Queue, _Update]]) -> None:
+def _put_all(items: list[tuple[asyncio.Queue, StreamUpdate]]) -> None:
     for q, update in items:
         q.put_nowait(update)
-
-
-class RequestStream:
-    """Async iterator of one request's :class:`RequestDelta`; reads coalesce everything queued."""
-
-    def __init__(self, owner: AsyncLLM, request_id: str, item: ProcessedPrompt, q: asyncio.Queue):
-        self.request_id = request_id
-        self.prompt = item.prompt
-        self.prompt_token_ids = item.token_ids
-        self.params = item.params
-        self.finished = False
-        self._owner = owner
-        self._queue = q
-        self._texts: dict[int, TextDeltas] = {}
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestDelta:
-        if self.finished:
-            raise StopAsyncIteration
-        updates = [await self._queue.get()]
-        while not self._queue.empty():
-            updates.append(self._queue.get_nowait())
-        return self._merge(updates)
-
-    async def result(self) -> RequestOutput:
-        """Wait for the final output."""
-        last = None
-        async for delta in self:
-            last = delta
-        assert last is not None and last.output is not None
-        return last.output
-
-    def abort(self) -> None:
-        """Stop the request (no-op once finished); its blocks are freed before the next step."""
-        if not self.finished:
-            self.finished = True
-            self._owner.abort(self.request_id)
-
-    def _text(self, index: int) -> TextDeltas:
-        td = self._texts.get(index)
-        if td is None:
-            tok = self._owner.engine.tokenizer
-            td = self._texts[index] = TextDeltas(tok, self.prompt_token_ids, self.params)
-        return td
-
-    def _merge(self, updates: list[_Update]) -> RequestDelta:
-        tokens: dict[int, list[int]] = {}
-        logprobs: dict[int, list[PositionLogprobs]] = {}
-        done: set[int] = set()
-        final = plp = None
-        for u in updates:
-            if u.error is not None:
-                self.finished = True
-                raise u.error
-            plp = u.prompt_logprobs or plp
-            for p in u.progress:
-                tokens.setdefault(p.index, []).extend(p.token_ids)
-                if p.logprobs is not None:
-                    logprobs.setdefault(p.index, []).extend(p.logprobs)
-                if p.finished:
-                    done.add(p.index)
-            final = u.final or final
-        if final is None:
-            outs = [
-                CompletionDelta(i, "" if i in done else self._text(i).add(t), t, logprobs.get(i))
-                for i, t in sorted(tokens.items())
-            ]
-            return RequestDelta(self.request_id, outs, prompt_logprobs=plp)
-        self.finished = True
-        if final.error is not None or any(c.finish_reason == "error" for c in final.outputs):
-            raise RequestFailedError(final.error or f"request {self.request_id!r} failed in the engine")
-        outs = [
-            CompletionDelta(
-                c.index,
-                self._text(c.index).finish(c.text),
-                tokens.get(c.index, []),
-                logprobs.get(c.index) if c.logprobs is not None else None,
-                c.finish_reason,
-                c.stop_reason,
-            )
-            for c in final.outputs
-        ]
-        return RequestDelta(self.request_id, outs, True, final, plp)
 
 
 class AsyncLLM:
@@ -280,28 +159,33 @@ class AsyncLLM:
         return await asyncio.get_running_loop().run_in_executor(self._validator, fn, *args)
 
     def submit(
-        self, items: list[ProcessedPrompt], request_ids: list[str] | None = None
+        self,
+        items: list[ProcessedPrompt],
+        request_ids: list[str] | None = None,
+        *,
+        max_waiting_requests: int | None = None,
     ) -> list[RequestStream]:
         """Queue validated prompts, all or none; call from the event loop that will read the streams.
+        ``max_waiting_requests`` lets a front impose a tighter limit than the AsyncLLM's own.
 
         :raises QueueFullError: not enough room in the waiting queue for all of them.
         :raises EngineDeadError: the step thread has stopped."""
         self._check_alive()
         loop = asyncio.get_running_loop()
+        limits = [x for x in (self.max_waiting_requests, max_waiting_requests) if x is not None]
         with self._lock:
-            limit = self.max_waiting_requests
+            limit = min(limits, default=None)
             if limit is not None and self._num_waiting + len(items) > limit:
                 raise QueueFullError(
                     f"{self._num_waiting} requests are waiting (max_waiting_requests={limit})"
                 )
             self._num_waiting += len(items)
         ids = request_ids or [f"async-{next(self._ids)}" for _ in items]
-        streams = []
-        for item, rid in zip(items, ids, strict=True):
-            q: asyncio.Queue = asyncio.Queue()
-            self._inbox.put(("add", _Tracked(rid, item, loop, q)))
-            streams.append(RequestStream(self, rid, item, q))
-        return streams
+        tracked = [_Tracked(rid, item, loop, asyncio.Queue()) for item, rid in zip(items, ids, strict=True)]
+        self._inbox.put(("add", tracked))
+        return [
+            RequestStream(t.request_id, t.item, t.queue, self.engine.tokenizer, self.abort) for t in tracked
+        ]
 
     async def generate(
         self,
@@ -368,9 +252,9 @@ class AsyncLLM:
 
     def _stop(self, cmds: list[tuple[str, Any]]) -> None:
         self._dead = EngineDeadError("the engine was shut down")
-        for kind, t in cmds:
-            if kind == "add":
-                self._tracked[t.request_id] = t  # not in the engine: failed below, never aborted there
+        for kind, group in cmds:
+            if kind == "add":  # not in the engine: failed below, never aborted there
+                self._tracked.update((t.request_id, t) for t in group)
         self._fail_all(EngineDeadError("the engine is shutting down"), reset=False)
         self._publish_stats()
 
@@ -385,15 +269,18 @@ class AsyncLLM:
         if aborted:
             self._deliver(self.engine.apply_aborts())
 
-    def _add(self, t: _Tracked) -> None:
+    def _add(self, group: list[_Tracked]) -> None:
+        """One submission's requests, queued all or none; if they cannot be, they alone fail."""
         try:
-            self.engine.add_request(t.item, t.request_id)
-        except Exception as e:  # this request alone fails
-            self._unwait(t)
-            self._post({t.loop: [(t, _Update([], error=e))]})
+            self.engine.add_requests([t.item for t in group], [t.request_id for t in group])
+        except Exception as e:
+            for t in group:
+                self._unwait(t)
+            self._post({group[0].loop: [(t, StreamUpdate([], error=e)) for t in group]})
             return
-        t.tracker = ProgressTracker(self.engine.requests[t.request_id])
-        self._tracked[t.request_id] = t
+        for t in group:
+            t.tracker = ProgressTracker(self.engine.requests[t.request_id])
+            self._tracked[t.request_id] = t
 
     def _step(self) -> None:
         try:
@@ -407,7 +294,7 @@ class AsyncLLM:
     def _deliver(self, outs: list[RequestOutput]) -> None:
         """Send every tracked request what it gained in the last step, and finished ones their output."""
         finals = {o.request_id: o for o in outs}
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Tracked, _Update]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Tracked, StreamUpdate]]] = {}
         for rid, t in list(self._tracked.items()):
             progress = t.tracker.poll()
             final = finals.get(rid)
@@ -417,10 +304,10 @@ class AsyncLLM:
                 del self._tracked[rid]
             if progress or final is not None:
                 plp = t.tracker.take_prompt_logprobs()
-                batches.setdefault(t.loop, []).append((t, _Update(progress, final, prompt_logprobs=plp)))
+                batches.setdefault(t.loop, []).append((t, StreamUpdate(progress, final, prompt_logprobs=plp)))
         self._post(batches)
 
-    def _post(self, batches: dict[asyncio.AbstractEventLoop, list[tuple[_Tracked, _Update]]]) -> None:
+    def _post(self, batches: dict[asyncio.AbstractEventLoop, list[tuple[_Tracked, StreamUpdate]]]) -> None:
         for loop, items in batches.items():
             try:
                 loop.call_soon_threadsafe(_put_all, [(t.queue, u) for t, u in items])
@@ -437,10 +324,10 @@ class AsyncLLM:
 
     def _fail_all(self, error: BaseException, reset: bool = True) -> None:
         """Fail every tracked request with ``error`` and (with ``reset``) remove them from the engine."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Tracked, _Update]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Tracked, StreamUpdate]]] = {}
         for t in self._tracked.values():
             self._unwait(t)
-            batches.setdefault(t.loop, []).append((t, _Update([], error=error)))
+            batches.setdefault(t.loop, []).append((t, StreamUpdate([], error=error)))
         ids = list(self._tracked)
         self._tracked.clear()
         self._post(batches)
@@ -474,3 +361,15 @@ def _drop_orphans(engine: LLMEngine) -> None:
         sched.abort(orphans)
         for s in orphans:
             engine.outputs.forget(s)
+
+
+__all__ = [
+    "AsyncLLM",
+    "CompletionDelta",
+    "EngineDeadError",
+    "EngineStats",
+    "QueueFullError",
+    "RequestDelta",
+    "RequestFailedError",
+    "RequestStream",
+]

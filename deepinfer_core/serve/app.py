@@ -40,32 +40,11 @@ logger = logging.getLogger(__name__)
 def build_app(llm: AsyncLLM, settings: ServeSettings, model_name: str) -> FastAPI:
     app = FastAPI(title="DeepInfer", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServerMetrics(llm)
-    completions = CompletionsServing(llm, settings, metrics, model_name)
-    chat = ChatServing(llm, settings, metrics, model_name)
     app.state.metrics = metrics
     _errors(app, metrics)
-
-    @app.get("/health")
-    async def health() -> Response:
-        if not llm.is_alive:
-            return JSONResponse({"status": "engine stopped"}, status_code=503)
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        _authorize(request, settings)
-        card = {
-            "id": model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "deepinfer",
-            "max_model_len": llm.max_model_len,
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+    _info_routes(app, llm, settings, metrics, model_name)
+    completions = CompletionsServing(llm, settings, metrics, model_name)
+    chat = ChatServing(llm, settings, metrics, model_name)
 
     @app.post("/v1/completions")
     async def create_completion(request: Request) -> Response:
@@ -86,6 +65,26 @@ def build_app(llm: AsyncLLM, settings: ServeSettings, model_name: str) -> FastAP
         )
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app
+
+
+def _info_routes(
+    app: FastAPI, llm: AsyncLLM, settings: ServeSettings, metrics: ServerMetrics, model_name: str
+) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        if not llm.is_alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        _authorize(request, settings)
+        card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "deepinfer"}
+        return JSONResponse({"object": "list", "data": [{**card, "max_model_len": llm.max_model_len}]})
 
 
 def _authorize(request: Request, settings: ServeSettings) -> None:

@@ -42,6 +42,7 @@ class BatchSummary:
 class BatchRunner:
     def __init__(self, llm: AsyncLLM, settings: ServeSettings, model_name: str):
         metrics = ServerMetrics(llm)
+        settings = settings.model_copy(update={"max_waiting_requests": None})  # max_concurrency bounds it
         self.routes = {
             "/v1/completions": CompletionsServing(llm, settings, metrics, model_name, check_model=False),
             "/v1/chat/completions": ChatServing(llm, settings, metrics, model_name, check_model=False),

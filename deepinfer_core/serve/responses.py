@@ -50,7 +50,7 @@ class CompletionResponse(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
+    usage: Usage | None = _opt()
 
 
 class FunctionCall(BaseModel):

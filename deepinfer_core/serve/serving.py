@@ -96,7 +96,8 @@ class Serving:
         """Queue ``items``; ``start`` is when the request arrived (``time.perf_counter()``)."""
         rid = f"{prefix}-{uuid.uuid4().hex}"
         try:
-            streams = self.llm.submit(items, [f"{rid}-{i}" for i in range(len(items))])
+            ids = [f"{rid}-{i}" for i in range(len(items))]
+            streams = self.llm.submit(items, ids, max_waiting_requests=self.settings.max_waiting_requests)
         except QueueFullError as e:
             raise ApiError(
                 503,

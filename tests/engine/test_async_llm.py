@@ -135,24 +135,25 @@ def test_a_full_waiting_queue_refuses_new_requests():
         llm.shutdown()
 
 
-def test_a_request_the_engine_refuses_at_submission_fails_alone(pair):
-    """Validation passed, but adding it raises inside the step thread (its id is already running)."""
+def test_a_submission_the_engine_refuses_fails_alone_and_all_of_it(pair):
+    """Validation passed, but the engine refuses to queue it (an id already running): the whole
+    submission fails, nothing of it is left queued, and the request already running goes on."""
     llm, offline = pair
+    sp = SamplingParams(temperature=0, max_tokens=8)
 
     async def run():
-        [a, b] = await llm.process(["abc", "abd"], SamplingParams(temperature=0, max_tokens=8))
-        first, dup = llm.submit([a, b], ["same-id", "same-id"])
-        with pytest.raises(ValueError, match="same-id"):
-            await dup.result()
+        [a, b, c] = await llm.process(["abc", "abd", "abe"], sp)
+        [first] = llm.submit([a], ["same-id"])
+        dup = llm.submit([b, c], ["other-id", "same-id"])
+        for s in dup:
+            with pytest.raises(ValueError, match="same-id"):
+                await s.result()
         return await first.result()
 
     out = asyncio.run(run())
-    assert (
-        out.outputs[0].token_ids
-        == offline.generate(["abc"], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
-        .outputs[0]
-        .token_ids
-    )
+    assert out.outputs[0].token_ids == offline.generate(["abc"], sp, use_tqdm=False)[0].outputs[0].token_ids
+    assert llm.wait_for_stats(lambda st: st.num_running == 0, TIMEOUT).num_waiting == 0
+    assert "other-id" not in llm.engine.requests
 
 
 class _PoisonToy(ToyHybridLM):

@@ -98,7 +98,7 @@ def test_an_oversized_body_is_a_413_with_or_without_its_length(toy):
 
 
 def test_a_full_waiting_queue_is_a_503_with_retry_after():
-    llm = AsyncLLM(make_toy_llm(max_num_seqs=1).engine, max_waiting_requests=1)
+    llm = AsyncLLM(make_toy_llm(max_num_seqs=1).engine)  # the server's setting is the limit
     long = {"prompt": "abc", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
     async def run(url: str):
@@ -117,7 +117,7 @@ def test_a_full_waiting_queue_is_a_503_with_retry_after():
         return refused, done, again
 
     try:
-        with running_server(llm, retry_after_s=3) as url:
+        with running_server(llm, retry_after_s=3, max_waiting_requests=1) as url:
             refused, done, again = asyncio.run(run(url))
     finally:
         llm.shutdown()
