@@ -16,7 +16,10 @@ Rounds alternate offline and server runs, and each figure is the median over rou
 may be shared and its load may change. Both sides first run the largest level once untimed (the first
 touches of the KV pools' memory are slow). Beside wall-clock throughput, the CPU time of the server process
 (all its threads: HTTP, event loop, step loop, torch) per output token is compared with the offline
-process's: on a quiet machine they agree, on a shared one CPU time is the steadier of the two (Linux only).
+process's: on a quiet machine they agree, on a shared one CPU time is the steadier of the two. Steadier
+still is the share of the server's CPU time spent by its main thread, which runs the event loop (HTTP,
+request parsing, server-sent events, text decoding): an upper bound on what serving adds to the engine's
+own work even if none of it overlapped the step (Linux only).
 
 Prompts are random token ids of ``--input-len``; every request generates exactly ``--output-len`` tokens
 (``ignore_eos``), greedy. The server's overhead at concurrency ``c`` is ``1 - server / offline`` against the
@@ -56,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="checkpoint (default: the demo checkpoint), or 'toy'")
+    p.add_argument("--backend", default="auto", help="platform of both the server and the offline engine")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--min-prompts", type=int, default=16)
     p.add_argument("--input-len", type=int, default=32)
@@ -70,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def engine_flags(ns: argparse.Namespace) -> dict:
-    flags = {"max_num_seqs": ns.max_num_seqs, "max_model_len": ns.max_model_len}
+    flags = {"max_num_seqs": ns.max_num_seqs, "max_model_len": ns.max_model_len, "backend": ns.backend}
     return {**flags, "model": ns.model} if ns.model and ns.model != "toy" else flags
 
 
@@ -78,9 +82,15 @@ def make_llm(ns: argparse.Namespace) -> LLM:
     if ns.model != "toy":
         return LLM(**engine_flags(ns))
     sys.path.insert(0, str(ROOT))
+    import torch
+
     from tests.engine.conftest import make_toy_llm
 
-    return make_toy_llm(kv_cache_memory_bytes=64 << 20, **engine_flags(ns))
+    torch.set_num_threads(1)  # as the reference platform runs torch (the toy engine skips the platform)
+
+    return make_toy_llm(
+        kv_cache_memory_bytes=64 << 20, **{k: v for k, v in engine_flags(ns).items() if k != "backend"}
+    )
 
 
 def serve_toy(ns: argparse.Namespace) -> int:
@@ -95,11 +105,13 @@ def serve_toy(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cpu_seconds(pid: int | None = None) -> float:
-    """CPU time (user + system, all threads) of a process so far: this one, or ``pid`` (Linux)."""
+def cpu_seconds(pid: int | None = None, tid: int | None = None) -> float:
+    """CPU time (user + system) so far of a process (all threads): this one, or ``pid``; or of its thread
+    ``tid`` only (Linux ``/proc``)."""
     if pid is None:
         return time.process_time()
-    with open(f"/proc/{pid}/stat") as f:
+    path = f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat"
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -177,14 +189,15 @@ async def level(url: str, pid: int, prompts: list[list[int]], c: int, ns: argpar
             async with slots:
                 return await one_request(client, p, ns)
 
-        t0, c0 = time.perf_counter(), cpu_seconds(pid)
+        t0, c0, h0 = time.perf_counter(), cpu_seconds(pid), cpu_seconds(pid, pid)
         results = await asyncio.gather(*[bounded(p) for p in prompts])
-        wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - c0
+        wall, cpu, http = time.perf_counter() - t0, cpu_seconds(pid) - c0, cpu_seconds(pid, pid) - h0
     ttft = sorted(r["ttft"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     return {
         "tok_s": tokens / wall,
         "cpu_s_per_1k_tok": 1000 * cpu / tokens,
+        "http_cpu_share": http / cpu,
         "ttft_mean_s": statistics.fmean(ttft),
         "ttft_p50_s": ttft[len(ttft) // 2],
         "ttft_p99_s": ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
@@ -213,11 +226,13 @@ def main() -> int:
     runs: dict = {"offline_batched": [], "offline_sequential": [], **{c: [] for c in levels}}
     try:
         asyncio.run(level(url, proc.pid, big, levels[-1], ns))  # warm-up
-        for _ in range(ns.repeat):
+        for i in range(ns.repeat):
             runs["offline_batched"].append(offline(llm, big, ns))
             runs["offline_sequential"].append(offline(llm, small, ns, one_at_a_time=True))
             for c in levels:
                 runs[c].append(asyncio.run(level(url, proc.pid, prompts[: counts[c]], c, ns)))
+            done = {k: round(v[-1]["tok_s"], 1) for k, v in runs.items()}
+            print(f"round {i + 1}/{ns.repeat}: output tok/s {done}", file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -236,9 +251,9 @@ def report(ns: argparse.Namespace, counts: dict, med: dict, runs: dict) -> None:
     print(json.dumps(header))
     print(
         "| concurrency | requests | output tok/s | offline tok/s | overhead (wall) | CPU s / 1k tok, server | "
-        "offline | overhead (CPU) | TTFT mean / p50 / p99 s | TPOT mean ms |"
+        "offline | overhead (CPU) | HTTP thread CPU share | TTFT mean / p50 / p99 s | TPOT mean ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in sorted(counts):
         r = med[c]
         base = (
@@ -255,7 +270,7 @@ def report(ns: argparse.Namespace, counts: dict, med: dict, runs: dict) -> None:
             ]
         print(
             f"| {c} | {counts[c]} | {r['tok_s']:.1f} | {cols[0]} | {cols[1]} | {r['cpu_s_per_1k_tok']:.2f} | "
-            f"{cols[2]} | {cols[3]} | {r['ttft_mean_s']:.3f} / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} | "
+            f"{cols[2]} | {cols[3]} | {100 * r['http_cpu_share']:.1f}% | {r['ttft_mean_s']:.3f} / {r['ttft_p50_s']:.3f} / {r['ttft_p99_s']:.3f} | "
             f"{1000 * r['tpot_mean_s']:.1f} |"
         )
     if ns.json:

@@ -56,7 +56,6 @@ def make_server(
     settings: ServeSettings,
     model_name: str,
     on_started: Callable[[UvicornServer], None] | None = None,
-    access_log: bool = False,
 ) -> UvicornServer:
     app = build_app(llm, settings, model_name)
     config = uvicorn.Config(
@@ -64,7 +63,7 @@ def make_server(
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        access_log=access_log,
+        access_log=settings.access_log,
         timeout_graceful_shutdown=5,
         backlog=4096,
     )

@@ -54,6 +54,7 @@ class ServeSettings(BaseModel):
         False, description="response_format JSON without whitespace between tokens (compact JSON)"
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    access_log: bool = Field(False, description="log one line per HTTP request (uvicorn's access log)")
 
     def model_name(self, engine: EngineConfig) -> str:
         return self.served_model_name or engine.model or "deepinfer-demo"
