@@ -56,10 +56,10 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     triton,
 )
 
+from deepinfer_core.ops.quant_formats import dequant  # noqa: E402
+from deepinfer_core.ops.reference import reference_op  # noqa: E402
 from deepinfer_core.ops.sampling import SamplingTensors  # noqa: E402
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight  # noqa: E402
-from deepinfer_core.plugins.registry import reference_op  # noqa: E402
-from deepinfer_core.quant.formats import dequant  # noqa: E402
 from deepinfer_core.testing.kit import to_device  # noqa: E402
 from deepinfer_cuda_sm100 import dispatch  # noqa: E402
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps  # noqa: E402

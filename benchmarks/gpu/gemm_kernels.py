@@ -25,9 +25,9 @@ import torch
 import triton
 from gemm_tiles import forced
 
+from deepinfer_core.ops.quant_formats import FP4_BLOCK, FP8_BLOCK, _e2m1_lut
+from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
-from deepinfer_core.plugins.registry import reference_op
-from deepinfer_core.quant.formats import FP4_BLOCK, FP8_BLOCK, _e2m1_lut
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
 from deepinfer_cuda_sm100.ops.moe import CudaMoEOps

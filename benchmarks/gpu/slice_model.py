@@ -88,7 +88,7 @@ class RandomReader:
     """A checkpoint reader over random tensors in DeepSeek's formats, made on the GPU on demand."""
 
     def __init__(self, model, device, experts: str = "fp4"):
-        from deepinfer_core.quant.convert import FP8_LINEARS, ROUTED_EXPERT
+        from deepinfer_core.models.deepseek_v4.convert import FP8_LINEARS, ROUTED_EXPERT
 
         self.path, self.device, self.g = "<random>", device, torch.Generator(device).manual_seed(0)
         self.slots = dict(model.named_slots())
@@ -261,7 +261,7 @@ class SliceRunner:
         self.model, self.device = model, backends.memory.device
 
     def batch(self, batch: int, ctx: int, graph: bool):
-        from deepinfer_core.engine.forward_batch import ForwardBatch
+        from deepinfer_core.models.batch import ForwardBatch
 
         p = ctx - 1
         ncol = p // self.bs + 1
@@ -290,7 +290,7 @@ class SliceRunner:
         return fb
 
     def prefill_batch(self, tokens: int):
-        from deepinfer_core.engine.forward_batch import ForwardBatch
+        from deepinfer_core.models.batch import ForwardBatch
 
         ncol = -(-tokens // self.bs)
         # the whole prompt's window state is written in one step: it needs a window block per column

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from deepinfer_core.config import load_config
+from deepinfer_core.engine.factory import build_engine
 from deepinfer_core.engine.llm_engine import LLMEngine
 from deepinfer_core.engine.outputs import RequestOutput
 from deepinfer_core.sampling_params import SamplingParams
@@ -31,14 +32,7 @@ class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any):
         if model is not None:
             kwargs["model"] = model
-        config = load_config(**kwargs)
-        if config.data_parallel_size > 1:
-            from deepinfer_core.distributed.dp_engine import DPEngine
-
-            engine = DPEngine.from_config(config)  # spawns (or, under torchrun, joins) the DP ranks
-        else:
-            engine = LLMEngine.from_config(config)
-        self._attach(engine)
+        self._attach(build_engine(load_config(**kwargs)))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:

@@ -20,11 +20,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from deepinfer_core.config import ConfigError, EngineConfig
+from deepinfer_core.engine.draft_rounds import draft_round
 from deepinfer_core.engine.input_processor import InputProcessor, ProcessedPrompt
 from deepinfer_core.engine.loader import model_bytes
 from deepinfer_core.engine.model_runner import ModelRunner
 from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.engine.outputs import RequestMetrics, RequestOutput
+from deepinfer_core.engine.proposer_context import EngineProposerContext
 from deepinfer_core.engine.sampler import Sampler
 from deepinfer_core.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer_core.engine.sequence import Request, SeqStatus, Sequence
@@ -33,7 +35,6 @@ from deepinfer_core.kv.kv_manager import KVCacheManager
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.spec_decode import SpecStats, build_proposer
-from deepinfer_core.spec_decode.rounds import draft_round
 from deepinfer_core.structured import StructuredOutputManager
 
 log = logging.getLogger("deepinfer.engine")
@@ -90,7 +91,8 @@ class LLMEngine:
         #: retry a failed step one sequence at a time (off where ranks must run the same steps: EP)
         self.isolate_failures = True
         if self.proposer is not None:
-            self.proposer.bind(self)
+            self.runner.tap_hidden = self.proposer.needs_hidden
+            self.proposer.bind(EngineProposerContext(self.runner, self.kv))
 
     @classmethod
     def from_config(cls, config: EngineConfig, runtime: Any = None) -> LLMEngine:
@@ -169,10 +171,12 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return aborted + self._stuck()
-        finished, failed = self._run(sched)
+        finished, failed, retried = self._run(sched)
         errors = self._fail(failed) + self._post_step(sched)
-        if self.proposer is not None:
-            draft_round(self.proposer, sched, self.scheduler.running, self.max_model_len)
+        if self.proposer is not None and not retried:  # (after a step retried alone, no drafts this round)
+            draft_round(
+                self.proposer, sched, self.runner.last_rows, self.scheduler.running, self.max_model_len
+            )
         return aborted + errors + self._collect(finished)
 
     def _compute(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures]:
@@ -182,12 +186,13 @@ class LLMEngine:
         self.scheduler.update(sched, finished)
         return finished, failed
 
-    def _run(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures]:
+    def _run(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures, bool]:
         """The step; if it raises, each sequence is stepped alone, and those that raise again fail. The
         failed attempt left nothing behind: KV is written by position and rewritten by the retry, and
-        sequence state only changes after sampling, whose per-sequence errors are caught where they occur."""
+        sequence state only changes after sampling, whose per-sequence errors are caught where they occur.
+        The last value says whether the step was retried so."""
         try:
-            return self._compute(sched)
+            return (*self._compute(sched), False)
         except Exception as exc:  # noqa: BLE001 - find the request(s) that break the step
             if not self.isolate_failures:
                 raise
@@ -203,7 +208,7 @@ class LLMEngine:
                 done, bad = [], [(s.seq, f"its step raised {type(exc).__name__}: {exc}")]
             finished += done
             failed += bad
-        return finished, failed
+        return finished, failed, True
 
     def _fail(self, failed: Failures) -> list[RequestOutput]:
         """End each failed sequence's request with ``finish_reason="error"``; returns their outputs."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deepinfer_core.engine.sequence import Sequence
 from deepinfer_core.kv.block_pool import BlockPool
+from deepinfer_core.kv.request import KVRequest
 from deepinfer_core.kv.spec import CacheSpec, max_window
 
 _ROOT_HASH = 0x5EED_DEE9
@@ -50,7 +50,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ hashing
 
-    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
+    def block_hashes(self, seq: KVRequest, num_blocks: int) -> list[int]:
         """Chain hashes of the first ``num_blocks`` full blocks of ``seq.token_ids`` (memoised on ``seq``)."""
         hashes, bs, toks = seq.block_hashes, self.block_size, seq.token_ids
         parent = hashes[-1] if hashes else _ROOT_HASH
@@ -66,7 +66,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ prefix caching
 
-    def match_prefix(self, seq: Sequence) -> int:
+    def match_prefix(self, seq: KVRequest) -> int:
         """Give a sequence with nothing computed every cached block it can resume from; returns the
         number of tokens reused (a multiple of ``block_size``), also set as ``seq.num_computed``."""
         assert seq.num_computed == 0 and not seq.block_tables
@@ -109,7 +109,7 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ allocation
 
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+    def allocate(self, seq: KVRequest, num_new_tokens: int) -> bool:
         """Make room for computing ``num_new_tokens`` more tokens of ``seq``; first releases window blocks
         it will never read again. All-or-nothing: returns False (allocating nothing) if a pool is short."""
         bs = self.block_size
@@ -131,7 +131,7 @@ class KVCacheManager:
             tables.setdefault(g, []).extend(pool.allocate() for _ in range(need))
         return True
 
-    def release_stale(self, seq: Sequence) -> None:
+    def release_stale(self, seq: KVRequest) -> None:
         """Release the window blocks wholly older than ``window`` tokens before the next token."""
         if self._window is None:
             return
@@ -144,7 +144,7 @@ class KVCacheManager:
                 table[j] = -1
         seq.num_released_blocks = max(seq.num_released_blocks, stop)
 
-    def commit(self, seq: Sequence) -> None:
+    def commit(self, seq: KVRequest) -> None:
         """Register the full blocks ``seq`` has computed so far in the prefix cache."""
         if not self.enable_caching:
             return
@@ -160,7 +160,7 @@ class KVCacheManager:
                     pool.register(table[j], hashes[j])
         seq.num_committed_blocks = num_full
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: KVRequest) -> None:
         """Drop every block of ``seq``; hashed ones stay cached (tail first in LRU order)."""
         for g, table in seq.block_tables.items():
             pool = self.pools[g]
@@ -171,7 +171,7 @@ class KVCacheManager:
         seq.num_committed_blocks = 0
         seq.num_released_blocks = 0
 
-    def check(self, seqs: list[Sequence]) -> None:
+    def check(self, seqs: list[KVRequest]) -> None:
         """Assert pool invariants and that references equal the live table entries (tests)."""
         for g, pool in self.pools.items():
             pool.check()

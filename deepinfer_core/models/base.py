@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from deepinfer_core.engine.forward_batch import ForwardBatch
     from deepinfer_core.kv.spec import CacheSpec
+    from deepinfer_core.models.batch import ForwardBatch
     from deepinfer_core.models.weight_checks import LoadOptions
     from deepinfer_core.ops.backends import Backends
 
@@ -34,7 +34,7 @@ class CausalLM(ABC):
         is untrusted input."""
 
     def use_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
-        """Store attention KV as ``kv_cache_dtype`` (see :mod:`deepinfer_core.kv.fp8`); called once, after
+        """Store attention KV as ``kv_cache_dtype`` (see :mod:`deepinfer_core.ops.kv_fp8`); called once, after
         loading and before :meth:`cache_specs`. A model that supports only "auto" keeps this default."""
         if kv_cache_dtype != "auto":
             raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: {type(self).__name__} supports only 'auto'")
@@ -64,6 +64,11 @@ class CausalLM(ABC):
         ``context_bucket`` (only asked of models that set :attr:`supports_graphs`) the tables' shapes must
         depend only on the row count and the bucket, every context in the batch being below it."""
         return None
+
+    def plan_draft(self, batch: ForwardBatch, context_bucket: int | None = None) -> object | None:
+        """:meth:`plan` for a draft step of the model's own draft modules (:meth:`mtp_forward`); by default
+        the same tables."""
+        return self.plan(batch, context_bucket)
 
     def mtp_forward(
         self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: dict[str, torch.Tensor]

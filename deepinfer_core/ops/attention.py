@@ -14,12 +14,12 @@ from typing import ClassVar
 
 import torch
 
-from deepinfer_core.kv.fp8 import Fp8KVFormat
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 
 
 class AttentionOps(ABC):
     #: the ``kv_cache_dtype`` values this platform's :meth:`sparse_attention` and :meth:`store_kv` accept
-    #: ("auto": pools in the model dtype; "fp8" / "fp8_e4m3": byte rows, see :mod:`deepinfer_core.kv.fp8`)
+    #: ("auto": pools in the model dtype; "fp8" / "fp8_e4m3": byte rows, see :mod:`deepinfer_core.ops.kv_fp8`)
     kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
 
     @abstractmethod

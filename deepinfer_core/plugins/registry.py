@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.platforms.base import Availability, Platform
 from deepinfer_core.plugins.manager import LoadedPlugin, LoadReport, PluginLoadError, make_plugin_manager
 
@@ -196,21 +197,6 @@ def _installed_summary(reg: PluginRegistry, avail: dict[str, Availability]) -> s
             f"{f.name} from {f.dist}: {f.error}" for f in reg.report.failed
         )
     return text
-
-
-_REFERENCE = {
-    "dense": "deepinfer_core.ops.reference.dense:ReferenceDenseOps",
-    "attention": "deepinfer_core.ops.reference.attention:ReferenceAttentionOps",
-    "moe": "deepinfer_core.ops.reference.moe:ReferenceMoEOps",
-    "sampling": "deepinfer_core.ops.reference.sampling:ReferenceSamplingOps",
-    "memory": "deepinfer_core.ops.reference.memory:ReferenceMemoryOps",
-    "comm": "deepinfer_core.ops.reference.comm:ReferenceCommOps",
-}
-
-
-def reference_op(concern: str) -> Any:
-    mod, attr = _REFERENCE[concern].split(":")
-    return getattr(importlib.import_module(mod), attr)()
 
 
 def resolve_backends(reg: PluginRegistry, platform: Platform, config: EngineConfig) -> Backends:

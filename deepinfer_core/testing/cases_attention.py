@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.fp8 import Fp8KVFormat
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 from deepinfer_core.testing.cases_dense import inv_freq, randn
 from deepinfer_core.testing.opcase import OpCase
 

@@ -74,7 +74,7 @@ def _compare(actual: Any, expected: Any, case: OpCase) -> None:
 def check_case(backends: Backends, case: OpCase, reference: Backends | None = None, seed: int = 1234) -> None:
     """Run ``case`` on ``backends`` and on the reference ops with the same random inputs; raise
     ``AssertionError`` naming the case when they disagree beyond the case's tolerance."""
-    from deepinfer_core.plugins.registry import reference_op
+    from deepinfer_core.ops.reference import reference_op
 
     ref_obj = getattr(reference, case.concern) if reference is not None else reference_op(case.concern)
     args, kwargs = case.make_inputs(torch.Generator().manual_seed(seed))

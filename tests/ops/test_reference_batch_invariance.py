@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceDenseOps, ReferenceMoEOps
 from deepinfer_core.ops.weights import ExpertWeights
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
 
 dense, attention, moe = ReferenceDenseOps(), ReferenceAttentionOps(), ReferenceMoEOps()
 G = torch.Generator().manual_seed(0)

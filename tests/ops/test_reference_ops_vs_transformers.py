@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from transformers import DeepseekV4Config
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
 
+from deepinfer_core.ops.quant_formats import dequant, quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceDenseOps, ReferenceMoEOps
 from deepinfer_core.ops.weights import ExpertWeights
-from deepinfer_core.quant.formats import dequant, quantize_fp4_e2m1, quantize_fp8_block
 
 dense, attention, moe = ReferenceDenseOps(), ReferenceAttentionOps(), ReferenceMoEOps()
 G = torch.Generator().manual_seed(1)

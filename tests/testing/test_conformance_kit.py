@@ -11,11 +11,9 @@ from deepinfer_core.testing import all_cases, check_case
 
 WRONG_PLUGIN = """
 import torch
-from deepinfer_core import hookimpl
-from deepinfer_core.platforms.base import Availability, Platform
-from deepinfer_core.plugins.registry import reference_op
+from deepinfer_core.plugin_api import Availability, Platform, hookimpl, reference_op
 
-DEEPINFER_PLUGIN_API = "1.0"
+DEEPINFER_PLUGIN_API = "2.0"
 
 class WrongPlatform(Platform):
     name = "wrong"

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.fp8 import Fp8KVFormat
 from deepinfer_core.kv.spec import CacheGroup, CacheSpec
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.params import Module, SharedInput, Slot
 from deepinfer_core.models.deepseek_v4.rope import layer_inv_freq
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+from deepinfer_core.ops.quant_formats import FP8_BLOCK, dequant
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
-from deepinfer_core.quant.formats import FP8_BLOCK, dequant
 
 Pools = dict[str, torch.Tensor]
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
-from deepinfer_core.kv.fp8 import Fp8KVFormat, is_fp8
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.batch import ForwardBatch
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.block import Block, MTPBlock, run_sublayers
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointReader
@@ -22,6 +21,7 @@ from deepinfer_core.models.deepseek_v4.loader import count_mtp_modules, load_wei
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
 from deepinfer_core.models.weight_checks import LoadOptions
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat, is_fp8
 
 
 class DeepseekV4ForCausalLM(CausalLM, Module):
@@ -100,6 +100,10 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
         }
         return StepAddressing(batch, self.cfg.sliding_window, tuple(sorted(kinds)), context_bucket)
 
+    def plan_draft(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepAddressing:
+        """The tables of an MTP draft step: MTP blocks attend to their sliding window only."""
+        return StepAddressing(batch, self.cfg.sliding_window, (), context_bucket)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [L, hc_mult, hidden]`` rows of :meth:`forward` -> ``[L, vocab]`` float32."""
         return self._logits(hidden, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, self.norm)
@@ -114,10 +118,11 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
         :meth:`forward` (or from MTP module ``index - 1``). The module writes its sliding-window state
         ``mtp.{index}.attn.*`` at ``p`` (so it must have seen every earlier position, like the main model)
         and returns its output streams ``[T, hc_mult, hidden]``; :meth:`mtp_compute_logits` turns rows of
-        them into draft logits for position ``p + 2``.
+        them into draft logits for position ``p + 2``. With ``batch.plan`` (:meth:`plan_draft`, built on the
+        host) the step has static shapes and no host synchronisation, so it can be captured as a graph.
         """
         block = self._mtp_block(index)
-        addr = StepAddressing(batch, self.cfg.sliding_window)
+        addr = batch.plan if batch.plan is not None else StepAddressing(batch, self.cfg.sliding_window)
         h = block.embed_streams(self._embed(batch.input_ids), prev_hidden, self.backends)
         return block.forward(h, batch.input_ids, addr, kv, self.backends)
 

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_core.ops.dense import DenseOps
+from deepinfer_core.ops.quant_formats import dequant
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
-from deepinfer_core.quant.formats import dequant
 
 
 def per_row(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.ops.dense import DenseOps
-from deepinfer_core.ops.sampling import SamplingOps
-from deepinfer_core.plugins.registry import reference_op
+from deepinfer_core.plugin_api import DenseOps, SamplingOps, reference_op
 
 
 class ExampleDenseOps(DenseOps):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from deepinfer_core import hookimpl
-from deepinfer_core.platforms.base import Availability, Platform
+from deepinfer_core.plugin_api import Availability, Platform, hookimpl
 
-DEEPINFER_PLUGIN_API = "1.0"  # the plugin API this plugin was written for
+DEEPINFER_PLUGIN_API = "2.0"  # the plugin API this plugin was written for
 
 
 class ExamplePlatform(Platform):

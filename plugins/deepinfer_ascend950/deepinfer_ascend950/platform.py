@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from deepinfer_core.platforms.base import Availability, Platform
+from deepinfer_core.plugin_api import Availability, Platform
 
 PLATFORM = "ascend950"
 

@@ -7,9 +7,9 @@ module (and, through it, ``torch_npu``) only when the engine is built for ``asce
 from __future__ import annotations
 
 from deepinfer_ascend950.platform import PLATFORM, Ascend950Platform
-from deepinfer_core import hookimpl
+from deepinfer_core.plugin_api import hookimpl
 
-DEEPINFER_PLUGIN_API = "1.0"
+DEEPINFER_PLUGIN_API = "2.0"
 
 
 def _fused() -> dict[str, bool]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.platforms.base import Availability, Platform
+from deepinfer_core.plugin_api import Availability, Platform
 
 MIN_CAPABILITY = (9, 0)
 

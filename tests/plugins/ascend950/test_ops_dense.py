@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 
 BF16 = dict(atol=2e-2, rtol=2e-2)
 
@@ -140,7 +140,7 @@ def test_hc_pre_falls_back_to_torch_if_mhc_pre_returns_an_undocumented_shape(
 @pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
 def test_device_dequantization_equals_the_core_format_decoder(gen, fmt):
     from deepinfer_ascend950.ops.weights import dequantize
-    from deepinfer_core.quant.formats import dequant
+    from deepinfer_core.ops.quant_formats import dequant
 
     w = torch.randn(200, 288, generator=gen)
     qw = quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_e2m1(w)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.plugins.registry import reference_op
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.ops.reference import reference_op
 
 from .cuda_sm100_helpers import BOUND, INTERPRETED, dev, needs_triton, rand, rel_err
 

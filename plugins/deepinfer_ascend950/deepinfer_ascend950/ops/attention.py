@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from deepinfer_ascend950._npu import torch_npu
 from deepinfer_ascend950.ops.dense import AscendDenseOps
-from deepinfer_core.ops.attention import AttentionOps
+from deepinfer_core.plugin_api import AttentionOps
 
 HALF = (torch.bfloat16, torch.float16)
 GATHER_BUDGET = 256 << 20

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from deepinfer_core.ops.comm import CommOps
+from deepinfer_core.plugin_api import CommOps
 
 
 def _world(group: object | None) -> int:

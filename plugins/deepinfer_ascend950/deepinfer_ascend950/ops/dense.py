@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from deepinfer_ascend950._npu import torch_npu
 from deepinfer_ascend950.ops.weights import plain
-from deepinfer_core.ops.dense import DenseOps
-from deepinfer_core.ops.weights import Weight
+from deepinfer_core.plugin_api import DenseOps, Weight
 
 log = logging.getLogger(__name__)
 

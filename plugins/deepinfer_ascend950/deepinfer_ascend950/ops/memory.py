@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer_ascend950._npu import device, torch_npu
-from deepinfer_core.ops.memory import MemoryOps
+from deepinfer_core.plugin_api import MemoryOps
 
 
 class AscendMemoryOps(MemoryOps):

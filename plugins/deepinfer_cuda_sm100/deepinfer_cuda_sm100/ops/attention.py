@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.fp8 import KV_CACHE_DTYPES
-from deepinfer_core.ops.attention import AttentionOps
+from deepinfer_core.plugin_api import KV_CACHE_DTYPES, AttentionOps
 from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, sparse_attention
 
 

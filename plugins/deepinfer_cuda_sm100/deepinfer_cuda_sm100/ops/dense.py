@@ -15,8 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from deepinfer_core.ops.dense import DenseOps
-from deepinfer_core.ops.weights import QuantizedWeight, Weight
+from deepinfer_core.plugin_api import DenseOps, QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
 from deepinfer_cuda_sm100.kernels import mhc, norm_rope

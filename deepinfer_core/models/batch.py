@@ -28,19 +28,24 @@ class ForwardBatch:
     layer_range: tuple[int, int] | None = None
     #: model-specific tables built on the host by ``CausalLM.plan`` (``None``: the model builds them)
     plan: Any = None
-    #: static steps (graph replay): ``(batch bucket, context bucket)`` and how many rows are real
-    graph_key: tuple[int, int] | None = None
+    #: static steps (graph replay): ``(batch bucket, context bucket, rows per sequence)``, how many logits rows
+    #: are real, and which (``None``: the first ``num_real_rows``)
+    graph_key: tuple[int, ...] | None = None
     num_real_rows: int | None = None
+    real_rows: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> ForwardBatch:
         """A copy with every tensor on ``device`` (one copy for all of them), and the plan moved by its
         own ``.to``."""
         groups = list(self.block_tables)
+        extra = [self.real_rows] if self.real_rows is not None else []
         ids, pos, qsl, ctx, rows, *tables = move_together(
             [self.input_ids, self.positions, self.query_start_loc, self.context_lens, self.logits_indices]
-            + [self.block_tables[g] for g in groups],
+            + [self.block_tables[g] for g in groups]
+            + extra,
             device,
         )
+        real = tables.pop() if extra else None
         return ForwardBatch(
             input_ids=ids,
             positions=pos,
@@ -53,6 +58,7 @@ class ForwardBatch:
             plan=self.plan.to(device) if self.plan is not None else None,
             graph_key=self.graph_key,
             num_real_rows=self.num_real_rows,
+            real_rows=real,
         )
 
     @property
