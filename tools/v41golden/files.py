@@ -1,6 +1,6 @@
 """Writing golden files byte-for-byte reproducibly, each carrying its provenance.
 
-Every golden ``.safetensors`` holds, in its header metadata (string to string), ``provenance``: a JSON object
+Every golden ``.safetensors`` holds, as its only header metadata entry, ``provenance``: a JSON object
 with the reference's revision and sha256 sums, the torch version, the exact command, the seeds and the config;
 the ``.json`` files carry the same object under ``"provenance"``. JSON is written with sorted keys and a final
 newline, so reruns produce identical bytes.
@@ -46,9 +46,12 @@ def write_json(path: Path, obj) -> None:
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor], prov: dict | None = None) -> None:
     """``tensors`` (made contiguous) to ``path``; ``prov`` goes into the header as ``provenance``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"format": "pt"}
-    if prov is not None:
-        meta["provenance"] = json.dumps(prov, sort_keys=True, ensure_ascii=False)
+    # one metadata key only: safetensors writes several in hash order, which changes from run to run
+    meta = (
+        {"format": "pt"}
+        if prov is None
+        else {"provenance": json.dumps(prov, sort_keys=True, ensure_ascii=False)}
+    )
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta)
 
 
