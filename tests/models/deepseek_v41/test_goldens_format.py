@@ -74,7 +74,7 @@ def test_every_golden_records_the_release_reference():
     goldens = [p for p in DATA.rglob("*.safetensors") if "checkpoint" not in p.parts]
     records = [provenance_of(p) for p in goldens] + [goldens_json(c)["provenance"] for c in CONFIGS]
     records.append(manifest()["provenance"])
-    assert len(goldens) >= 1 + 3 * len(CONFIGS) - 1
+    assert len(goldens) == 1 + 3 * len(CONFIGS)  # quantisers, then prompts, dspark and engram per config
     for prov in records:
         assert prov["reference"]["revision"] == RELEASE_REVISION
         for file, sha in RELEASE_SHA256.items():
