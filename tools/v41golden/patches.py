@@ -8,7 +8,7 @@
   GEMM (``act_quant`` without ``inplace``) is part of the weights' arithmetic and stays on.
 - :func:`decode_fix`: in the release, an index-key owner publishes ``shared_attn.index_k`` only when its
   compressor completes a group. On the other decode steps a ratio-2 owner's indexer scores its queries against
-  whatever the last publisher left, the ratio-1 source's keys of the previous forward. The fix points
+  whatever the last publisher left (a ratio-1 source's keys, of this forward or the previous one). The fix points
   ``shared_attn.index_k`` at the owner's own key cache before its indexer runs, which is what prefill does;
   prefill is unchanged by it.
 - :func:`engram_rows_default_dtype`: Engram rows are dequantised to BF16 on lookup; this widens them back
@@ -19,9 +19,9 @@
 - :func:`numerics`: one of the three modes of :data:`MODES` (the decode fix is on in all of them).
 
 Why three modes: with the release's numerics, a 1e-6 relative change of the float weights moves prompt
-logprobs by a median of 3e-2 to 1e-1 nats on the tiny configs, because values cross FP8/FP4 rounding
-boundaries. That holds with the KV round trips off too (the FP8 quantisation of every GEMM input is just as
-sensitive); only ``exact`` moves by ~1e-5. docs/v41_reference.md has the measurements.
+logprobs by up to about a nat (medians up to 1e-1) on the tiny configs once a value crosses an FP8/FP4
+rounding boundary. That holds with the KV round trips off too (the FP8 quantisation of every GEMM input is
+just as sensitive); ``exact`` moves by at most ~5e-5. docs/v41_reference.md has the measurements.
 """
 
 from __future__ import annotations
