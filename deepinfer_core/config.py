@@ -39,6 +39,7 @@ OTHER_VARIABLES = frozenset(
         "DEEPINFER_TRITON_SPEC",
         "DEEPINFER_RAW_ONLY",
         "DEEPINFER_CACHE",
+        "DEEPINFER_V41_REFERENCE",
     }
 )
 
