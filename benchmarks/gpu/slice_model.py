@@ -152,13 +152,13 @@ class RandomReader:
         return t * 0.1
 
 
-def build_slice(layers: int, backends, dtype=torch.bfloat16, toy: bool = False):
+def build_slice(layers: int, backends, dtype=torch.bfloat16, toy: bool = False, mtp: int = 0):
     from deepinfer_core.models.deepseek_v4.config import DeepseekV4Config
     from deepinfer_core.models.deepseek_v4.loader import load_weights
     from deepinfer_core.models.deepseek_v4.model import DeepseekV4ForCausalLM
 
-    cfg = DeepseekV4Config.from_dict(slice_raw(layers, toy=toy))
-    model = DeepseekV4ForCausalLM(cfg, backends, dtype)
+    cfg = DeepseekV4Config.from_dict({**slice_raw(layers, toy=toy), "num_nextn_predict_layers": mtp})
+    model = DeepseekV4ForCausalLM(cfg, backends, dtype, mtp)
     load_weights(model, RandomReader(model, backends.memory.device), dtype, backends.memory.device)
     return model
 
