@@ -121,7 +121,6 @@ def _row(sr: SliceRunner, batch: int, ctx: int, ks: list[int], dev) -> dict:
         cu = _static(sr, seqs, [ctx - 1 - k] * batch, 1 + k, True, dev)
         prev = hidden[:1].expand(cu.input_ids.shape[0], *hidden.shape[1:]).contiguous()
         last = torch.arange(cu.query_start_loc.shape[0] - 1, device=dev) * (1 + k) + k
-        fn = _mtp_fn(model, runner, 0)
         row[f"catchup_k{k}_ms"] = time_call(
             lambda cu=cu, prev=prev, last=last: runner.run_static(("draft", 0), fn, cu, prev, last)
         )
