@@ -9,73 +9,92 @@ Everything else in ``deepinfer_core`` is internal and may change in any release.
 ``DEEPINFER_PLUGIN_API`` in the module its entry point names, and is loaded when the major versions match
 and its minor is not newer than the core's. ``docs/plugins.md`` lists these names and the changelog;
 ``tests/core/test_plugin_api_boundary.py`` checks that every plugin in this repository imports only them.
+
+Names are imported on first use, so importing a plugin's entry-point module stays cheap (a platform plugin
+on a machine without its device must not pull in the engine).
 """
 
 from __future__ import annotations
 
-from deepinfer_core.config import ConfigError, EngineConfig
-from deepinfer_core.kv.spec import CacheSpec
-from deepinfer_core.models.base import CausalLM
-from deepinfer_core.models.batch import ForwardBatch
-from deepinfer_core.ops.attention import AttentionOps
-from deepinfer_core.ops.comm import CommOps
-from deepinfer_core.ops.dense import DenseOps
-from deepinfer_core.ops.kv_fp8 import E4M3_MAX, KV_CACHE_DTYPES, Fp8KVFormat
-from deepinfer_core.ops.kv_fp8 import GROUP as FP8_KV_GROUP
-from deepinfer_core.ops.memory import MemoryOps
-from deepinfer_core.ops.moe import Dispatched, EPRouting, MoEOps, ScoreFunc
-from deepinfer_core.ops.reference import reference_op
-from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
-from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight, Weight
-from deepinfer_core.platforms.base import Availability, Platform
-from deepinfer_core.plugins.markers import hookimpl
-from deepinfer_core.spec_decode import DraftSequence, Proposer, ProposerContext, VerifiedRows
-from deepinfer_core.structured import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarVocab
-from deepinfer_core.structured.constraint import StructuredConstraint
-from deepinfer_core.version import PLUGIN_API_VERSION
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "PLUGIN_API_VERSION",
-    "hookimpl",
+#: name -> (module, attribute): where each name of the API lives today (internal, may move)
+_WHERE: dict[str, tuple[str, str]] = {
+    "PLUGIN_API_VERSION": ("deepinfer_core.version", "PLUGIN_API_VERSION"),
+    "hookimpl": ("deepinfer_core.plugins.markers", "hookimpl"),
     # configuration
-    "ConfigError",
-    "EngineConfig",
+    "ConfigError": ("deepinfer_core.config", "ConfigError"),
+    "EngineConfig": ("deepinfer_core.config", "EngineConfig"),
     # platforms
-    "Availability",
-    "Platform",
+    "Availability": ("deepinfer_core.platforms.base", "Availability"),
+    "Platform": ("deepinfer_core.platforms.base", "Platform"),
     # ops: one base class per concern, the reference implementations, and their data types
-    "AttentionOps",
-    "CommOps",
-    "DenseOps",
-    "MemoryOps",
-    "MoEOps",
-    "SamplingOps",
-    "reference_op",
-    "Dispatched",
-    "EPRouting",
-    "ExpertWeights",
-    "QuantizedWeight",
-    "SamplingTensors",
-    "ScoreFunc",
-    "Weight",
-    # KV cache layout
-    "CacheSpec",
-    "E4M3_MAX",
-    "FP8_KV_GROUP",
-    "Fp8KVFormat",
-    "KV_CACHE_DTYPES",
+    "AttentionOps": ("deepinfer_core.ops.attention", "AttentionOps"),
+    "CommOps": ("deepinfer_core.ops.comm", "CommOps"),
+    "DenseOps": ("deepinfer_core.ops.dense", "DenseOps"),
+    "MemoryOps": ("deepinfer_core.ops.memory", "MemoryOps"),
+    "MoEOps": ("deepinfer_core.ops.moe", "MoEOps"),
+    "SamplingOps": ("deepinfer_core.ops.sampling", "SamplingOps"),
+    "reference_op": ("deepinfer_core.ops.reference", "reference_op"),
+    "Dispatched": ("deepinfer_core.ops.moe", "Dispatched"),
+    "EPRouting": ("deepinfer_core.ops.moe", "EPRouting"),
+    "ExpertWeights": ("deepinfer_core.ops.weights", "ExpertWeights"),
+    "QuantizedWeight": ("deepinfer_core.ops.weights", "QuantizedWeight"),
+    "SamplingTensors": ("deepinfer_core.ops.sampling", "SamplingTensors"),
+    "ScoreFunc": ("deepinfer_core.ops.moe", "ScoreFunc"),
+    "Weight": ("deepinfer_core.ops.weights", "Weight"),
+    # the KV cache
+    "CacheSpec": ("deepinfer_core.kv.spec", "CacheSpec"),
+    "E4M3_MAX": ("deepinfer_core.ops.kv_fp8", "E4M3_MAX"),
+    "FP8_KV_GROUP": ("deepinfer_core.ops.kv_fp8", "GROUP"),
+    "Fp8KVFormat": ("deepinfer_core.ops.kv_fp8", "Fp8KVFormat"),
+    "KV_CACHE_DTYPES": ("deepinfer_core.ops.kv_fp8", "KV_CACHE_DTYPES"),
     # models
-    "CausalLM",
-    "ForwardBatch",
+    "CausalLM": ("deepinfer_core.models.base", "CausalLM"),
+    "ForwardBatch": ("deepinfer_core.models.batch", "ForwardBatch"),
     # speculative decoding: proposers
-    "DraftSequence",
-    "Proposer",
-    "ProposerContext",
-    "VerifiedRows",
+    "DraftSequence": ("deepinfer_core.spec_decode.context", "DraftSequence"),
+    "Proposer": ("deepinfer_core.spec_decode.proposer", "Proposer"),
+    "ProposerContext": ("deepinfer_core.spec_decode.context", "ProposerContext"),
+    "VerifiedRows": ("deepinfer_core.spec_decode.context", "VerifiedRows"),
     # structured outputs: grammar backends
-    "CompiledGrammar",
-    "GrammarBackend",
-    "GrammarMatcher",
-    "GrammarVocab",
-    "StructuredConstraint",
-]
+    "CompiledGrammar": ("deepinfer_core.structured.backend", "CompiledGrammar"),
+    "GrammarBackend": ("deepinfer_core.structured.backend", "GrammarBackend"),
+    "GrammarMatcher": ("deepinfer_core.structured.backend", "GrammarMatcher"),
+    "GrammarVocab": ("deepinfer_core.structured.vocab", "GrammarVocab"),
+    "StructuredConstraint": ("deepinfer_core.structured.constraint", "StructuredConstraint"),
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(
+            f"deepinfer_core.plugin_api has no name {name!r}; the API is __all__ (docs/plugins.md)"
+        )
+    value = getattr(importlib.import_module(where[0]), where[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)
+
+
+if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eagerly
+    from deepinfer_core.config import ConfigError, EngineConfig  # noqa: F401
+    from deepinfer_core.kv.spec import CacheSpec  # noqa: F401
+    from deepinfer_core.models.base import CausalLM  # noqa: F401
+    from deepinfer_core.models.batch import ForwardBatch  # noqa: F401
+    from deepinfer_core.ops.attention import AttentionOps  # noqa: F401
+    from deepinfer_core.ops.comm import CommOps  # noqa: F401
+    from deepinfer_core.ops.dense import DenseOps  # noqa: F401
+    from deepinfer_core.ops.memory import MemoryOps  # noqa: F401
+    from deepinfer_core.ops.moe import MoEOps  # noqa: F401
+    from deepinfer_core.ops.sampling import SamplingOps  # noqa: F401
+    from deepinfer_core.platforms.base import Availability, Platform  # noqa: F401
+    from deepinfer_core.spec_decode.context import DraftSequence, ProposerContext, VerifiedRows  # noqa: F401
+    from deepinfer_core.spec_decode.proposer import Proposer  # noqa: F401
