@@ -14,9 +14,10 @@ and its minor is not newer than the core's. ``docs/plugins.md`` lists these name
 from __future__ import annotations
 
 from deepinfer_core.config import ConfigError, EngineConfig
+from deepinfer_core.kv.packed import PackedFormat
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
-from deepinfer_core.models.batch import ForwardBatch
+from deepinfer_core.models.batch import ForwardBatch, TailBatch
 from deepinfer_core.ops.attention import AttentionOps
 from deepinfer_core.ops.comm import CommOps
 from deepinfer_core.ops.dense import DenseOps
@@ -60,6 +61,7 @@ __all__ = [
     "Weight",
     # KV cache layout
     "CacheSpec",
+    "PackedFormat",
     "E4M3_MAX",
     "FP8_KV_GROUP",
     "Fp8KVFormat",
@@ -67,6 +69,7 @@ __all__ = [
     # models
     "CausalLM",
     "ForwardBatch",
+    "TailBatch",
     # speculative decoding: proposers
     "DraftSequence",
     "Proposer",
