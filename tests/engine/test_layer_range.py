@@ -11,7 +11,7 @@ import torch
 
 from deepinfer_core import SamplingParams
 from deepinfer_core.config import ConfigError, load_config
-from deepinfer_core.engine.layer_range import BoundedReplay, tail_batch
+from deepinfer_core.engine.layer_range import BoundedReplay, bounded_replay, tail_batch
 from deepinfer_core.engine.llm_engine import LLMEngine
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.batch import ForwardBatch
@@ -153,3 +153,9 @@ def test_bounded_replay_is_off_by_default_and_refused_where_it_cannot_hold():
         _engine(Mixed(), swa_bounded_replay=True)
     with pytest.raises(ValueError, match="window < 3"):
         _engine(ToyCSA2LM(replay=3), swa_bounded_replay=True)
+
+
+def test_bounded_replay_is_refused_with_a_proposer_that_reads_hidden_states():
+    model = ToyCSA2LM()
+    with pytest.raises(ConfigError, match="hidden"):
+        bounded_replay(model, model.cache_specs(), enabled=True, taps_hidden=True)
