@@ -75,7 +75,10 @@ class CausalLM(ABC):
         request's chunk (V4.1: the decoder layers over their sliding window). With ``swa_bounded_replay`` on,
         the runner then gives mixed steps where rows can be dropped a ``batch.tail``
         (:class:`~deepinfer_core.models.batch.TailBatch`) and :meth:`forward` runs those layers on its rows
-        only. ``None`` (the default): every layer runs on every row."""
+        only. The state those layers keep is then written on those rows only: it must be windowed (a
+        window below ``window``), in cache groups of its own, and every cache spec names its ``writer``;
+        the engine keeps it out of the prefix cache. ``None`` (the default): every layer runs on every
+        row."""
         return None
 
     def plan_draft(self, batch: ForwardBatch, context_bucket: int | None = None) -> object | None:
