@@ -89,6 +89,11 @@ class EngineConfig(BaseModel):
         description="let checkpoint shards (or their symlinks) resolve outside the checkpoint directory",
     )
     enforce_eager: bool = Field(False, description="never capture decode steps as graphs")
+    swa_bounded_replay: bool = Field(
+        False,
+        description="run the layers a model declares (V4.1: its decoder) on only the last window of each "
+        "prefill chunk; not exact, so off by default",
+    )
     max_cudagraph_capture_size: int = Field(
         256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"
     )

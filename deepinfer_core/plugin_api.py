@@ -46,6 +46,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Weight": ("deepinfer_core.ops.weights", "Weight"),
     # the KV cache
     "CacheSpec": ("deepinfer_core.kv.spec", "CacheSpec"),
+    "PackedFormat": ("deepinfer_core.kv.packed", "PackedFormat"),
     "E4M3_MAX": ("deepinfer_core.ops.kv_fp8", "E4M3_MAX"),
     "FP8_KV_GROUP": ("deepinfer_core.ops.kv_fp8", "GROUP"),
     "Fp8KVFormat": ("deepinfer_core.ops.kv_fp8", "Fp8KVFormat"),
@@ -53,6 +54,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     # models
     "CausalLM": ("deepinfer_core.models.base", "CausalLM"),
     "ForwardBatch": ("deepinfer_core.models.batch", "ForwardBatch"),
+    "TailBatch": ("deepinfer_core.models.batch", "TailBatch"),
     # speculative decoding: proposers
     "DraftSequence": ("deepinfer_core.spec_decode.context", "DraftSequence"),
     "Proposer": ("deepinfer_core.spec_decode.proposer", "Proposer"),

@@ -22,6 +22,7 @@ from typing import Any
 from deepinfer_core.config import ConfigError, EngineConfig
 from deepinfer_core.engine.draft_rounds import draft_round
 from deepinfer_core.engine.input_processor import InputProcessor, ProcessedPrompt
+from deepinfer_core.engine.layer_range import bounded_replay
 from deepinfer_core.engine.loader import model_bytes
 from deepinfer_core.engine.model_runner import ModelRunner
 from deepinfer_core.engine.output_processor import OutputProcessor
@@ -32,6 +33,7 @@ from deepinfer_core.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer_core.engine.sequence import Request, SeqStatus, Sequence
 from deepinfer_core.kv.budget import choose_block_size, plan_kv
 from deepinfer_core.kv.kv_manager import KVCacheManager
+from deepinfer_core.kv.spec import check_specs
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.spec_decode import SpecStats, build_proposer
@@ -56,6 +58,9 @@ class LLMEngine:
         self.proposer = build_proposer(config.speculative_config, proposers or {}, model, config)
         self.spec_stats = SpecStats()
         specs = model.cache_specs()
+        check_specs(specs, model.num_layers)
+        taps_hidden = self.proposer is not None and self.proposer.needs_hidden
+        replay = bounded_replay(model, specs, config.swa_bounded_replay, taps_hidden)
         block_size = choose_block_size(specs, config.block_size)
         budget = config.kv_cache_memory_bytes
         if budget is None:
@@ -63,10 +68,19 @@ class LLMEngine:
         self.kv_layout = plan_kv(
             specs, block_size, budget, self.max_model_len, config.max_num_seqs, config.max_num_batched_tokens
         )
-        self.kv = KVCacheManager(specs, block_size, self.kv_layout.num_blocks, config.enable_prefix_caching)
+        replayed, replay_tokens = (replay.groups, replay.window) if replay else ((), 0)
+        self.kv = KVCacheManager(
+            specs,
+            block_size,
+            self.kv_layout.num_blocks,
+            config.enable_prefix_caching,
+            replayed,
+            replay_tokens,
+        )
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         graph_bs = 0 if config.enforce_eager else min(config.max_cudagraph_capture_size, config.max_num_seqs)
         self.runner = ModelRunner(model, backends, self.kv_layout, self.max_model_len, graph_bs)
+        self.runner.bounded_replay = replay
         self.structured = StructuredOutputManager(
             structured_backends or {},
             config.structured_outputs_backend,

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from deepinfer_core.engine.graphs import GraphCache
+from deepinfer_core.engine.layer_range import BoundedReplay, tail_batch
 from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
 from deepinfer_core.kv.budget import KVLayout
 from deepinfer_core.models.base import CausalLM
@@ -69,6 +70,8 @@ class ModelRunner:
         self.tap_hidden = False
         self.last_hidden: torch.Tensor | None = None
         self.last_rows: list[int] = []
+        #: the model's bounded replay when it is on (see :mod:`.layer_range`)
+        self.bounded_replay: BoundedReplay | None = None
         if backends.memory.supports_graphs:
             self.static_decode(max_graph_batch_size, capture=True)
 
@@ -113,6 +116,7 @@ class ModelRunner:
             block_size=self.block_size,
             logits_indices=_ints(rows),
         )
+        batch.tail = tail_batch(batch, self.bounded_replay)
         batch.plan = self.model.plan(batch, None)
         self.last_rows = qsl[:-1]
         return batch.to(self.device)

@@ -17,7 +17,6 @@ class KVRequest(Protocol):
     #: chain hashes of the leading full blocks of ``token_ids`` (filled in by the KV manager)
     block_hashes: list[int]
     num_committed_blocks: int  # leading full blocks already offered to the prefix cache
-    num_released_blocks: int  # leading window blocks released
 
     @property
     def num_tokens(self) -> int: ...

@@ -23,6 +23,9 @@ class CausalLM(ABC):
     eos_token_ids: list[int]
     #: number of MTP (multi-token prediction) modules in the checkpoint; 0 if none
     num_mtp_layers: int = 0
+    #: layers numbered ``0 .. num_layers - 1`` (draft modules after the main layers), as cache specs'
+    #: ``writer`` / ``readers`` and :meth:`bounded_replay` name them; ``None``: the model does not number them
+    num_layers: int | None = None
 
     @classmethod
     @abstractmethod
@@ -48,7 +51,9 @@ class CausalLM(ABC):
         """Run the decoder over ``batch``, reading and writing ``kv`` (spec name -> pool tensor).
 
         Returns the final hidden state of every token row (for V4: the mHC streams ``[T, hc_mult, D]``
-        before ``hc_head``; that is what MTP consumes)."""
+        before ``hc_head``; that is what MTP consumes). With ``batch.tail`` (:meth:`bounded_replay`), rows
+        outside ``batch.tail.rows`` may hold the output of layer ``first_layer - 1`` instead; no logits
+        row is among them."""
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -63,6 +68,17 @@ class CausalLM(ABC):
         by :meth:`forward` as ``batch.plan``; ``None`` (the default): the model needs none. With
         ``context_bucket`` (only asked of models that set :attr:`supports_graphs`) the tables' shapes must
         depend only on the row count and the bucket, every context in the batch being below it."""
+        return None
+
+    def bounded_replay(self) -> tuple[int, int] | None:
+        """``(first_layer, window)`` when layers ``>= first_layer`` need only the last ``window`` rows of each
+        request's chunk (V4.1: the decoder layers over their sliding window). With ``swa_bounded_replay`` on,
+        the runner then gives mixed steps where rows can be dropped a ``batch.tail``
+        (:class:`~deepinfer_core.models.batch.TailBatch`) and :meth:`forward` runs those layers on its rows
+        only. The state those layers keep is then written on those rows only: it must be windowed (a
+        window below ``window``), in cache groups of its own, and every cache spec names its ``writer``;
+        the engine keeps it out of the prefix cache. ``None`` (the default): every layer runs on every
+        row."""
         return None
 
     def plan_draft(self, batch: ForwardBatch, context_bucket: int | None = None) -> object | None:

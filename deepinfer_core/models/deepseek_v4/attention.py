@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.spec import CacheGroup, CacheSpec
+from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.params import Module, SharedInput, Slot
@@ -34,7 +34,7 @@ def flat(pool: torch.Tensor) -> torch.Tensor:
 
 def entry_spec(
     name: str,
-    group: CacheGroup,
+    group: str,
     tokens_per_entry: int,
     head_dim: int,
     dtype: torch.dtype,
