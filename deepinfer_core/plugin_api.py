@@ -19,10 +19,19 @@ from deepinfer_core.models.base import CausalLM
 from deepinfer_core.models.batch import ForwardBatch
 from deepinfer_core.ops.attention import AttentionOps
 from deepinfer_core.ops.comm import CommOps
+from deepinfer_core.ops.compose import (
+    compose_hc_post_pre,
+    compose_hc_pre_norm,
+    compose_indexer_select,
+    compose_linear_f32,
+    compose_rms_norm_rope,
+)
 from deepinfer_core.ops.dense import DenseOps
+from deepinfer_core.ops.fusions import FusedOps, Fusion
 from deepinfer_core.ops.kv_fp8 import E4M3_MAX, KV_CACHE_DTYPES, Fp8KVFormat
 from deepinfer_core.ops.kv_fp8 import GROUP as FP8_KV_GROUP
 from deepinfer_core.ops.memory import MemoryOps
+from deepinfer_core.ops.mhc import HCParams
 from deepinfer_core.ops.moe import Dispatched, EPRouting, MoEOps, ScoreFunc
 from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
@@ -58,6 +67,15 @@ __all__ = [
     "SamplingTensors",
     "ScoreFunc",
     "Weight",
+    "HCParams",
+    # fusions: what a backend may declare, the resolved table, the core's compositions of plain ops
+    "Fusion",
+    "FusedOps",
+    "compose_hc_post_pre",
+    "compose_hc_pre_norm",
+    "compose_indexer_select",
+    "compose_linear_f32",
+    "compose_rms_norm_rope",
     # KV cache layout
     "CacheSpec",
     "E4M3_MAX",
