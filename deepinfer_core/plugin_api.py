@@ -13,7 +13,7 @@ and its minor is not newer than the core's. ``docs/plugins.md`` lists these name
 
 from __future__ import annotations
 
-from deepinfer_core.config import ConfigError, EngineConfig
+from deepinfer_core.config import ConfigError, EngineConfig, PlatformSettings
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.models.batch import ForwardBatch
@@ -52,6 +52,7 @@ __all__ = [
     # platforms
     "Availability",
     "Platform",
+    "PlatformSettings",
     # ops: one base class per concern, the reference implementations, and their data types
     "AttentionOps",
     "CommOps",

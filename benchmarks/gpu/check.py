@@ -55,6 +55,7 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     torch,
     triton,
 )
+from cuda_settings import use_env_settings
 
 from deepinfer_core.ops.quant_formats import dequant  # noqa: E402
 from deepinfer_core.ops.reference import reference_op  # noqa: E402
@@ -388,7 +389,7 @@ def main() -> int:
                          capture_output=True, text=True).stdout.strip()  # fmt: skip
     print(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; {smi}; "
           f"torch {torch.__version__}; triton {triton.__version__}; arch {dispatch.arch()}; "
-          f"command: {' '.join(sys.argv)}", flush=True)  # fmt: skip
+          f"cuda_sm100 {use_env_settings().model_dump()}; command: {' '.join(sys.argv)}", flush=True)  # fmt: skip
     ceilings()
     for part in args.only.split(","):
         t0 = time.time()
