@@ -1,8 +1,11 @@
-"""Engine configuration: one frozen pydantic model.
+"""Engine configuration: one frozen pydantic model, and the only reader of the environment.
 
 Every field can be set, in increasing precedence, by its default, a config file
 (``--config file.toml|yaml|json``), a ``DEEPINFER_<FIELD>`` environment variable, and an explicit
-argument (``LLM(field=...)`` or a CLI flag). Unknown fields are errors.
+argument (``LLM(field=...)`` or a CLI flag). Unknown fields are errors. A platform's settings are a section
+keyed by its name, set the same three ways (``[cuda_sm100]`` table, ``DEEPINFER_CUDA_SM100__PDL``,
+``LLM(cuda_sm100={...})``) and checked against the platform's :class:`PlatformSettings` model once the
+plugins are loaded (:mod:`deepinfer_core.platforms.settings`).
 """
 
 from __future__ import annotations
@@ -150,7 +153,8 @@ class EngineConfig(BaseModel):
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file into a dict of config fields.
 
-    A TOML file may put the fields at top level or under a ``[deepinfer]`` table."""
+    A TOML file may put the fields at top level or under a ``[deepinfer]`` table; a platform's section is a
+    table of its name (``[cuda_sm100]``, or ``[deepinfer.cuda_sm100]`` under ``[deepinfer]``)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
