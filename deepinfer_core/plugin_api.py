@@ -26,6 +26,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     # configuration
     "ConfigError": ("deepinfer_core.config", "ConfigError"),
     "EngineConfig": ("deepinfer_core.config", "EngineConfig"),
+    "PlatformSettings": ("deepinfer_core.config", "PlatformSettings"),
     # platforms
     "Availability": ("deepinfer_core.platforms.base", "Availability"),
     "Platform": ("deepinfer_core.platforms.base", "Platform"),
@@ -44,6 +45,15 @@ _WHERE: dict[str, tuple[str, str]] = {
     "SamplingTensors": ("deepinfer_core.ops.sampling", "SamplingTensors"),
     "ScoreFunc": ("deepinfer_core.ops.moe", "ScoreFunc"),
     "Weight": ("deepinfer_core.ops.weights", "Weight"),
+    "HCParams": ("deepinfer_core.ops.mhc", "HCParams"),
+    # fusions: what a backend may declare, the resolved table, the core's compositions of plain ops
+    "Fusion": ("deepinfer_core.ops.fusions", "Fusion"),
+    "FusedOps": ("deepinfer_core.ops.fusions", "FusedOps"),
+    "compose_hc_post_pre": ("deepinfer_core.ops.compose", "compose_hc_post_pre"),
+    "compose_hc_pre_norm": ("deepinfer_core.ops.compose", "compose_hc_pre_norm"),
+    "compose_indexer_select": ("deepinfer_core.ops.compose", "compose_indexer_select"),
+    "compose_linear_f32": ("deepinfer_core.ops.compose", "compose_linear_f32"),
+    "compose_rms_norm_rope": ("deepinfer_core.ops.compose", "compose_rms_norm_rope"),
     # the KV cache
     "CacheSpec": ("deepinfer_core.kv.spec", "CacheSpec"),
     "PackedFormat": ("deepinfer_core.kv.packed", "PackedFormat"),

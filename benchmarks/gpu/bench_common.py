@@ -48,11 +48,15 @@ def cuda_runtime(config):
 
 
 def make_llm(path: str, backend: str, **kw):
+    from cuda_settings import cuda_env
+
     from deepinfer_core.config import load_config
     from deepinfer_core.engine.llm import LLM
     from deepinfer_core.engine.llm_engine import LLMEngine
 
-    config = load_config(environ={}, model=path, backend=backend, **kw)
+    config = load_config(
+        environ=cuda_env() if backend == "cuda_sm100" else {}, model=path, backend=backend, **kw
+    )
     rt = cuda_runtime(config) if backend == "cuda_sm100" else None
     return LLM.from_engine(LLMEngine.from_config(config, rt))
 

@@ -16,7 +16,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("plugins", help="list installed plugins, their hooks and platforms")
-    sp.add_argument("--config")
+    sp.add_argument(
+        "--config",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="also print the effective settings (engine and each platform's section) and where each comes "
+        "from; FILE: a config file to read first",
+    )
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=plugins_cmd.run)
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from deepinfer_core.ops.backends import CONCERNS, Backends
+from deepinfer_core.ops.fusions import COMPOSED, Fusion, resolve_fusions
 from deepinfer_core.testing.opcase import OpCase
 
 
@@ -23,7 +26,9 @@ def all_cases() -> list[OpCase]:
                 raise
             continue
         cases.extend(mod.CASES)
-    return cases
+    from deepinfer_core.testing import cases_fusions
+
+    return cases + cases_fusions.CASES
 
 
 def backends_for(name: str, extra_plugins: list[object] = ()) -> Backends:
@@ -71,6 +76,16 @@ def _compare(actual: Any, expected: Any, case: OpCase) -> None:
     assert actual == expected, f"{case.id}: {actual!r} != {expected!r}"
 
 
+def _op(target: Any, case: OpCase, composed: bool = False) -> Callable[..., Any]:
+    """The callable ``case`` runs: a concern's method of ``target`` (backends), or for a fusion the backends'
+    resolved step; with ``composed``, ``target`` is one ops object and a fusion is its plain ops' composition."""
+    if not case.fusion:
+        return getattr(target if composed else getattr(target, case.concern), case.op)
+    if composed:
+        return functools.partial(COMPOSED[Fusion(case.op)], target)
+    return getattr(resolve_fusions(target.dense, target.attention), case.op)
+
+
 def check_case(backends: Backends, case: OpCase, reference: Backends | None = None, seed: int = 1234) -> None:
     """Run ``case`` on ``backends`` and on the reference ops with the same random inputs; raise
     ``AssertionError`` naming the case when they disagree beyond the case's tolerance."""
@@ -78,11 +93,9 @@ def check_case(backends: Backends, case: OpCase, reference: Backends | None = No
 
     ref_obj = getattr(reference, case.concern) if reference is not None else reference_op(case.concern)
     args, kwargs = case.make_inputs(torch.Generator().manual_seed(seed))
-    expected = getattr(ref_obj, case.op)(*args, **kwargs)
+    expected = _op(ref_obj, case, composed=True)(*args, **kwargs)
     device = backends.memory.device
-    actual = getattr(getattr(backends, case.concern), case.op)(
-        *to_device(args, device), **to_device(kwargs, device)
-    )
+    actual = _op(backends, case)(*to_device(args, device), **to_device(kwargs, device))
     actual = to_device(actual, torch.device("cpu"))
     if case.compare is not None:
         case.compare(actual, expected, (args, kwargs))

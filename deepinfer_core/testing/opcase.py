@@ -21,6 +21,9 @@ class OpCase:
     compare: Callable[[Any, Any, Any], None] | None = None
     #: an optional feature the case needs: a ``kv_cache_dtype`` the attention ops must list (else skipped)
     kv_cache_dtype: str = "auto"
+    #: ``op`` is a :class:`~deepinfer_core.ops.fusions.Fusion`: run as the backend resolves it (its fused op where
+    #: declared, else the core's composition of its plain ops), expected: the composition of the reference's ops
+    fusion: bool = False
 
     def applies_to(self, backends: Any) -> bool:
         """False when the case tests an optional feature ``backends`` does not declare."""

@@ -15,7 +15,7 @@ CASES = all_cases()
 @pytest.mark.parametrize("switches", ["default", "all"])
 def test_conformance_kit_passes_for_ascend950(standin, monkeypatch, switches):
     if switches == "all":
-        monkeypatch.setenv("DEEPINFER_ASCEND_FUSED", "all")
+        monkeypatch.setenv("DEEPINFER_ASCEND950__FUSED", "all")
     backends = backends_for("ascend950")
     assert backends.memory.device.type == "cpu"
     failures = []

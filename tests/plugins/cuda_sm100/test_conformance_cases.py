@@ -38,3 +38,15 @@ def test_cases_exist():
 def test_conformance_case(backends, case):
     assert case.applies_to(backends)  # the plugin declares every optional feature the cases test
     check_case(backends, case)
+
+
+def test_the_plugin_declares_its_fused_kernels(backends):
+    """Every fusion the core knows has a kernel here, so the model's fused steps are this plugin's methods."""
+    from deepinfer_core.ops.fusions import Fusion, resolve_fusions
+
+    fused = resolve_fusions(backends.dense, backends.attention)
+    assert fused.declared == set(Fusion)
+    assert (
+        fused.hc_post_pre == backends.dense.hc_post_pre
+        and fused.indexer_select == backends.attention.indexer_select
+    )
