@@ -40,6 +40,7 @@ OTHER_VARIABLES = frozenset(
         "DEEPINFER_RAW_ONLY",
         "DEEPINFER_CACHE",
         "DEEPINFER_V41_REFERENCE",
+        "DEEPINFER_CHAT_REFERENCE",
     }
 )
 

@@ -27,7 +27,10 @@ def test_unknown_thinking_mode_lists_the_allowed_modes():
         ("hi", "messages must be a non-empty list"),
         (["hi"], "messages[0] must be a dict"),
         ([{"role": "latest_reminder", "content": "x"}], "messages[0].role: unknown role 'latest_reminder'"),
-        ([{"role": "developer", "content": ""}], "messages[0].content must not be empty for role 'developer'"),
+        (
+            [{"role": "developer", "content": ""}],
+            "messages[0].content must not be empty for role 'developer'",
+        ),
         ([{"content": "x"}], "messages[0].role: unknown role None"),
         ([{"role": "user"}], "messages[0].content is required for role 'user'"),
         ([{"role": "system", "content": None}, USER], "messages[0].content is required for role 'system'"),
