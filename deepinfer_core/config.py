@@ -43,6 +43,7 @@ OTHER_VARIABLES = frozenset(
         "DEEPINFER_RAW_ONLY",
         "DEEPINFER_CACHE",
         "DEEPINFER_V41_REFERENCE",
+        "DEEPINFER_CHAT_REFERENCE",
     }
 )
 #: ``DEEPINFER_<PLATFORM>__<FIELD>``: a field of a platform's section (``DEEPINFER_CUDA_SM100__PDL=0``)

@@ -43,7 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("chat", help="chat with the model")
     c.add_argument("--message", action="append", help="send these user turns and exit (repeatable)")
     c.add_argument("--system", help="system prompt")
-    c.add_argument("--thinking-mode", default="non-think", choices=["non-think", "think-high", "think-max"])
+    c.add_argument(
+        "--thinking-mode",
+        default="non-think",
+        choices=["non-think", "think", "think-high", "think-max"],
+        help="'think' is DeepSeek-V4.1's, with --reasoning-effort",
+    )
+    c.add_argument(
+        "--reasoning-effort",
+        type=_effort,
+        help="DeepSeek-V4.1's reasoning effort: an integer from 1 to 100, or low, high, max",
+    )
     c.add_argument("--json", action="store_true")
     add_engine_args(c)
     add_sampling_args(c)
@@ -59,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(b)
     b.set_defaults(func=bench_cmd.run)
     return p
+
+
+def _effort(text: str) -> int | str:
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def main(argv: list[str] | None = None) -> int:
