@@ -18,7 +18,7 @@ from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.models.batch import ForwardBatch
 from deepinfer_core.ops.attention import AttentionOps
-from deepinfer_core.ops.comm import CommOps
+from deepinfer_core.ops.comm import CommOps, TorchDistributedCommOps
 from deepinfer_core.ops.dense import DenseOps
 from deepinfer_core.ops.kv_fp8 import E4M3_MAX, KV_CACHE_DTYPES, Fp8KVFormat
 from deepinfer_core.ops.kv_fp8 import GROUP as FP8_KV_GROUP
@@ -51,6 +51,7 @@ __all__ = [
     "MoEOps",
     "SamplingOps",
     "reference_op",
+    "TorchDistributedCommOps",
     "Dispatched",
     "EPRouting",
     "ExpertWeights",
