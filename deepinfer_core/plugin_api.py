@@ -31,6 +31,7 @@ from deepinfer_core.platforms.base import Availability, Platform
 from deepinfer_core.plugins.markers import hookimpl
 from deepinfer_core.spec_decode import DraftSequence, Proposer, ProposerContext, VerifiedRows
 from deepinfer_core.structured import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarVocab
+from deepinfer_core.structured.bitmask import pack_allowed
 from deepinfer_core.structured.constraint import StructuredConstraint
 from deepinfer_core.version import PLUGIN_API_VERSION
 
@@ -79,4 +80,5 @@ __all__ = [
     "GrammarMatcher",
     "GrammarVocab",
     "StructuredConstraint",
+    "pack_allowed",
 ]
