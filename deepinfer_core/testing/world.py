@@ -42,7 +42,9 @@ def world_failure(backends: Any, case: OpCase, reference: Any, seed: int) -> str
     key = (id(backends), id(reference), seed, case.world)
     _, _, results = _RESULTS.setdefault(key, (backends, reference, {}))
     if case not in results:
-        batch = [case] if results else [c for c in all_cases() if c.world == case.world]
+        batch = (
+            [] if results else [c for c in all_cases() if c.world == case.world and c.applies_to(backends)]
+        )
         batch += [] if case in batch else [case]
         results.update(run_world(backends, batch, reference, seed, case.world))
     return results[case]
