@@ -87,7 +87,11 @@ class EngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
     speculative_config: dict[str, Any] | None = None
-    structured_outputs_backend: Literal["auto", "xgrammar", "llguidance"] = "xgrammar"
+    structured_outputs_backend: str = Field(
+        "xgrammar",
+        description='grammar backend: "xgrammar", "llguidance", "auto" (deepinfer-structured) or one a plugin '
+        "registers; checked against the installed ones when the engine is built",
+    )
     structured_outputs_max_spec_bytes: int = Field(
         65536,
         ge=1,
@@ -153,6 +157,13 @@ class EngineConfig(BaseModel):
     def _backend_nonempty(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("backend must be a platform name or 'auto'")
+        return v.strip()
+
+    @field_validator("structured_outputs_backend")
+    @classmethod
+    def _grammar_backend_nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("structured_outputs_backend must be the name of a grammar backend")
         return v.strip()
 
 

@@ -33,6 +33,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     # ops: one base class per concern, the reference implementations, and their data types
     "AttentionOps": ("deepinfer_core.ops.attention", "AttentionOps"),
     "CommOps": ("deepinfer_core.ops.comm", "CommOps"),
+    "TorchDistributedCommOps": ("deepinfer_core.ops.comm", "TorchDistributedCommOps"),
     "DenseOps": ("deepinfer_core.ops.dense", "DenseOps"),
     "MemoryOps": ("deepinfer_core.ops.memory", "MemoryOps"),
     "MoEOps": ("deepinfer_core.ops.moe", "MoEOps"),
@@ -76,6 +77,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "GrammarMatcher": ("deepinfer_core.structured.backend", "GrammarMatcher"),
     "GrammarVocab": ("deepinfer_core.structured.vocab", "GrammarVocab"),
     "StructuredConstraint": ("deepinfer_core.structured.constraint", "StructuredConstraint"),
+    "pack_allowed": ("deepinfer_core.structured.bitmask", "pack_allowed"),
 }
 
 __all__ = list(_WHERE)

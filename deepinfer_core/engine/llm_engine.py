@@ -37,7 +37,7 @@ from deepinfer_core.kv.spec import check_specs
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.spec_decode import SpecStats, build_proposer
-from deepinfer_core.structured import StructuredOutputManager
+from deepinfer_core.structured import StructuredOutputManager, check_backend_name
 
 log = logging.getLogger("deepinfer.engine")
 Failures = list[tuple[Sequence, str]]
@@ -54,6 +54,7 @@ class LLMEngine:
         proposers: Mapping[str, Any] | None = None,
     ):
         self.config, self.model, self.backends, self.tokenizer = config, model, backends, tokenizer
+        check_backend_name(structured_backends or {}, config.structured_outputs_backend)
         self.max_model_len = _max_model_len(config, model)
         self.proposer = build_proposer(config.speculative_config, proposers or {}, model, config)
         self.spec_stats = SpecStats()
@@ -114,6 +115,8 @@ class LLMEngine:
         from deepinfer_core.runtime import build_runtime
 
         rt = runtime if runtime is not None else build_runtime(config)
+        # a grammar backend that is not installed fails before the weights load
+        check_backend_name(rt.registry.structured_backends, config.structured_outputs_backend)
         model, tokenizer = load(config, rt)
         return cls(
             config,

@@ -1,4 +1,5 @@
-"""Hook implementations: register platform ``example`` and serve two op concerns for it."""
+"""Hook implementations: register platform ``example`` and serve two op concerns for it, and register the
+grammar backend ``example_choice``."""
 
 from __future__ import annotations
 
@@ -37,3 +38,9 @@ def deepinfer_sampling_ops(platform, config):
     from deepinfer_example_backend.ops import ExampleSamplingOps
 
     return ExampleSamplingOps()
+
+
+@hookimpl
+def deepinfer_register_structured_backends(register):
+    # "module:attr": imported when an engine first serves a constrained request with this backend
+    register("example_choice", "deepinfer_example_backend.grammar:ChoiceBackend")
