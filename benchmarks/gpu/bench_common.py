@@ -41,10 +41,11 @@ def ceilings(dev) -> dict[str, float]:
 
 def cuda_runtime(config):
     import deepinfer_cuda_sm100.plugin as cuda_plugin
+    import deepinfer_spec_decode.plugin as spec_plugin
     import deepinfer_structured.plugin as structured_plugin
     from deepinfer_core.runtime import build_runtime
 
-    return build_runtime(config, extra_plugins=[cuda_plugin, structured_plugin])
+    return build_runtime(config, extra_plugins=[cuda_plugin, structured_plugin, spec_plugin])
 
 
 def make_llm(path: str, backend: str, **kw):
