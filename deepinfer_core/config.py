@@ -1,8 +1,11 @@
-"""Engine configuration: one frozen pydantic model.
+"""Engine configuration: one frozen pydantic model, and the only reader of the environment.
 
 Every field can be set, in increasing precedence, by its default, a config file
 (``--config file.toml|yaml|json``), a ``DEEPINFER_<FIELD>`` environment variable, and an explicit
-argument (``LLM(field=...)`` or a CLI flag). Unknown fields are errors.
+argument (``LLM(field=...)`` or a CLI flag). Unknown fields are errors. A platform's settings are a section
+keyed by its name, set the same three ways (``[cuda_sm100]`` table, ``DEEPINFER_CUDA_SM100__PDL``,
+``LLM(cuda_sm100={...})``) and checked against the platform's :class:`PlatformSettings` model once the
+plugins are loaded (:mod:`deepinfer_core.platforms.settings`).
 """
 
 from __future__ import annotations
@@ -11,40 +14,54 @@ import difflib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "DEEPINFER_"
 log = logging.getLogger("deepinfer.config")
 
-#: ``DEEPINFER_*`` variables that are not engine fields: read by the platforms (their tuning switches),
-#: the server, and the build and training tools. Any other ``DEEPINFER_*`` variable is warned about,
-#: since it is most likely a misspelled field (``DEEPINFER_MAX_NUM_SEQ``) that would be ignored.
+#: ``DEEPINFER_*`` variables that are not settings: the server's key, and the build, training and test tools'
+#: switches. Any other ``DEEPINFER_*`` variable that is neither a field nor a ``<PLATFORM>__<FIELD>`` setting is
+#: warned about, since it is most likely a misspelled field (``DEEPINFER_MAX_NUM_SEQ``) that would be ignored.
 OTHER_VARIABLES = frozenset(
     {
-        "DEEPINFER_NUM_THREADS",
-        "DEEPINFER_HOST_RESERVE",
-        "DEEPINFER_PDL",
-        "DEEPINFER_HC_FUSED",
-        "DEEPINFER_SPLITK_FINISH",
-        "DEEPINFER_FP4_H2",
-        "DEEPINFER_CUDA_TILELANG",
-        "DEEPINFER_ASCEND_FUSED",
-        "DEEPINFER_ASCEND_GRAPHS",
         "DEEPINFER_API_KEY",
         "DEEPINFER_TORCH_SPEC",
         "DEEPINFER_TRITON_SPEC",
         "DEEPINFER_RAW_ONLY",
         "DEEPINFER_CACHE",
+        "DEEPINFER_V41_REFERENCE",
+        "DEEPINFER_CHAT_REFERENCE",
     }
 )
+#: ``DEEPINFER_<PLATFORM>__<FIELD>``: a field of a platform's section (``DEEPINFER_CUDA_SM100__PDL=0``)
+SECTION_DELIMITER = "__"
+S = TypeVar("S", bound="PlatformSettings")
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field, the value and what is allowed."""
+
+
+class PlatformSettings(BaseModel):
+    """Base of a platform's settings (:attr:`deepinfer_core.platforms.base.Platform.settings_model`): typed,
+    documented fields with defaults, frozen, unknown fields refused. The platform's section of the engine
+    configuration, keyed by its name: ``LLM(cuda_sm100={"pdl": False})``, ``DEEPINFER_CUDA_SM100__PDL=0``, or a
+    ``[cuda_sm100]`` table in a config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class EngineConfig(BaseModel):
@@ -70,7 +87,11 @@ class EngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
     speculative_config: dict[str, Any] | None = None
-    structured_outputs_backend: Literal["auto", "xgrammar", "llguidance"] = "xgrammar"
+    structured_outputs_backend: str = Field(
+        "xgrammar",
+        description='grammar backend: "xgrammar", "llguidance", "auto" (deepinfer-structured) or one a plugin '
+        "registers; checked against the installed ones when the engine is built",
+    )
     structured_outputs_max_spec_bytes: int = Field(
         65536,
         ge=1,
@@ -88,6 +109,11 @@ class EngineConfig(BaseModel):
         description="let checkpoint shards (or their symlinks) resolve outside the checkpoint directory",
     )
     enforce_eager: bool = Field(False, description="never capture decode steps as graphs")
+    swa_bounded_replay: bool = Field(
+        False,
+        description="run the layers a model declares (V4.1: its decoder) on only the last window of each "
+        "prefill chunk; not exact, so off by default",
+    )
     max_cudagraph_capture_size: int = Field(
         256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"
     )
@@ -107,6 +133,24 @@ class EngineConfig(BaseModel):
     )
     strict_plugins: bool = False
     plugins: list[str] | None = Field(None, description="entry-point names to load; None loads all, [] none")
+    sections: dict[str, Any] = Field(
+        default_factory=dict,
+        description="platform settings by platform name, each given as <platform>={...}; checked against the "
+        "platform's settings model when the engine is built",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_sections(cls, data: Any) -> Any:
+        return split_sections(data) if isinstance(data, dict) else data
+
+    def platform_settings(self, platform: str, model: type[S]) -> S:
+        """``platform``'s section as its settings ``model``: the object the engine's build validated, or (for a
+        config that was not bound to the installed platforms) validated now.
+
+        :raises ConfigError: naming the field and what is allowed."""
+        value = self.sections.get(platform, {})
+        return value if isinstance(value, model) else validate_section(platform, model, value)
 
     @field_validator("backend")
     @classmethod
@@ -115,11 +159,19 @@ class EngineConfig(BaseModel):
             raise ValueError("backend must be a platform name or 'auto'")
         return v.strip()
 
+    @field_validator("structured_outputs_backend")
+    @classmethod
+    def _grammar_backend_nonempty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("structured_outputs_backend must be the name of a grammar backend")
+        return v.strip()
+
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file into a dict of config fields.
 
-    A TOML file may put the fields at top level or under a ``[deepinfer]`` table."""
+    A TOML file may put the fields at top level or under a ``[deepinfer]`` table; a platform's section is a
+    table of its name (``[cuda_sm100]``, or ``[deepinfer.cuda_sm100]`` under ``[deepinfer]``)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
@@ -167,44 +219,119 @@ def _env_value(name: str, raw: str) -> Any:
     return raw  # pydantic coerces "1", "true", "0.5" ...
 
 
-def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """``DEEPINFER_<FIELD>`` variables as config values. ``DEEPINFER_PLUGINS`` is comma-separated. Other
+def env_overrides(environ: Mapping[str, str] | None = None, warn: bool = True) -> dict[str, Any]:
+    """``DEEPINFER_<FIELD>`` variables as config values, ``DEEPINFER_<PLATFORM>__<FIELD>`` as values of platform
+    sections (raw strings, which the section's model coerces). ``DEEPINFER_PLUGINS`` is comma-separated. Other
     ``DEEPINFER_*`` variables that nothing reads are warned about, with the closest field name."""
     environ = os.environ if environ is None else environ
     out: dict[str, Any] = {}
-    known = {ENV_PREFIX + name.upper(): name for name in EngineConfig.model_fields}
+    sections: dict[str, dict[str, str]] = {}
+    known = {ENV_PREFIX + name.upper(): name for name in EngineConfig.model_fields if name != "sections"}
     for key in environ:
+        rest = key[len(ENV_PREFIX) :]
         if key in known:
             out[known[key]] = _env_value(known[key], environ[key])
-        elif key.startswith(ENV_PREFIX) and key not in OTHER_VARIABLES:
+        elif key.startswith(ENV_PREFIX) and SECTION_DELIMITER in rest.strip("_"):
+            section, field = rest.lower().split(SECTION_DELIMITER, 1)
+            sections.setdefault(section, {})[field] = environ[key]
+        elif warn and key.startswith(ENV_PREFIX) and key not in OTHER_VARIABLES:
             close = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            log.warning("deepinfer: ignoring unknown environment variable %s%s", key, hint)
+            hint = (
+                f"did you mean {close[0]}?"
+                if close
+                else f"a platform's setting is {ENV_PREFIX}<PLATFORM>__<FIELD>"
+            )
+            log.warning("deepinfer: ignoring unknown environment variable %s; %s", key, hint)
+    return merge_sources(out, {"sections": sections}) if sections else out
+
+
+def split_sections(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with each key that is no field and holds a mapping (``cuda_sm100={"pdl": False}``, a TOML
+    ``[cuda_sm100]`` table) moved into ``sections``: a platform's settings, whose fields are only known once the
+    plugins are loaded (:func:`deepinfer_core.platforms.settings.bind_settings` checks them)."""
+    fields = EngineConfig.model_fields
+    named = {k: v for k, v in data.items() if k not in fields and isinstance(v, Mapping | BaseModel)}
+    rest = {k: v for k, v in data.items() if k not in named}
+    return merge_sources(rest, {"sections": named}) if named else rest
+
+
+def merge_sources(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: fields replaced, platform sections merged field by field (a file's
+    ``[cuda_sm100] pdl = false`` and ``DEEPINFER_CUDA_SM100__HC_FUSED=0`` both hold)."""
+    out = {**base, **{k: v for k, v in over.items() if k != "sections"}}
+    sections = {name: dict(_section_values(v)) for name, v in (base.get("sections") or {}).items()}
+    for name, values in (over.get("sections") or {}).items():
+        sections[name] = {**sections.get(name, {}), **_section_values(values)}
+    if sections or "sections" in base or "sections" in over:
+        out["sections"] = sections
     return out
 
 
+def _section_values(values: Any) -> dict[str, Any]:
+    if isinstance(values, BaseModel):
+        return values.model_dump(exclude_unset=True)
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"a platform section must be a mapping of its fields to values, not {values!r}")
+    return dict(values)
+
+
 def load_config(
-    config_file: str | Path | None = None, environ: dict[str, str] | None = None, **explicit: Any
+    config_file: str | Path | None = None, environ: Mapping[str, str] | None = None, **explicit: Any
 ) -> EngineConfig:
     """Merge file < environment < explicit values into a validated :class:`EngineConfig`."""
     merged: dict[str, Any] = {}
-    if config_file is not None:
-        merged.update(read_config_file(config_file))
-    merged.update(env_overrides(environ))
-    merged.update({k: v for k, v in explicit.items()})
+    for source in (
+        read_config_file(config_file) if config_file is not None else {},
+        env_overrides(environ),
+        explicit,
+    ):
+        merged = merge_sources(merged, split_sections(source))
     try:
         return EngineConfig(**merged)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e)) from None
 
 
-def format_validation_error(e: ValidationError) -> str:
+def setting_sources(
+    config_file: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Where each value that is set comes from: ``"config file"`` or the ``DEEPINFER_*`` variable (which wins),
+    keyed by field name or ``platform.field``; a key that is absent is at its default."""
+    out: dict[str, str] = {}
+    file_data = split_sections(read_config_file(config_file)) if config_file is not None else {}
+    env_data = env_overrides(environ, warn=False)
+    for data, env in ((file_data, False), (env_data, True)):
+        for key in data:
+            if key != "sections":
+                out[key] = f"{ENV_PREFIX}{key.upper()}" if env else "config file"
+        for name, values in (data.get("sections") or {}).items():
+            for key in values:
+                where = (
+                    f"{ENV_PREFIX}{name.upper()}{SECTION_DELIMITER}{key.upper()}" if env else "config file"
+                )
+                out[f"{name}.{key}"] = where
+    return out
+
+
+def validate_section(name: str, model: type[S], values: Any) -> S:
+    """Platform ``name``'s section ``values`` as ``model``. :raises ConfigError: naming ``name.field``."""
+    try:
+        return model.model_validate(_section_values(values))
+    except ValidationError as e:
+        raise ConfigError(
+            format_validation_error(e, prefix=f"{name}.", allowed=list(model.model_fields))
+        ) from None
+
+
+def format_validation_error(e: ValidationError, prefix: str = "", allowed: list[str] | None = None) -> str:
+    """One line naming each bad field (``prefix`` + its name), its value and what is allowed."""
+    allowed = allowed if allowed is not None else [f for f in EngineConfig.model_fields if f != "sections"]
     lines = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        loc = prefix + ".".join(str(x) for x in err["loc"]) if err["loc"] else prefix.rstrip(".") or "config"
         if err["type"] == "extra_forbidden":
-            allowed = ", ".join(EngineConfig.model_fields)
-            lines.append(f"unknown parameter {loc!r}; allowed parameters: {allowed}")
+            where = f" of {prefix.rstrip('.')}" if prefix else ""
+            lines.append(f"unknown parameter {loc!r}; allowed parameters{where}: {', '.join(allowed)}")
         else:
             lines.append(f"{loc}={err.get('input')!r}: {err['msg']}")
     return "invalid engine configuration: " + "; ".join(lines)

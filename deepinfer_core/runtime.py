@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from deepinfer_core.config import EngineConfig
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.platforms.base import Platform
+from deepinfer_core.platforms.settings import bind_settings
 from deepinfer_core.plugins.registry import (
     PluginHookError,
     PluginRegistry,
@@ -25,11 +26,13 @@ class Runtime:
 
 
 def build_runtime(config: EngineConfig, extra_plugins: list[object] = ()) -> Runtime:
-    """Load plugins, select the platform named by ``config.backend`` and resolve its backends.
-    This is the only place hooks are called; the engine keeps the result."""
+    """Load plugins, check the platforms' settings sections, select the platform named by ``config.backend`` and
+    resolve its backends. This is the only place hooks are called; the engine keeps the result, whose
+    ``config`` carries the validated platform settings."""
     registry = build_registry(
         allow=config.plugins, strict=config.strict_plugins, extra_plugins=list(extra_plugins)
     )
+    config = bind_settings(config, registry.platforms)  # platform sections: validated, defaults filled in
     while True:  # a plugin whose op hooks fail is dropped (reported) and the choice made again
         platform = select_platform(registry, config.backend)
         try:

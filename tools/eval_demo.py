@@ -18,7 +18,7 @@ from pathlib import Path
 from deepinfer_core import LLM
 from deepinfer_core.demo import DEMO_DIR, DEMO_FP8_DIR
 from deepinfer_core.evaluation import heldout_score
-from deepinfer_core.quant.convert import quantize_checkpoint
+from deepinfer_core.models.deepseek_v4.convert import quantize_checkpoint
 
 
 def heldout_texts(n: int, chars: int) -> list[str]:

@@ -41,18 +41,23 @@ def ceilings(dev) -> dict[str, float]:
 
 def cuda_runtime(config):
     import deepinfer_cuda_sm100.plugin as cuda_plugin
+    import deepinfer_spec_decode.plugin as spec_plugin
     import deepinfer_structured.plugin as structured_plugin
     from deepinfer_core.runtime import build_runtime
 
-    return build_runtime(config, extra_plugins=[cuda_plugin, structured_plugin])
+    return build_runtime(config, extra_plugins=[cuda_plugin, structured_plugin, spec_plugin])
 
 
 def make_llm(path: str, backend: str, **kw):
+    from cuda_settings import cuda_env
+
     from deepinfer_core.config import load_config
     from deepinfer_core.engine.llm import LLM
     from deepinfer_core.engine.llm_engine import LLMEngine
 
-    config = load_config(environ={}, model=path, backend=backend, **kw)
+    config = load_config(
+        environ=cuda_env() if backend == "cuda_sm100" else {}, model=path, backend=backend, **kw
+    )
     rt = cuda_runtime(config) if backend == "cuda_sm100" else None
     return LLM.from_engine(LLMEngine.from_config(config, rt))
 

@@ -55,11 +55,14 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     torch,
     triton,
 )
+from cuda_settings import use_env_settings
 
+from deepinfer_core.ops.compose import compose_hc_post_pre, compose_hc_pre_norm  # noqa: E402
+from deepinfer_core.ops.mhc import HCParams  # noqa: E402
+from deepinfer_core.ops.quant_formats import dequant  # noqa: E402
+from deepinfer_core.ops.reference import reference_op  # noqa: E402
 from deepinfer_core.ops.sampling import SamplingTensors  # noqa: E402
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight  # noqa: E402
-from deepinfer_core.plugins.registry import reference_op  # noqa: E402
-from deepinfer_core.quant.formats import dequant  # noqa: E402
 from deepinfer_core.testing.kit import to_device  # noqa: E402
 from deepinfer_cuda_sm100 import dispatch  # noqa: E402
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps  # noqa: E402
@@ -97,15 +100,12 @@ def check_dense():
         rnd((2 + HC) * HC, dtype=F32, scale=0.5),
     )
     scale = rnd(3, dtype=F32).abs() + 0.5
+    hc = HCParams(fn, base, scale, 20, 1e-6, 1e-6)
     for i, T in enumerate(sizes(16, 1, 8, 64, 8192)):
         x = rnd(T, HC, HIDDEN)
-        outs = poisoned(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
-        err = (
-            max(rel_err(a, b) for a, b in zip(outs, ref.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)))
-            if i < 3
-            else None
-        )
-        ms = bench(lambda: ops.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6))
+        outs = poisoned(lambda: ops.hc_pre(x, hc))
+        err = max(rel_err(a, b) for a, b in zip(outs, ref.hc_pre(x, hc))) if i < 3 else None
+        ms = bench(lambda: ops.hc_pre(x, hc))
         by = 2 * x.numel() + 2 * T * HIDDEN + 4 * fn.numel()
         record("hc_pre", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], ms, by, 2 * x.numel() * fn.shape[0])
         from deepinfer_cuda_sm100.kernels import mhc
@@ -332,16 +332,17 @@ def check_hc_fused(ops, fn, base, scale):
     ref = reference_op("dense")
     w = rnd(HIDDEN, dtype=F32).abs() + 0.5
     mix = (fn, base, scale, 20, 1e-6, 1e-6)
+    hc = HCParams(*mix)
     fused_cfg = dispatch.hc_fused_config
     for T in (1, 2):
         x, y = rnd(T, HC, HIDDEN), rnd(T, HIDDEN)
-        _, post, comb = ops.hc_pre(x, *mix)
+        _, post, comb = ops.hc_pre(x, hc)
         cases = {
-            "hc_pre_norm": (lambda: ops.hc_pre_norm(x, *mix, w), lambda: ref.hc_pre_norm(x, *mix, w),
-                            lambda: ops.rms_norm(ops.hc_pre(x, *mix)[0], w, 1e-6), 2 * x.numel()),
-            "hc_post_pre": (lambda: ops.hc_post_pre(y, x, post, comb, *mix, w),
-                            lambda: ref.hc_post_pre(y, x, post, comb, *mix, w),
-                            lambda: ops.rms_norm(ops.hc_pre(ops.hc_post(y, x, post, comb), *mix)[0], w, 1e-6),
+            "hc_pre_norm": (lambda: ops.hc_pre_norm(x, hc, w), lambda: compose_hc_pre_norm(ref, x, hc, w),
+                            lambda: ops.rms_norm(ops.hc_pre(x, hc)[0], w, 1e-6), 2 * x.numel()),
+            "hc_post_pre": (lambda: ops.hc_post_pre(y, x, post, comb, hc, w),
+                            lambda: compose_hc_post_pre(ref, y, x, post, comb, hc, w),
+                            lambda: ops.rms_norm(ops.hc_pre(ops.hc_post(y, x, post, comb), hc)[0], w, 1e-6),
                             4 * x.numel() + 2 * y.numel()),
         }  # fmt: skip
         for name, (fused, reference, separate, act_bytes) in cases.items():
@@ -360,7 +361,7 @@ def check_hc_fused(ops, fn, base, scale):
             finally:
                 dispatch.hc_fused_config = fused_cfg
     x = rnd(1, HC, HIDDEN)
-    want = ops.hc_pre_norm(x, *mix, w)
+    want = ops.hc_pre_norm(x, hc, w)
     default = fused_cfg(1, HC, HIDDEN, fn.shape[0])
     for shape in ((32, 4, 128, 1), (16, 4, 128, 1), (64, 4, 128, 1), (32, 4, 256, 1), (32, 2, 128, 1)):
         cfg = dispatch.HcFusedConfig(*shape) if not SMOKE else default
@@ -388,7 +389,7 @@ def main() -> int:
                          capture_output=True, text=True).stdout.strip()  # fmt: skip
     print(f"date {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}; {smi}; "
           f"torch {torch.__version__}; triton {triton.__version__}; arch {dispatch.arch()}; "
-          f"command: {' '.join(sys.argv)}", flush=True)  # fmt: skip
+          f"cuda_sm100 {use_env_settings().model_dump()}; command: {' '.join(sys.argv)}", flush=True)  # fmt: skip
     ceilings()
     for part in args.only.split(","):
         t0 = time.time()

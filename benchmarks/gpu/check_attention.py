@@ -28,8 +28,8 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     torch,
 )
 
-from deepinfer_core.kv.fp8 import Fp8KVFormat  # noqa: E402
-from deepinfer_core.plugins.registry import reference_op  # noqa: E402
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat  # noqa: E402
+from deepinfer_core.ops.reference import reference_op  # noqa: E402
 from deepinfer_cuda_sm100 import dispatch  # noqa: E402
 from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps  # noqa: E402
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 
+from deepinfer_core.ops.quant_formats import FP8_BLOCK
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
-from deepinfer_core.quant.formats import FP8_BLOCK
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
 from deepinfer_cuda_sm100.ops.moe import CudaMoEOps

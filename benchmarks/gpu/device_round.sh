@@ -5,15 +5,15 @@
 #   run (carry [".whl"]):  bash benchmarks/gpu/device_round.sh [parts...]
 # parts (default: check slice gemm): check    every kernel against the reference (check.py)
 #                                    slice    greedy equality + the slice at batch 1/16/64/256, ctx 4096, profile
-#                                    nopdl    the slice at batch 1/16/64/256 with DEEPINFER_PDL=0 (A/B)
-#                                    noh2     the slice at batch 1/16 with DEEPINFER_FP4_H2=0 (A/B)
-#                                    finish   greedy + the slice at batch 1/16 with DEEPINFER_SPLITK_FINISH=1 (A/B)
-#                                    checkfin check.py with DEEPINFER_SPLITK_FINISH=1
+#                                    nopdl    the slice at batch 1/16/64/256 with DEEPINFER_CUDA_SM100__PDL=0 (A/B)
+#                                    noh2     the slice at batch 1/16 with DEEPINFER_CUDA_SM100__FP4_H2=0 (A/B)
+#                                    finish   greedy + the slice at batch 1/16 with DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 (A/B)
+#                                    checkfin check.py with DEEPINFER_CUDA_SM100__SPLITK_FINISH=1
 #                                    splitfin split-K finished in-kernel against the epilogue launch: equal, timed
 #                                    gemm     decode GEMV tiles at one row, weights cold in L2
 #                                    checkdense check.py's dense section only (the fused mHC checks among them)
-#                                    nohc     the slice at batch 1/2 with DEEPINFER_HC_FUSED=0 (A/B)
-#                                    greedyhc greedy equality with DEEPINFER_HC_FUSED=1
+#                                    nohc     the slice at batch 1/2 with DEEPINFER_CUDA_SM100__HC_FUSED=0 (A/B)
+#                                    greedyhc greedy equality with DEEPINFER_CUDA_SM100__HC_FUSED=1
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
 set -u
@@ -30,23 +30,23 @@ for part in "${@:-check slice gemm}"; do
       check) cmd=(timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/check") ;;
       slice) cmd=(timeout 260 python3 benchmarks/gpu/v4_slice.py --sections greedy slice "${slice_args[@]}" --profile 1
                   --out "$OUT/slice") ;;
-      nopdl) cmd=(env DEEPINFER_PDL=0 timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice "${slice_args[@]}"
+      nopdl) cmd=(env DEEPINFER_CUDA_SM100__PDL=0 timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice "${slice_args[@]}"
                   --out "$OUT/nopdl") ;;
-      noh2) cmd=(env DEEPINFER_FP4_H2=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 16
+      noh2) cmd=(env DEEPINFER_CUDA_SM100__FP4_H2=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 16
                  --contexts 4096 --prefill 0 --out "$OUT/noh2") ;;
-      finish) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy slice
+      finish) cmd=(env DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy slice
                    --batches 1 16 --contexts 4096 --prefill 0 --profile 1 --out "$OUT/finish") ;;
       checkdense) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only dense --out "$OUT/checkdense") ;;
-      greedyhc) cmd=(env DEEPINFER_HC_FUSED=1 timeout 160 python3 benchmarks/gpu/v4_slice.py --sections greedy
+      greedyhc) cmd=(env DEEPINFER_CUDA_SM100__HC_FUSED=1 timeout 160 python3 benchmarks/gpu/v4_slice.py --sections greedy
                      --batches 1 --contexts 4096 --prefill 0 --out "$OUT/greedyhc") ;;
-      nohc) cmd=(env DEEPINFER_HC_FUSED=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 2
+      nohc) cmd=(env DEEPINFER_CUDA_SM100__HC_FUSED=0 timeout 60 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 2
                  --contexts 4096 --prefill 0 --out "$OUT/nohc") ;;
       abhc) cmd=(bash -c 'for r in 1 2; do for v in 0 1; do prof=(); [ "$v$r" = 11 ] && prof=(--profile 1)
-                   echo "-- DEEPINFER_HC_FUSED=$v run $r"; DEEPINFER_HC_FUSED=$v timeout 45 python3 benchmarks/gpu/v4_slice.py \
+                   echo "-- DEEPINFER_CUDA_SM100__HC_FUSED=$v run $r"; DEEPINFER_CUDA_SM100__HC_FUSED=$v timeout 45 python3 benchmarks/gpu/v4_slice.py \
                    --sections slice --batches 1 2 --contexts 4096 --prefill 0 "${prof[@]}" --out "$0/hc_${v/:/x}_$r"; done; done
                    ' "$OUT/abhc") ;;
       splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
-      checkfin) cmd=(env DEEPINFER_SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
+      checkfin) cmd=(env DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1
                  --out "$OUT/gemm") ;;
       *) echo "unknown part $p"; exit 2 ;;

@@ -7,7 +7,7 @@ negative value that rounds to zero into e4m3 +0 where torch writes -0)."""
 
 import torch
 
-from deepinfer_core.kv.fp8 import Fp8KVFormat
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 from deepinfer_cuda_sm100.kernels.kv_store import store_fp8
 
 fmt = Fp8KVFormat(512, 64, torch.bfloat16)

@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 import triton
+from cuda_settings import use_env_settings
 from gemm_tiles import forced
 
+from deepinfer_core.ops.quant_formats import FP4_BLOCK, FP8_BLOCK, _e2m1_lut
+from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
-from deepinfer_core.plugins.registry import reference_op
-from deepinfer_core.quant.formats import FP4_BLOCK, FP8_BLOCK, _e2m1_lut
-from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100 import dispatch, settings
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
 from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
 
@@ -245,11 +245,12 @@ def decode_experts(ceil) -> None:
 
 def triton_only(fn):
     """``fn()`` with the TileLang FP8 GEMM switched off (``ops.linear`` would pick it at prefill sizes)."""
-    os.environ["DEEPINFER_CUDA_TILELANG"] = "0"
+    before = settings.active()
+    settings.use(before.model_copy(update={"tilelang": False}))
     try:
         return fn()
     finally:
-        del os.environ["DEEPINFER_CUDA_TILELANG"]
+        settings.use(before)
 
 
 def prefill_dense(ceil) -> None:
@@ -303,7 +304,8 @@ def main() -> None:
     args = ap.parse_args()
     DECODE_ROWS[:] = args.rows
     print({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "triton": triton.__version__}, flush=True)  # fmt: skip
+           "torch": torch.__version__, "triton": triton.__version__,
+           "cuda_sm100": use_env_settings().model_dump()}, flush=True)  # fmt: skip
     ceil = ceilings()
     for s in args.sections:
         t0 = time.perf_counter()

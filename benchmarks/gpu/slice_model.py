@@ -88,7 +88,7 @@ class RandomReader:
     """A checkpoint reader over random tensors in DeepSeek's formats, made on the GPU on demand."""
 
     def __init__(self, model, device, experts: str = "fp4"):
-        from deepinfer_core.quant.convert import FP8_LINEARS, ROUTED_EXPERT
+        from deepinfer_core.models.deepseek_v4.convert import FP8_LINEARS, ROUTED_EXPERT
 
         self.path, self.device, self.g = "<random>", device, torch.Generator(device).manual_seed(0)
         self.slots = dict(model.named_slots())
@@ -152,13 +152,13 @@ class RandomReader:
         return t * 0.1
 
 
-def build_slice(layers: int, backends, dtype=torch.bfloat16, toy: bool = False):
+def build_slice(layers: int, backends, dtype=torch.bfloat16, toy: bool = False, mtp: int = 0):
     from deepinfer_core.models.deepseek_v4.config import DeepseekV4Config
     from deepinfer_core.models.deepseek_v4.loader import load_weights
     from deepinfer_core.models.deepseek_v4.model import DeepseekV4ForCausalLM
 
-    cfg = DeepseekV4Config.from_dict(slice_raw(layers, toy=toy))
-    model = DeepseekV4ForCausalLM(cfg, backends, dtype)
+    cfg = DeepseekV4Config.from_dict({**slice_raw(layers, toy=toy), "num_nextn_predict_layers": mtp})
+    model = DeepseekV4ForCausalLM(cfg, backends, dtype, mtp)
     load_weights(model, RandomReader(model, backends.memory.device), dtype, backends.memory.device)
     return model
 
@@ -261,7 +261,7 @@ class SliceRunner:
         self.model, self.device = model, backends.memory.device
 
     def batch(self, batch: int, ctx: int, graph: bool):
-        from deepinfer_core.engine.forward_batch import ForwardBatch
+        from deepinfer_core.models.batch import ForwardBatch
 
         p = ctx - 1
         ncol = p // self.bs + 1
@@ -290,7 +290,7 @@ class SliceRunner:
         return fb
 
     def prefill_batch(self, tokens: int):
-        from deepinfer_core.engine.forward_batch import ForwardBatch
+        from deepinfer_core.models.batch import ForwardBatch
 
         ncol = -(-tokens // self.bs)
         # the whole prompt's window state is written in one step: it needs a window block per column

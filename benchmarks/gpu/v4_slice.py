@@ -45,6 +45,7 @@ import traceback
 
 import torch
 from bench_common import RESULTS, SMOKE, ceilings, cuda_runtime, log, make_llm, profile_step, sync, time_call
+from cuda_settings import cuda_env
 from mask_sections import section_engine_mask, section_mask  # noqa: F401 - sections, called by name
 from slice_model import (
     FLASH,
@@ -173,7 +174,7 @@ def section_slice(args) -> None:
     else:
         dev = torch.device("cuda")
         ceil = RESULTS.setdefault("ceilings", ceilings(dev))
-        rt = cuda_runtime(load_config(environ={}, backend="cuda_sm100"))
+        rt = cuda_runtime(load_config(environ=cuda_env(), backend="cuda_sm100"))
     log("ceilings", ceil)
     t0 = time.perf_counter()
     model = build_slice(args.layers, rt.backends, toy=SMOKE)

@@ -3,6 +3,7 @@
 The completion is what the model wrote after the generation prompt. In thinking modes the prompt
 already ended with ``<think>``, so the text reads ``{reasoning}</think>{content}``; in non-think mode
 it is just ``{content}``. Either may end with a DSML tool-call block after a blank line, and with EOS.
+V4 and V4.1 differ only in the DSML tags (:mod:`.dsml`).
 
 Deliberate leniencies, since engines differ in what they hand back: the trailing EOS may be absent
 (stop tokens are often stripped), a leading ``<think>`` is tolerated, and a thinking-mode completion
@@ -14,38 +15,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from deepinfer_core.chat.dsml import parse_tool_calls
-from deepinfer_core.chat.modes import ThinkingMode, resolve_thinking_mode
-from deepinfer_core.chat.tokens import EOS, RESERVED_MARKERS, THINK_END, THINK_START, TOOL_CALLS_START
+from deepinfer_core.chat.dsml import DsmlTags, parse_tool_calls
+from deepinfer_core.chat.encodings import ChatEncoding, get_encoding
+from deepinfer_core.chat.tokens import EOS, RESERVED_MARKERS, THINK_END, THINK_START
 
 
-def parse_completion(text: str, thinking_mode: ThinkingMode = "non-think") -> dict[str, Any]:
+def parse_completion(
+    text: str, thinking_mode: str = "non-think", *, encoding: str | ChatEncoding = "deepseek_v4"
+) -> dict[str, Any]:
     """Split a completion into ``{"reasoning_content", "content", "tool_calls"}``.
 
     ``reasoning_content`` is None in non-think mode and a string otherwise. ``tool_calls`` is a list
     of OpenAI-style calls, ``{"type": "function", "function": {"name", "arguments"}}`` with
     ``arguments`` a JSON object string; it is empty when the model called no tool.
     """
-    mode = resolve_thinking_mode(thinking_mode)
+    enc = get_encoding(encoding)
+    thinking = enc.resolve_mode(thinking_mode).thinking
     if not isinstance(text, str):
         raise ValueError(f"text must be a string; got {type(text).__name__}")
     body = text.removesuffix(EOS)
     reasoning = None
-    if mode.thinking:
+    if thinking:
         reasoning, closed, body = body.removeprefix(THINK_START).partition(THINK_END)
-        if not closed:
-            _check_clean(reasoning, "reasoning_content")
-            return {"reasoning_content": reasoning, "content": "", "tool_calls": []}
         _check_clean(reasoning, "reasoning_content")
-    content, block = _split_tool_calls(body)
+        if not closed:
+            return {"reasoning_content": reasoning, "content": "", "tool_calls": []}
+    content, block = _split_tool_calls(body, enc.tags)
     _check_clean(content, "content")
-    tool_calls = parse_tool_calls(block) if block else []
+    tool_calls = parse_tool_calls(block, enc.tags) if block else []
     return {"reasoning_content": reasoning, "content": content, "tool_calls": tool_calls}
 
 
-def _split_tool_calls(body: str) -> tuple[str, str]:
+def _split_tool_calls(body: str, tags: DsmlTags) -> tuple[str, str]:
     """Content before the DSML block (minus the blank line that separates them), and the block."""
-    start = body.find(TOOL_CALLS_START)
+    start = body.find(tags.calls_start)
     if start < 0:
         return body, ""
     return body[:start].removesuffix("\n\n"), body[start:]

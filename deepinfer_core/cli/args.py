@@ -17,7 +17,7 @@ ENGINE_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--kv-cache-memory-bytes", dict(type=int)),
     ("--gpu-memory-utilization", dict(type=float)),
     ("--data-parallel-size", dict(type=int)),
-    ("--structured-outputs-backend", dict(choices=["auto", "xgrammar", "llguidance"])),
+    ("--structured-outputs-backend", dict(help="grammar backend: xgrammar, llguidance, auto, or a plugin's")),
 ]
 BOOL_FLAGS = ["--expert-parallel", "--enforce-eager", "--strict-plugins", "--skip-tokenizer-init"]
 

@@ -31,6 +31,12 @@ def run(ns: argparse.Namespace) -> int:
             if user.strip() in ("/exit", "/quit"):
                 return 0
         messages.append({"role": "user", "content": user})
-        out = llm.chat(messages, params, thinking_mode=ns.thinking_mode, use_tqdm=False)[0].outputs[0]
+        out = llm.chat(
+            messages,
+            params,
+            thinking_mode=ns.thinking_mode,
+            reasoning_effort=ns.reasoning_effort,
+            use_tqdm=False,
+        )[0].outputs[0]
         messages.append({"role": "assistant", "content": out.text})
         print(json.dumps({"role": "assistant", "content": out.text}) if ns.json else f"assistant> {out.text}")

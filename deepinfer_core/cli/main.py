@@ -16,7 +16,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("plugins", help="list installed plugins, their hooks and platforms")
-    sp.add_argument("--config")
+    sp.add_argument(
+        "--config",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="also print the effective settings (engine and each platform's section) and where each comes "
+        "from; FILE: a config file to read first",
+    )
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=plugins_cmd.run)
 
@@ -36,7 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("chat", help="chat with the model")
     c.add_argument("--message", action="append", help="send these user turns and exit (repeatable)")
     c.add_argument("--system", help="system prompt")
-    c.add_argument("--thinking-mode", default="non-think", choices=["non-think", "think-high", "think-max"])
+    c.add_argument(
+        "--thinking-mode",
+        default="non-think",
+        choices=["non-think", "think", "think-high", "think-max"],
+        help="'think' is DeepSeek-V4.1's, with --reasoning-effort",
+    )
+    c.add_argument(
+        "--reasoning-effort",
+        type=_effort,
+        help="DeepSeek-V4.1's reasoning effort: an integer from 1 to 100, or low, high, max",
+    )
     c.add_argument("--json", action="store_true")
     add_engine_args(c)
     add_sampling_args(c)
@@ -68,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(r)
     r.set_defaults(func=batch_cmd.run)
     return p
+
+
+def _effort(text: str) -> int | str:
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def main(argv: list[str] | None = None) -> int:

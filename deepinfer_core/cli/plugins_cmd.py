@@ -5,15 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 
+from deepinfer_core.cli.settings_view import print_settings, settings_report
 from deepinfer_core.config import load_config
+from deepinfer_core.platforms.settings import bind_settings
 from deepinfer_core.plugins.manager import implemented_hooks
 from deepinfer_core.plugins.registry import build_registry
 from deepinfer_core.version import PLUGIN_API_VERSION, __version__
 
 
-def collect(config_file: str | None = None) -> dict:
+def collect(config_file: str | None = None, settings: bool = False) -> dict:
+    """What ``deepinfer plugins`` prints; with ``settings``, also the effective settings and their sources."""
     cfg = load_config(config_file)
     reg = build_registry(allow=cfg.plugins, strict=cfg.strict_plugins)
+    cfg = bind_settings(cfg, reg.platforms)
     avail = reg.availability()
     plugins = []
     for plugin_name, plugin in reg.pm.list_name_plugin():
@@ -48,17 +52,20 @@ def collect(config_file: str | None = None) -> dict:
         for f in reg.report.failed
     ]
     auto = max((reg.platforms[n] for n, a in avail.items() if a.available), key=lambda p: p.priority).name
-    return {
+    info = {
         "core_version": __version__,
         "plugin_api": PLUGIN_API_VERSION,
         "plugins": plugins,
         "failed": failed,
         "auto": auto,
     }
+    if settings:
+        info["settings"] = settings_report(cfg, config_file)
+    return info
 
 
 def run(ns: argparse.Namespace) -> int:
-    info = collect(ns.config)
+    info = collect(ns.config or None, settings=ns.config is not None)
     if ns.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -75,4 +82,6 @@ def run(ns: argparse.Namespace) -> int:
     for f in info["failed"]:
         print(f"\nFAILED {f['distribution']} {f['version']} [entry point: {f['name']}]: {f['error']}")
     print(f"\nbackend=auto selects: {info['auto']}")
+    if "settings" in info:
+        print_settings(info["settings"])
     return 0

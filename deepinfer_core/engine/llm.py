@@ -9,14 +9,20 @@ under one condition variable's lock, never concurrently.
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deepinfer_core.config import load_config
+from deepinfer_core.engine.factory import build_engine
 from deepinfer_core.engine.llm_engine import LLMEngine
 from deepinfer_core.engine.outputs import RequestOutput
 from deepinfer_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer_core.chat import ChatEncoding
 
 
 class LLM:
@@ -31,14 +37,7 @@ class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any):
         if model is not None:
             kwargs["model"] = model
-        config = load_config(**kwargs)
-        if config.data_parallel_size > 1:
-            from deepinfer_core.distributed.dp_engine import DPEngine
-
-            engine = DPEngine.from_config(config)  # spawns (or, under torchrun, joins) the DP ranks
-        else:
-            engine = LLMEngine.from_config(config)
-        self._attach(engine)
+        self._attach(build_engine(load_config(**kwargs)))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:
@@ -64,6 +63,16 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    @functools.cached_property
+    def chat_encoding(self) -> ChatEncoding:
+        """The chat encoding of the checkpoint, picked by its config.json (``architectures``, then
+        ``model_type``): DeepSeek-V4.1's for ``deepseek_v41``, V4's otherwise."""
+        from deepinfer_core.chat import encoding_for_config
+        from deepinfer_core.engine.loader import checkpoint_path
+
+        path = checkpoint_path(self.engine.config) / "config.json"
+        return encoding_for_config(json.loads(path.read_text()))
 
     def get_stats(self) -> dict[str, Any]:
         return self.engine.get_stats()
@@ -155,10 +164,12 @@ class LLM:
         thinking_mode: str | None = None,
         tools: list[dict] | None = None,
         *,
+        reasoning_effort: int | str | None = None,
         special_tokens_in_content: bool = False,
     ) -> list[RequestOutput]:
-        """Render one conversation (a list of messages) or several with the DeepSeek chat encoding, then
-        generate. ``thinking_mode`` (or ``chat_template_kwargs={"thinking_mode": ...}``) picks the mode.
+        """Render one conversation (a list of messages) or several with the checkpoint's DeepSeek chat
+        encoding (:attr:`chat_encoding`), then generate. ``thinking_mode`` and, for V4.1,
+        ``reasoning_effort`` (or the same keys in ``chat_template_kwargs``) pick the mode.
 
         Message content is tokenized as plain text: text that spells a control token (``<｜Assistant｜>``,
         ``<｜end▁of▁sentence｜>``, DSML markers) stays text, so content cannot forge turns. Pass
@@ -171,6 +182,9 @@ class LLM:
         kwargs = dict(chat_template_kwargs or {})
         if thinking_mode is not None:
             kwargs["thinking_mode"] = thinking_mode
+        if reasoning_effort is not None:
+            kwargs["reasoning_effort"] = reasoning_effort
+        kwargs.setdefault("encoding", self.chat_encoding)
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for conv in convs:

@@ -20,21 +20,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from deepinfer_core.config import ConfigError, EngineConfig
+from deepinfer_core.engine.draft_rounds import draft_round
 from deepinfer_core.engine.input_processor import InputProcessor, ProcessedPrompt
+from deepinfer_core.engine.layer_range import bounded_replay
 from deepinfer_core.engine.loader import model_bytes
 from deepinfer_core.engine.model_runner import ModelRunner
 from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.engine.outputs import RequestMetrics, RequestOutput
+from deepinfer_core.engine.proposer_context import EngineProposerContext
 from deepinfer_core.engine.sampler import Sampler
 from deepinfer_core.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer_core.engine.sequence import Request, SeqStatus, Sequence
 from deepinfer_core.kv.budget import choose_block_size, plan_kv
 from deepinfer_core.kv.kv_manager import KVCacheManager
+from deepinfer_core.kv.spec import check_specs
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.spec_decode import SpecStats, build_proposer
-from deepinfer_core.spec_decode.rounds import draft_round
-from deepinfer_core.structured import StructuredOutputManager
+from deepinfer_core.structured import StructuredOutputManager, check_backend_name
 
 log = logging.getLogger("deepinfer.engine")
 Failures = list[tuple[Sequence, str]]
@@ -51,10 +54,14 @@ class LLMEngine:
         proposers: Mapping[str, Any] | None = None,
     ):
         self.config, self.model, self.backends, self.tokenizer = config, model, backends, tokenizer
+        check_backend_name(structured_backends or {}, config.structured_outputs_backend)
         self.max_model_len = _max_model_len(config, model)
         self.proposer = build_proposer(config.speculative_config, proposers or {}, model, config)
         self.spec_stats = SpecStats()
         specs = model.cache_specs()
+        check_specs(specs, model.num_layers)
+        taps_hidden = self.proposer is not None and self.proposer.needs_hidden
+        replay = bounded_replay(model, specs, config.swa_bounded_replay, taps_hidden)
         block_size = choose_block_size(specs, config.block_size)
         budget = config.kv_cache_memory_bytes
         if budget is None:
@@ -62,10 +69,19 @@ class LLMEngine:
         self.kv_layout = plan_kv(
             specs, block_size, budget, self.max_model_len, config.max_num_seqs, config.max_num_batched_tokens
         )
-        self.kv = KVCacheManager(specs, block_size, self.kv_layout.num_blocks, config.enable_prefix_caching)
+        replayed, replay_tokens = (replay.groups, replay.window) if replay else ((), 0)
+        self.kv = KVCacheManager(
+            specs,
+            block_size,
+            self.kv_layout.num_blocks,
+            config.enable_prefix_caching,
+            replayed,
+            replay_tokens,
+        )
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         graph_bs = 0 if config.enforce_eager else min(config.max_cudagraph_capture_size, config.max_num_seqs)
         self.runner = ModelRunner(model, backends, self.kv_layout, self.max_model_len, graph_bs)
+        self.runner.bounded_replay = replay
         self.structured = StructuredOutputManager(
             structured_backends or {},
             config.structured_outputs_backend,
@@ -90,7 +106,8 @@ class LLMEngine:
         #: retry a failed step one sequence at a time (off where ranks must run the same steps: EP)
         self.isolate_failures = True
         if self.proposer is not None:
-            self.proposer.bind(self)
+            self.runner.tap_hidden = self.proposer.needs_hidden
+            self.proposer.bind(EngineProposerContext(self.runner, self.kv))
 
     @classmethod
     def from_config(cls, config: EngineConfig, runtime: Any = None) -> LLMEngine:
@@ -98,6 +115,8 @@ class LLMEngine:
         from deepinfer_core.runtime import build_runtime
 
         rt = runtime if runtime is not None else build_runtime(config)
+        # a grammar backend that is not installed fails before the weights load
+        check_backend_name(rt.registry.structured_backends, config.structured_outputs_backend)
         model, tokenizer = load(config, rt)
         return cls(
             config,
@@ -169,10 +188,12 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return aborted + self._stuck()
-        finished, failed = self._run(sched)
+        finished, failed, retried = self._run(sched)
         errors = self._fail(failed) + self._post_step(sched)
-        if self.proposer is not None:
-            draft_round(self.proposer, sched, self.scheduler.running, self.max_model_len)
+        if self.proposer is not None and not retried:  # (after a step retried alone, no drafts this round)
+            draft_round(
+                self.proposer, sched, self.runner.last_rows, self.scheduler.running, self.max_model_len
+            )
         return aborted + errors + self._collect(finished)
 
     def _compute(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures]:
@@ -182,12 +203,13 @@ class LLMEngine:
         self.scheduler.update(sched, finished)
         return finished, failed
 
-    def _run(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures]:
+    def _run(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures, bool]:
         """The step; if it raises, each sequence is stepped alone, and those that raise again fail. The
         failed attempt left nothing behind: KV is written by position and rewritten by the retry, and
-        sequence state only changes after sampling, whose per-sequence errors are caught where they occur."""
+        sequence state only changes after sampling, whose per-sequence errors are caught where they occur.
+        The last value says whether the step was retried so."""
         try:
-            return self._compute(sched)
+            return (*self._compute(sched), False)
         except Exception as exc:  # noqa: BLE001 - find the request(s) that break the step
             if not self.isolate_failures:
                 raise
@@ -203,7 +225,7 @@ class LLMEngine:
                 done, bad = [], [(s.seq, f"its step raised {type(exc).__name__}: {exc}")]
             finished += done
             failed += bad
-        return finished, failed
+        return finished, failed, True
 
     def _fail(self, failed: Failures) -> list[RequestOutput]:
         """End each failed sequence's request with ``finish_reason="error"``; returns their outputs."""

@@ -7,41 +7,38 @@ tables, builds the batch and the model's :meth:`~deepinfer_core.models.base.Caus
 and copies them to the device, so an overlapping engine can run it for step N+1 while :meth:`run` of step
 N is on the device, and the forward pass itself never waits for the host.
 
-Decode steps (one token per sequence, all sampling) of a model that ``supports_graphs`` run *static*:
-rows padded to a batch bucket, tables sized by a context bucket. On a platform that captures graphs
-(``backends.memory.supports_graphs``) each ``(batch bucket, context bucket)`` is captured once, on first
-use, and replayed after copying the step's inputs into the captured buffers.
+Static steps. A step where every sequence computes the same number ``q`` of rows and samples from each
+(a decode step: ``q = 1``; a verify step: its last token and ``q - 1`` drafts each, fewer drafts padded
+with rows at position -1) of a model that ``supports_graphs`` runs *static*: sequences padded to a batch
+bucket, tables sized by a context bucket. On a platform that captures graphs
+(``backends.memory.supports_graphs``) each ``(batch bucket, context bucket, q)`` is captured once, on first
+use, and replayed after copying the step's inputs into the captured buffers. Draft steps of a proposer
+use the same machinery through :meth:`run_static` (see :mod:`.proposer_context`).
 
-Logit rows, per scheduled sequence in order: its prompt-logprob positions, then its last row if it
-samples. :class:`~deepinfer_core.engine.sampler.Sampler` walks them in the same order.
+The tap. With ``tap_hidden`` set (a proposer needs the target's hidden states), every step keeps its
+hidden rows in :attr:`last_hidden`, a graph output when the step was replayed, and :attr:`last_rows`
+(the first row of each scheduled sequence), so speculative decoding never turns graphs off.
+
+Logit rows, per scheduled sequence in order: its prompt-logprob positions, then its last row (and its
+draft rows) if it samples. :class:`~deepinfer_core.engine.sampler.Sampler` walks them in the same order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
+from deepinfer_core.engine.graphs import GraphCache
+from deepinfer_core.engine.layer_range import BoundedReplay, tail_batch
 from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
 from deepinfer_core.kv.budget import KVLayout
 from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.batch import ForwardBatch
 from deepinfer_core.ops.backends import Backends
-
-_PAD = [-1] * 4096
-
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 384, 512)
 MIN_CONTEXT_BUCKET = 256
-
-
-@dataclass
-class _Graph:
-    replay: Callable[[], object]
-    inputs: list[torch.Tensor]  # captured input buffers, in ``_graph_inputs`` order
-    outputs: list[torch.Tensor]  # the last is the logits buffer [bucket, vocab] that replays refill
-    batch: ForwardBatch  # the captured batch: every tensor the graph reads must outlive it
 
 
 class ModelRunner:
@@ -66,141 +63,199 @@ class ModelRunner:
         }
         self.groups = sorted(layout.num_blocks)
         self.max_model_len = max_model_len or model.max_position_embeddings
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs = GraphCache(backends.memory)
         self.graph_batch_sizes: tuple[int, ...] = ()
         self.capture = False
-        #: keep the last step's batch and hidden rows (MTP drafting reads them); set by the proposer
-        self.keep_hidden = False
-        self.last_batch: ForwardBatch | None = None
+        #: keep every step's hidden rows (a proposer reads them through its context)
+        self.tap_hidden = False
         self.last_hidden: torch.Tensor | None = None
+        self.last_rows: list[int] = []
+        #: the model's bounded replay when it is on (see :mod:`.layer_range`)
+        self.bounded_replay: BoundedReplay | None = None
         if backends.memory.supports_graphs:
             self.static_decode(max_graph_batch_size, capture=True)
 
     def static_decode(self, max_batch_size: int, capture: bool) -> None:
-        """Run decode steps of up to ``max_batch_size`` sequences with static shapes (0: never), captured
-        as graphs if ``capture``. Static without capture is what tests use to check the padded path on
-        the CPU; it only costs there (padded rows and candidate columns are real work)."""
+        """Run static steps of up to ``max_batch_size`` sequences (0: never), captured as graphs if
+        ``capture``. Static without capture is what tests use to check the padded path on the CPU; it only
+        costs there (padded rows and candidate columns are real work)."""
         ok = max_batch_size > 0 and self.model.supports_graphs
         self.graph_batch_sizes = (
             tuple(b for b in GRAPH_BATCH_SIZES if b < max_batch_size) + (max_batch_size,) if ok else ()
         )
         self.capture = ok and capture
 
+    # ------------------------------------------------------------------ building the batch
+
     def prepare(self, sched: SchedulerOutput) -> ForwardBatch:
         scheduled = sched.scheduled
-        n_req = len(scheduled)
-        decode = sched.num_tokens == n_req and all(s.samples for s in scheduled)
-        key = self.graph_key(n_req, max(s.start for s in scheduled)) if decode and n_req else None
-        rows = key[0] if key else n_req
-        if decode:
-            vectors = self._decode_vectors(scheduled, rows)  # one token per sequence
-        else:
-            vectors = self._mixed_vectors(scheduled)
-        sizes = [len(v) for v in vectors]
-        flat = torch.tensor([x for v in vectors for x in v], dtype=torch.int64)
-        input_ids, positions, qsl, ctx, logit_rows = flat.split(sizes)
-        batch = ForwardBatch(
-            input_ids=input_ids,
-            positions=positions,
-            query_start_loc=qsl,
-            context_lens=ctx,
-            block_tables={g: self._block_table(sched, g, rows) for g in self.groups},
-            block_size=self.block_size,
-            logits_indices=logit_rows,
-        )
+        q = _uniform_rows(scheduled)
+        key = self.graph_key(len(scheduled), max(s.start for s in scheduled), q) if q else None
         if key is not None:
-            batch.graph_key, batch.num_real_rows = key, n_req
-        batch.plan = self.model.plan(batch, key[1] if key else None)  # host-side tables and checks
+            batch = self._static_batch(
+                [s.seq for s in scheduled],
+                [s.start for s in scheduled],
+                [
+                    s.seq.token_ids[s.start : s.start + 1] + s.seq.spec_token_ids[: s.num_drafts]
+                    for s in scheduled
+                ],
+                key,
+            )
+            batch.plan = self.model.plan(batch, key[1])  # host-side tables and checks
+            self.last_rows = [b * q for b in range(len(scheduled))]
+            return batch.to(self.device)
+        ids, positions, qsl, ctx, rows = _mixed_vectors(scheduled)
+        batch = ForwardBatch(
+            input_ids=_ints(ids),
+            positions=_ints(positions),
+            query_start_loc=_ints(qsl),
+            context_lens=_ints(ctx),
+            block_tables={
+                g: self.block_table([s.seq for s in scheduled], g, len(scheduled)) for g in self.groups
+            },
+            block_size=self.block_size,
+            logits_indices=_ints(rows),
+        )
+        batch.tail = tail_batch(batch, self.bounded_replay)
+        batch.plan = self.model.plan(batch, None)
+        self.last_rows = qsl[:-1]
         return batch.to(self.device)
 
-    def graph_key(self, rows: int, max_position: int) -> tuple[int, int] | None:
-        """``(batch bucket, context bucket)`` of a decode step of ``rows`` sequences whose last position
-        is ``max_position``, or ``None`` when the step runs with dynamic shapes."""
+    def graph_key(self, num_seqs: int, max_position: int, q: int = 1) -> tuple[int, int, int] | None:
+        """``(batch bucket, context bucket, q)`` of a static step of ``num_seqs`` sequences of ``q`` rows
+        each whose last position is at most ``max_position + q - 1``, or ``None`` when the step runs with
+        dynamic shapes."""
         sizes = self.graph_batch_sizes
-        if self.keep_hidden or not sizes or rows > sizes[-1]:
+        if not sizes or num_seqs > sizes[-1]:
             return None
         context = min(
-            max(MIN_CONTEXT_BUCKET, 1 << max_position.bit_length()),
+            max(MIN_CONTEXT_BUCKET, 1 << (max_position + q - 1).bit_length()),
             max(self.max_model_len, MIN_CONTEXT_BUCKET),
         )
-        return next(b for b in sizes if b >= rows), context
+        return next(b for b in sizes if b >= num_seqs), context, q
 
-    @staticmethod
-    def _decode_vectors(scheduled: list[ScheduledSeq], rows: int) -> tuple[list[int], ...]:
-        """One token per sequence; rows past the sequences are padding (position -1: every slot is -1)."""
-        pad = rows - len(scheduled)
-        pos = [s.start for s in scheduled] + [-1] * pad
-        ids = [s.seq.token_ids[s.start] for s in scheduled] + [0] * pad
-        return ids, pos, list(range(rows + 1)), [p + 1 for p in pos], list(range(rows))
+    def static_batch(
+        self, seqs: Sequence, starts: Sequence[int], ids: Sequence[Sequence[int]]
+    ) -> ForwardBatch | None:
+        """A static batch (on the host, without a plan) where sequence ``b`` computes ``len(ids[b])`` rows
+        from position ``starts[b]``, each padded to the longest; None when no bucket fits."""
+        q = max((len(x) for x in ids), default=0)
+        if not q or not all(ids):
+            return None
+        key = self.graph_key(len(seqs), max(s + len(x) - q for s, x in zip(starts, ids)), q)
+        return self._static_batch(seqs, starts, ids, key) if key is not None else None
 
-    @staticmethod
-    def _mixed_vectors(scheduled: list[ScheduledSeq]) -> tuple[list[int], ...]:
-        ids: list[int] = []
-        positions: list[int] = []
-        qsl = [0]
-        ctx: list[int] = []
-        rows: list[int] = []
-        for s in scheduled:
-            base, start, end = qsl[-1], s.start, s.start + s.num_tokens
-            ids.extend(s.seq.token_ids[start:end])
-            if s.num_drafts:
-                ids.extend(s.seq.spec_token_ids[: s.num_drafts])
-            positions.extend(range(start, end))
-            qsl.append(base + s.num_tokens)
-            ctx.append(end)
-            rows.extend(range(base + s.prompt_logprob_start - start, base + s.prompt_logprob_end - start))
-            if s.samples:
-                rows.extend(range(base + s.num_tokens - 1 - s.num_drafts, base + s.num_tokens))
-        return ids, positions, qsl, ctx, rows
+    def _static_batch(
+        self, seqs: Sequence, starts: Sequence[int], ids: Sequence[Sequence[int]], key: tuple[int, int, int]
+    ) -> ForwardBatch:
+        """Sequence ``b`` owns rows ``b*q .. b*q+q-1``: its ids at consecutive positions from ``starts[b]``,
+        then padding rows (id 0, position -1: every slot is the scratch slot); padding sequences are all
+        padding. Every row's logits are computed; ``real_rows`` picks the real ones."""
+        bucket, _, q = key
+        flat_ids, pos, ctx, real = [], [], [], []
+        for b in range(bucket):
+            toks = list(ids[b]) if b < len(seqs) else []
+            start = starts[b] if b < len(seqs) else 0
+            flat_ids += toks + [0] * (q - len(toks))
+            pos += list(range(start, start + len(toks))) + [-1] * (q - len(toks))
+            ctx.append(start + len(toks) if toks else 0)
+            real += range(b * q, b * q + len(toks))
+        batch = ForwardBatch(
+            input_ids=_ints(flat_ids),
+            positions=_ints(pos),
+            query_start_loc=_ints(range(0, (bucket + 1) * q, q)),
+            context_lens=_ints(ctx),
+            block_tables={g: self.block_table(seqs, g, bucket) for g in self.groups},
+            block_size=self.block_size,
+            logits_indices=_ints(range(bucket * q)),
+        )
+        batch.graph_key, batch.num_real_rows = key, len(real)
+        batch.real_rows = None if real == list(range(len(real))) else _ints(real)
+        return batch
 
-    def _block_table(self, sched: SchedulerOutput, group: str, rows: int) -> torch.Tensor:
-        tables = [s.seq.block_tables.get(group, ()) for s in sched.scheduled]
-        tables += [()] * (rows - len(tables))
+    def block_table(self, seqs: Sequence, group: str, rows: int) -> torch.Tensor:
+        tables = [s.block_tables.get(group, ()) for s in seqs] + [()] * (rows - len(seqs))
         width = max(max(map(len, tables), default=0), 1)
         flat: list[int] = []
         for t in tables:
             flat.extend(t)
-            if len(t) < width:
-                flat.extend(
-                    _PAD[: width - len(t)] if width - len(t) <= len(_PAD) else [-1] * (width - len(t))
-                )
+            flat.extend([-1] * (width - len(t)))
         return torch.tensor(flat, dtype=torch.int64).view(len(tables), width)
+
+    # ------------------------------------------------------------------ running it
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Forward pass; returns float32 logits ``[len(batch.logits_indices), vocab]`` (real rows only)."""
+        hidden, logits = self.run_static((), self._forward, batch)
+        if self.tap_hidden:
+            self.last_hidden = hidden
         if batch.graph_key is None:
-            return self._forward(batch)
-        graph = self.graphs.get(batch.graph_key)
-        if graph is None and self.capture:
-            graph = self.graphs[batch.graph_key] = self._capture(batch)
-        elif graph is not None:
-            for dst, src in zip(graph.inputs, self._graph_inputs(batch), strict=True):
-                dst.copy_(src, non_blocking=True)
-        if graph is None:  # static shapes, but the platform does not capture graphs
-            return self._forward(batch)[: batch.num_real_rows]
-        graph.replay()
-        return graph.outputs[-1][: batch.num_real_rows].clone()
+            return logits
+        if batch.real_rows is None:
+            return logits[: batch.num_real_rows].clone()
+        return logits.index_select(0, batch.real_rows)
 
-    @staticmethod
-    def _graph_inputs(batch: ForwardBatch) -> list[torch.Tensor]:
-        """What a static forward reads besides weights and pools: the token ids and the plan's tables."""
-        return [batch.input_ids, *batch.plan.tensors()]
+    def run_static(
+        self,
+        key: tuple,
+        fn: Callable[..., tuple[torch.Tensor, ...]],
+        batch: ForwardBatch,
+        *inputs: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """``fn(batch, *inputs)``; for a static batch on a capturing platform, captured once per
+        ``(*key, *batch.graph_key)`` (the target's steps use the empty key) and replayed afterwards."""
+        if batch.graph_key is None or not self.capture:
+            return fn(batch, *inputs)
+        graph_inputs = [batch.input_ids, *batch.plan.tensors(), *inputs]
+        return self.graphs.run((*key, *batch.graph_key), lambda: fn(batch, *inputs), graph_inputs, batch)
 
-    def _capture(self, batch: ForwardBatch) -> _Graph:
-        """Capture the forward over ``batch``'s own tensors, which become the graph's input buffers (warm-up
-        runs repeat this step's writes with the same values, so they change no state)."""
-        out: list[torch.Tensor] = []
-        replay = self.backends.memory.capture_graph(lambda: out.append(self._forward(batch)))
-        return _Graph(replay, self._graph_inputs(batch), out, batch)
-
-    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+    def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model.forward(batch, self.kv)
-        if self.keep_hidden:
-            self.last_batch, self.last_hidden = batch, hidden
         if batch.logits_indices.numel() == 0:
-            return torch.empty(0, self.model.vocab_size, dtype=torch.float32, device=self.device)
-        return self.model.compute_logits(hidden[batch.logits_indices]).float()
+            return hidden, torch.empty(0, self.model.vocab_size, dtype=torch.float32, device=self.device)
+        return hidden, self.model.compute_logits(hidden[batch.logits_indices]).float()
 
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         return self.run(self.prepare(sched))
+
+
+def _uniform_rows(scheduled: list[ScheduledSeq]) -> int:
+    """``q`` when every sequence computes ``q`` rows from its last token on and samples from each (a decode
+    or verify step), else 0."""
+    if not scheduled:
+        return 0
+    q = 0
+    for s in scheduled:
+        if (
+            not s.samples
+            or s.start + 1 != len(s.seq.token_ids)
+            or s.prompt_logprob_end > s.prompt_logprob_start
+        ):
+            return 0
+        q = max(q, 1 + s.num_drafts)
+    return q
+
+
+def _mixed_vectors(scheduled: list[ScheduledSeq]) -> tuple[list[int], ...]:
+    ids: list[int] = []
+    positions: list[int] = []
+    qsl = [0]
+    ctx: list[int] = []
+    rows: list[int] = []
+    for s in scheduled:
+        base, start, end = qsl[-1], s.start, s.start + s.num_tokens
+        ids.extend(s.seq.token_ids[start:end])
+        if s.num_drafts:
+            ids.extend(s.seq.spec_token_ids[: s.num_drafts])
+        positions.extend(range(start, end))
+        qsl.append(base + s.num_tokens)
+        ctx.append(end)
+        rows.extend(range(base + s.prompt_logprob_start - start, base + s.prompt_logprob_end - start))
+        if s.samples:
+            rows.extend(range(base + s.num_tokens - 1 - s.num_drafts, base + s.num_tokens))
+    return ids, positions, qsl, ctx, rows
+
+
+def _ints(values) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.int64)

@@ -68,7 +68,6 @@ class Sequence:
         #: chain hashes of the leading full blocks of ``token_ids`` (prefix-cache keys, computed lazily)
         self.block_hashes: list[int] = []
         self.num_committed_blocks = 0  # leading full blocks already offered to the prefix cache
-        self.num_released_blocks = 0  # leading window-group blocks released (table entries -1)
         self.logprobs: list[PositionLogprobs] | None = [] if request.params.logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.text_pieces: list[str] = []  # detokenized output, joined on demand

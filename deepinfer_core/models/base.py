@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from deepinfer_core.engine.forward_batch import ForwardBatch
     from deepinfer_core.kv.spec import CacheSpec
+    from deepinfer_core.models.batch import ForwardBatch
     from deepinfer_core.models.weight_checks import LoadOptions
     from deepinfer_core.ops.backends import Backends
 
@@ -23,6 +23,9 @@ class CausalLM(ABC):
     eos_token_ids: list[int]
     #: number of MTP (multi-token prediction) modules in the checkpoint; 0 if none
     num_mtp_layers: int = 0
+    #: layers numbered ``0 .. num_layers - 1`` (draft modules after the main layers), as cache specs'
+    #: ``writer`` / ``readers`` and :meth:`bounded_replay` name them; ``None``: the model does not number them
+    num_layers: int | None = None
 
     @classmethod
     @abstractmethod
@@ -34,7 +37,7 @@ class CausalLM(ABC):
         is untrusted input."""
 
     def use_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
-        """Store attention KV as ``kv_cache_dtype`` (see :mod:`deepinfer_core.kv.fp8`); called once, after
+        """Store attention KV as ``kv_cache_dtype`` (see :mod:`deepinfer_core.ops.kv_fp8`); called once, after
         loading and before :meth:`cache_specs`. A model that supports only "auto" keeps this default."""
         if kv_cache_dtype != "auto":
             raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: {type(self).__name__} supports only 'auto'")
@@ -48,7 +51,9 @@ class CausalLM(ABC):
         """Run the decoder over ``batch``, reading and writing ``kv`` (spec name -> pool tensor).
 
         Returns the final hidden state of every token row (for V4: the mHC streams ``[T, hc_mult, D]``
-        before ``hc_head``; that is what MTP consumes)."""
+        before ``hc_head``; that is what MTP consumes). With ``batch.tail`` (:meth:`bounded_replay`), rows
+        outside ``batch.tail.rows`` may hold the output of layer ``first_layer - 1`` instead; no logits
+        row is among them."""
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -64,6 +69,22 @@ class CausalLM(ABC):
         ``context_bucket`` (only asked of models that set :attr:`supports_graphs`) the tables' shapes must
         depend only on the row count and the bucket, every context in the batch being below it."""
         return None
+
+    def bounded_replay(self) -> tuple[int, int] | None:
+        """``(first_layer, window)`` when layers ``>= first_layer`` need only the last ``window`` rows of each
+        request's chunk (V4.1: the decoder layers over their sliding window). With ``swa_bounded_replay`` on,
+        the runner then gives mixed steps where rows can be dropped a ``batch.tail``
+        (:class:`~deepinfer_core.models.batch.TailBatch`) and :meth:`forward` runs those layers on its rows
+        only. The state those layers keep is then written on those rows only: it must be windowed (a
+        window below ``window``), in cache groups of its own, and every cache spec names its ``writer``;
+        the engine keeps it out of the prefix cache. ``None`` (the default): every layer runs on every
+        row."""
+        return None
+
+    def plan_draft(self, batch: ForwardBatch, context_bucket: int | None = None) -> object | None:
+        """:meth:`plan` for a draft step of the model's own draft modules (:meth:`mtp_forward`); by default
+        the same tables."""
+        return self.plan(batch, context_bucket)
 
     def mtp_forward(
         self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: dict[str, torch.Tensor]

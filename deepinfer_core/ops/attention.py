@@ -14,13 +14,16 @@ from typing import ClassVar
 
 import torch
 
-from deepinfer_core.kv.fp8 import Fp8KVFormat
+from deepinfer_core.ops.fusions import Fusion
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 
 
 class AttentionOps(ABC):
     #: the ``kv_cache_dtype`` values this platform's :meth:`sparse_attention` and :meth:`store_kv` accept
-    #: ("auto": pools in the model dtype; "fp8" / "fp8_e4m3": byte rows, see :mod:`deepinfer_core.kv.fp8`)
+    #: ("auto": pools in the model dtype; "fp8" / "fp8_e4m3": byte rows, see :mod:`deepinfer_core.ops.kv_fp8`)
     kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
+    #: the attention :class:`~deepinfer_core.ops.fusions.Fusion` s this backend also has (``indexer_select``)
+    fusions: ClassVar[frozenset[Fusion]] = frozenset()
 
     @abstractmethod
     def sparse_attention(
@@ -73,22 +76,6 @@ class AttentionOps(ABC):
         ``cand_slots`` of the highest scores (any order), ``-1`` where a row has fewer valid candidates.
         ``q [T, Hi, Di]``, ``weights [T, Hi]`` float32 (already scaled), ``key_pool [S, Di]``.
         """
-
-    def indexer_select(
-        self,
-        q: torch.Tensor,
-        weights: torch.Tensor,
-        weight_scale: float,
-        key_pool: torch.Tensor,
-        cand_slots: torch.Tensor,
-        topk: int,
-    ) -> torch.Tensor:
-        """:meth:`indexer_topk` with ``weights.float() * weight_scale`` (``weights [T, Hi]`` in any dtype), its
-        columns mapped to their ``cand_slots`` -> ``[T, min(topk, C)]`` slot ids (any order), ``-1`` where a
-        row has fewer valid candidates. New in plugin API 1.3; a platform may scale and map inside its
-        kernels (this default does both in torch around :meth:`indexer_topk`)."""
-        cols = self.indexer_topk(q, weights.float() * weight_scale, key_pool, cand_slots, topk)
-        return torch.where(cols >= 0, cand_slots.gather(1, cols.clamp(min=0)), -1)
 
     def write_compressor_state(
         self,

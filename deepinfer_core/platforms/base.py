@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from deepinfer_core.config import EngineConfig
+    from deepinfer_core.config import EngineConfig, PlatformSettings
     from deepinfer_core.ops.backends import Backends
 
 
@@ -32,6 +32,10 @@ class Platform(ABC):
     name: str
     priority: int = 0
     device_type: str = "cpu"
+    #: the platform's settings (a :class:`~deepinfer_core.config.PlatformSettings` subclass), its section of the
+    #: engine configuration keyed by :attr:`name`; ``None``: it has none. The op hooks and :meth:`finalize` read
+    #: them with ``config.platform_settings(name, model)``; nothing else reads the environment.
+    settings_model: ClassVar[type[PlatformSettings] | None] = None
 
     @abstractmethod
     def is_available(self) -> Availability:
@@ -42,4 +46,5 @@ class Platform(ABC):
         return self.is_available().reason
 
     def finalize(self, backends: Backends, config: EngineConfig) -> None:  # noqa: B027 - optional hook
-        """Called once after all backends are resolved (e.g. to set up graph capture)."""
+        """Called once after all backends are resolved (e.g. to set up graph capture, or to hand the platform's
+        settings, ``config.platform_settings(self.name, self.settings_model)``, to its kernels)."""

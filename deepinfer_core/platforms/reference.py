@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import platform as _pyplatform
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
 
+from deepinfer_core.config import PlatformSettings
+from deepinfer_core.ops.reference.memory import ReferenceMemoryOps
 from deepinfer_core.platforms.base import Availability, Platform
 
 if TYPE_CHECKING:
@@ -15,10 +17,27 @@ if TYPE_CHECKING:
     from deepinfer_core.ops.backends import Backends
 
 
+class ReferenceSettings(PlatformSettings):
+    """The ``reference`` section: ``DEEPINFER_REFERENCE__NUM_THREADS``, ``LLM(reference={...})``, ``[reference]``."""
+
+    num_threads: int = Field(
+        1,
+        ge=1,
+        description="torch intra-op threads; the row-wise reference ops gain nothing from more (a loaded "
+        "machine made a 128-token prefill of the demo model 100x slower: 57 s against 0.57 s, measured)",
+    )
+    host_reserve_bytes: int = Field(
+        0,
+        ge=0,
+        description="host memory the KV cache budget leaves free, bytes (the 'device' is host memory)",
+    )
+
+
 class ReferencePlatform(Platform):
     name = "reference"
     priority = 0  # every accelerator platform outranks it
     device_type = "cpu"
+    settings_model = ReferenceSettings
 
     def is_available(self) -> Availability:
         return Availability(
@@ -26,7 +45,9 @@ class ReferencePlatform(Platform):
         )
 
     def finalize(self, backends: Backends, config: EngineConfig) -> None:
-        """Run torch single-threaded (``DEEPINFER_NUM_THREADS`` overrides). The reference ops work one row
-        at a time on tiny tensors, where intra-op threads only add synchronisation; on a loaded machine
-        they made a 128-token prefill of the demo model 100x slower (57 s against 0.57 s, measured)."""
-        torch.set_num_threads(int(os.environ.get("DEEPINFER_NUM_THREADS", "1")))
+        """Run torch with ``num_threads`` threads (one by default) and hand the reference memory ops the
+        host memory they must leave free."""
+        settings = config.platform_settings(self.name, ReferenceSettings)
+        torch.set_num_threads(settings.num_threads)
+        if isinstance(backends.memory, ReferenceMemoryOps):
+            backends.memory.host_reserve_bytes = settings.host_reserve_bytes

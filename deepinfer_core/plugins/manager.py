@@ -54,6 +54,12 @@ def api_compatible(declared: str | None) -> tuple[bool, str]:
         c_major, c_minor = (int(x) for x in PLUGIN_API_VERSION.split(".")[:2])
     except ValueError:
         return False, f"DEEPINFER_PLUGIN_API={declared!r} is not 'MAJOR.MINOR'"
+    if p_major < c_major:
+        return False, (
+            f"it was built for plugin API {declared}; this core provides {PLUGIN_API_VERSION}, a new major "
+            "version. Import only from deepinfer_core.plugin_api and declare DEEPINFER_PLUGIN_API = "
+            f"'{c_major}.0' (docs/plugins.md has the changelog and what moved)"
+        )
     if p_major != c_major or p_minor > c_minor:
         return False, (
             f"it was built for plugin API {declared}, this core provides {PLUGIN_API_VERSION} "

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from deepinfer_core.ops.fusions import declared_fusions
+from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.platforms.base import Availability, Platform
 from deepinfer_core.plugins.manager import LoadedPlugin, LoadReport, PluginLoadError, make_plugin_manager
 
@@ -198,24 +200,18 @@ def _installed_summary(reg: PluginRegistry, avail: dict[str, Availability]) -> s
     return text
 
 
-_REFERENCE = {
-    "dense": "deepinfer_core.ops.reference.dense:ReferenceDenseOps",
-    "attention": "deepinfer_core.ops.reference.attention:ReferenceAttentionOps",
-    "moe": "deepinfer_core.ops.reference.moe:ReferenceMoEOps",
-    "sampling": "deepinfer_core.ops.reference.sampling:ReferenceSamplingOps",
-    "memory": "deepinfer_core.ops.reference.memory:ReferenceMemoryOps",
-    "comm": "deepinfer_core.ops.reference.comm:ReferenceCommOps",
-}
-
-
-def reference_op(concern: str) -> Any:
-    mod, attr = _REFERENCE[concern].split(":")
-    return getattr(importlib.import_module(mod), attr)()
+def _check_fusions(plugin_name: str, concern: str, ops: object) -> None:
+    """A declared fusion that is unknown, of another concern or not implemented is the plugin's fault."""
+    try:
+        declared_fusions(concern, ops)
+    except ValueError as exc:
+        raise PluginHookError(plugin_name, f"deepinfer_{concern}_ops: {exc}") from exc
 
 
 def resolve_backends(reg: PluginRegistry, platform: Platform, config: EngineConfig) -> Backends:
     """Call each op hook once for ``platform``, plugin by plugin in pluggy's order until one answers;
-    concerns nobody serves get the reference ops.
+    concerns nobody serves get the reference ops. The fused steps are resolved with them
+    (:attr:`Backends.fused <deepinfer_core.ops.backends.Backends>`), once.
 
     :raises PluginHookError: naming the plugin whose op hook, or whose platform's ``finalize``, failed."""
     from deepinfer_core.ops.backends import CONCERNS, Backends
@@ -227,6 +223,7 @@ def resolve_backends(reg: PluginRegistry, platform: Platform, config: EngineConf
         for plugin_name in reg.implementers(hook_name):
             obj = reg.call_one(hook_name, plugin_name, platform=platform.name, config=config)
             if obj is not None:
+                _check_fusions(plugin_name, concern, obj)
                 break
         objs[concern] = obj if obj is not None else reference_op(concern)
     backends = Backends(platform=platform.name, **objs)

@@ -1,11 +1,11 @@
-"""The proposer contract and its one-time resolution at engine build.
+"""The proposer contract (2.0) and its one-time resolution at engine build.
 
 A draft round: after a step's sampling the engine asks the proposer for drafts of every running
-sequence that is decoding (all its tokens but the last are computed); it stores them on
-``Sequence.spec_token_ids``. The next schedule gives such a sequence ``1 + len(drafts)`` rows, the sampler
-verifies them (see :mod:`deepinfer_core.spec_decode.verify`) and the output processor appends the
-accepted prefix plus one token. Drafts are never part of ``token_ids``, so prefix-cache hashes and
-commits only ever see verified tokens.
+sequence that is decoding (all its tokens but the last are computed) and stores them with the sequence.
+The next schedule gives such a sequence ``1 + len(drafts)`` rows, the sampler verifies them (see
+:mod:`deepinfer_core.spec_decode.verify`) and the output processor appends the accepted prefix plus one
+token. Drafts are never part of ``token_ids``, so prefix-cache hashes and commits only ever see verified
+tokens. What a proposer may use of the engine is its :class:`~.context.ProposerContext`.
 
 Drafts are deterministic given the context (q is one-hot on the draft), which keeps rejection sampling
 exact for any proposer that honours this contract.
@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 from deepinfer_core.config import ConfigError
 
 if TYPE_CHECKING:
-    from deepinfer_core.engine.scheduler import SchedulerOutput
-    from deepinfer_core.engine.sequence import Sequence
+    from deepinfer_core.spec_decode.context import DraftSequence, ProposerContext, VerifiedRows
 
 MAX_SPECULATIVE_TOKENS = 8
 
@@ -31,18 +30,21 @@ class Proposer(ABC):
 
     num_speculative_tokens: int
 
-    def bind(self, engine: Any) -> None:  # noqa: B027 - optional hook
-        """Called once by the engine after it is built (runner, KV manager); proposers that keep state
-        in the engine's KV pools (MTP) take what they need here."""
+    #: the target's hidden states are tapped for this proposer (:meth:`ProposerContext.last_hidden`)
+    needs_hidden: bool = False
 
-    def observe(self, sched: SchedulerOutput) -> None:  # noqa: B027 - optional hook
-        """Called after every target step, before :meth:`propose` (MTP catches its caches up here)."""
+    def bind(self, ctx: ProposerContext) -> None:  # noqa: B027 - optional hook
+        """Called once by the engine after it is built, with the proposer's context."""
+
+    def observe(self, rows: list[VerifiedRows]) -> None:  # noqa: B027 - optional hook
+        """Called after every target step, before :meth:`propose`, with the rows the step verified of each
+        sequence still running (MTP catches its caches up here)."""
 
     @abstractmethod
-    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
+    def propose(self, seqs: list[DraftSequence], limits: list[int]) -> list[list[int]]:
         """Drafts for each sequence in ``seqs``, at most ``limits[i]`` (<= k) tokens for sequence ``i``.
-        A proposer that writes state past the computed length (MTP's chained steps) allocates the blocks
-        for it with ``kv.allocate(seq, limit)``; the verify step reuses them."""
+        A proposer that writes state past the computed length (MTP's chained steps) reserves it with
+        :meth:`ProposerContext.reserve`; the verify step reuses those blocks."""
 
 
 def build_proposer(

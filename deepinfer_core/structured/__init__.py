@@ -4,7 +4,11 @@ and the manager the engine calls. Grammar libraries live in the ``deepinfer_stru
 from deepinfer_core.structured.backend import CompiledGrammar, GrammarBackend, GrammarCache, GrammarMatcher
 from deepinfer_core.structured.bitmask import allocate_bitmask, bitmask_width, pack_allowed, unpack_bitmask
 from deepinfer_core.structured.constraint import StructuredConstraint, constraint_from_params
-from deepinfer_core.structured.manager import StructuredOutputError, StructuredOutputManager
+from deepinfer_core.structured.manager import (
+    StructuredOutputError,
+    StructuredOutputManager,
+    check_backend_name,
+)
 from deepinfer_core.structured.vocab import GrammarVocab
 
 __all__ = [
@@ -18,6 +22,7 @@ __all__ = [
     "StructuredOutputManager",
     "allocate_bitmask",
     "bitmask_width",
+    "check_backend_name",
     "constraint_from_params",
     "pack_allowed",
     "unpack_bitmask",

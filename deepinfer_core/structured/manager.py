@@ -30,11 +30,24 @@ from typing import Any
 
 import torch
 
+from deepinfer_core.config import ConfigError, EngineConfig
 from deepinfer_core.structured.backend import CompiledGrammar, GrammarBackend, GrammarCache
 from deepinfer_core.structured.bitmask import allocate_bitmask, token_allowed
 from deepinfer_core.structured.constraint import constraint_from_params
 from deepinfer_core.structured.request_state import RequestGrammar
 from deepinfer_core.structured.vocab import GrammarVocab
+
+
+def check_backend_name(backend_factories: Mapping[str, Any], name: str) -> None:
+    """When the engine is built: a ``structured_outputs_backend`` nothing registered is a :class:`ConfigError`
+    that lists the installed grammar backends. The default (``xgrammar``) is looked up on the first
+    constrained request instead, so an engine without any grammar plugin still serves the others."""
+    if name in backend_factories or name == EngineConfig.model_fields["structured_outputs_backend"].default:
+        return
+    installed = ", ".join(sorted(backend_factories)) or "none"
+    raise ConfigError(
+        f"structured_outputs_backend={name!r} is not installed; installed grammar backends: {installed}"
+    )
 
 
 class StructuredOutputError(RuntimeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.fp8 import Fp8KVFormat
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 from deepinfer_core.testing.cases_dense import inv_freq, randn
 from deepinfer_core.testing.opcase import OpCase
 
@@ -54,12 +54,6 @@ def _indexer(g):
     return (randn(g, T, 8, 16), randn(g, T, 8).abs(), randn(g, 30, 16), cand, 5), {}
 
 
-def _indexer_select(g):
-    """``_indexer``'s case with unscaled bf16 weights and a scale: slot ids come back, not columns."""
-    (q, w, keys, cand, k), _ = _indexer(g)
-    return (q, w.to(torch.bfloat16), 0.125, keys, cand, k), {}
-
-
 def _same_topk(actual: torch.Tensor, expected: torch.Tensor, inputs) -> None:
     """Top-k is a set: compare each row's chosen columns, order-free; padding (-1) must match in count."""
     assert actual.shape == expected.shape, f"top-k: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
@@ -106,7 +100,6 @@ CASES = [
         kv_cache_dtype="fp8",
     ),
     OpCase("attention", "indexer_topk", "topk_with_short_rows", _indexer, compare=_same_topk),
-    OpCase("attention", "indexer_select", "slots_bf16_weights", _indexer_select, compare=_same_topk),
     OpCase("attention", "compress", "csa_overlap_first_window", _compress(True), atol=1e-5, rtol=1e-4),
     OpCase("attention", "compress", "hca", _compress(False), atol=1e-5, rtol=1e-4),
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.weights import ExpertWeights
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.testing.cases_dense import randn
 from deepinfer_core.testing.opcase import OpCase
 

@@ -4,25 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import pkgutil
 from typing import Any
 
 import torch
 
 from deepinfer_core.ops.backends import CONCERNS, Backends
+from deepinfer_core.ops.fusions import COMPOSED, Fusion, resolve_fusions
 from deepinfer_core.testing.opcase import OpCase
 
 
+def case_modules() -> list[str]:
+    """``cases_<concern>`` for each concern, then every other ``cases_*`` module of this package."""
+    import deepinfer_core.testing as package
+
+    first = [f"cases_{c}" for c in CONCERNS]
+    found = {m.name for m in pkgutil.iter_modules(package.__path__) if m.name.startswith("cases_")}
+    return [m for m in first if m in found] + sorted(found - set(first))
+
+
 def all_cases() -> list[OpCase]:
-    """Every case of every concern whose case module exists."""
+    """Every case of every ``cases_*`` module."""
     cases: list[OpCase] = []
-    for concern in CONCERNS:
-        try:
-            mod = importlib.import_module(f"deepinfer_core.testing.cases_{concern}")
-        except ModuleNotFoundError as e:
-            if e.name != f"deepinfer_core.testing.cases_{concern}":
-                raise
-            continue
-        cases.extend(mod.CASES)
+    for name in case_modules():
+        cases.extend(importlib.import_module(f"deepinfer_core.testing.{name}").CASES)
     return cases
 
 
@@ -71,20 +76,63 @@ def _compare(actual: Any, expected: Any, case: OpCase) -> None:
     assert actual == expected, f"{case.id}: {actual!r} != {expected!r}"
 
 
+def reference_backends() -> Backends:
+    """The reference ops of every concern, built directly (no plugin manager)."""
+    from deepinfer_core.ops.reference import reference_op
+
+    return Backends("reference", **{c: reference_op(c) for c in CONCERNS})
+
+
+def run_case(backends: Any, case: OpCase, args: tuple, kwargs: dict, composed: bool = False) -> Any:
+    """Call the case's op on ``backends`` (inputs already on its device); with ``case.writes``, the
+    result is ``(return value, *the written arguments)``. A fusion case runs the step the backends resolve
+    (their fused op where declared, else the core's composition), or with ``composed`` the composition of
+    their plain ops (what the reference side runs)."""
+    if case.run is not None:
+        result = case.run(backends, args, kwargs)
+    elif case.fusion and composed:
+        result = COMPOSED[Fusion(case.op)](getattr(backends, case.concern), *args, **kwargs)
+    elif case.fusion:
+        result = getattr(resolve_fusions(backends.dense, backends.attention), case.op)(*args, **kwargs)
+    else:
+        result = getattr(getattr(backends, case.concern), case.op)(*args, **kwargs)
+    if not case.writes:
+        return result
+    return (result, *(kwargs[w] if isinstance(w, str) else args[w] for w in case.writes))
+
+
 def check_case(backends: Backends, case: OpCase, reference: Backends | None = None, seed: int = 1234) -> None:
     """Run ``case`` on ``backends`` and on the reference ops with the same random inputs; raise
-    ``AssertionError`` naming the case when they disagree beyond the case's tolerance."""
-    from deepinfer_core.plugins.registry import reference_op
+    ``AssertionError`` naming the case when they disagree beyond the case's tolerance.
 
-    ref_obj = getattr(reference, case.concern) if reference is not None else reference_op(case.concern)
+    Each side gets its own copy of the inputs (ops may write into them). A case of ``world > 1`` runs in
+    that many processes (:mod:`deepinfer_core.testing.world`)."""
+    if case.world > 1:
+        from deepinfer_core.testing.world import world_failure
+
+        failure = world_failure(backends, case, reference, seed)
+        if failure is not None:
+            raise AssertionError(failure)
+        return
+    ref = reference if reference is not None else reference_backends()
+    compare_outcomes(case, *outcomes(backends, case, ref, seed))
+
+
+def outcomes(backends: Any, case: OpCase, reference: Any, seed: int) -> tuple[Any, Any, Any]:
+    """``(actual, expected, inputs)``: the case run on ``backends`` (result moved to the CPU) and on
+    ``reference``, each on its own copy of the inputs made from ``seed``; ``inputs`` is the reference's
+    ``(args, kwargs)`` after its run. In this process (one rank's part of a multi-process case)."""
     args, kwargs = case.make_inputs(torch.Generator().manual_seed(seed))
-    expected = getattr(ref_obj, case.op)(*args, **kwargs)
+    expected = run_case(reference, case, args, kwargs, composed=True)
     device = backends.memory.device
-    actual = getattr(getattr(backends, case.concern), case.op)(
-        *to_device(args, device), **to_device(kwargs, device)
-    )
-    actual = to_device(actual, torch.device("cpu"))
+    mine, my_kwargs = case.make_inputs(torch.Generator().manual_seed(seed))
+    actual = run_case(backends, case, to_device(mine, device), to_device(my_kwargs, device))
+    return to_device(actual, torch.device("cpu")), expected, (args, kwargs)
+
+
+def compare_outcomes(case: OpCase, actual: Any, expected: Any, inputs: Any) -> None:
+    """Raise ``AssertionError`` naming ``case`` when ``actual`` does not conform."""
     if case.compare is not None:
-        case.compare(actual, expected, (args, kwargs))
+        case.compare(actual, expected, inputs)
     else:
         _compare(actual, expected, case)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
 from deepinfer_core.kv.spec import CacheSpec, required_block_multiple
+from deepinfer_core.models.batch import ForwardBatch
 
 
 class PagedKVHarness:

@@ -15,6 +15,7 @@ def test_kit_has_cases() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_op_matches_reference(case, deepinfer_backends) -> None:
-    if not case.applies_to(deepinfer_backends):
-        pytest.skip(f"{case.id}: the platform does not declare kv_cache_dtype={case.kv_cache_dtype!r}")
+    reason = case.skip_reason(deepinfer_backends)
+    if reason is not None:
+        pytest.skip(f"{case.id}: {reason}")
     check_case(deepinfer_backends, case)

@@ -30,18 +30,20 @@ def _control_ids(tok) -> dict[str, int]:
     return {m: tok.convert_tokens_to_ids(m) for m in (BOS, EOS, USER, ASSISTANT, THINK_END, DSML)}
 
 
-def test_control_token_text_in_user_and_tool_content_stays_text(v4_tokenizer):
+@pytest.mark.parametrize("encoding", ["deepseek_v4", "deepseek_v41"])
+def test_control_token_text_in_user_and_tool_content_stays_text(v4_tokenizer, encoding):
     tok = v4_tokenizer
     messages = [
         {"role": "user", "content": FORGED},
         {"role": "assistant", "content": "", "tool_calls": [_call("lookup", {"q": FORGED})]},
         {"role": "tool", "content": FORGED, "tool_call_id": "c0"},
     ]
-    prompt = render_prompt(messages, "think-high", tools=[_tool("lookup")])
+    prompt = render_prompt(messages, "think-high", tools=[_tool("lookup")], encoding=encoding)
     ids = encode_prompt(prompt, tok)
     ctrl = _control_ids(tok)
     # the same conversation with harmless content: the control tokens the encoder itself writes
-    trusted = encode_prompt(render_prompt(_benign(messages), "think-high", tools=[_tool("lookup")]), tok)
+    benign = render_prompt(_benign(messages), "think-high", tools=[_tool("lookup")], encoding=encoding)
+    trusted = encode_prompt(benign, tok)
     for marker, i in ctrl.items():
         assert ids.count(i) == trusted.count(i), f"{marker}: content injected a control token"
     assert tok.decode(ids) == prompt.text  # nothing lost: the content is all there, as text

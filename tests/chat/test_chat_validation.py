@@ -26,7 +26,11 @@ def test_unknown_thinking_mode_lists_the_allowed_modes():
         ([], "messages must be a non-empty list"),
         ("hi", "messages must be a non-empty list"),
         (["hi"], "messages[0] must be a dict"),
-        ([{"role": "developer", "content": "x"}], "messages[0].role: unknown role 'developer'"),
+        ([{"role": "latest_reminder", "content": "x"}], "messages[0].role: unknown role 'latest_reminder'"),
+        (
+            [{"role": "developer", "content": ""}],
+            "messages[0].content must not be empty for role 'developer'",
+        ),
         ([{"content": "x"}], "messages[0].role: unknown role None"),
         ([{"role": "user"}], "messages[0].content is required for role 'user'"),
         ([{"role": "system", "content": None}, USER], "messages[0].content is required for role 'system'"),
@@ -66,7 +70,7 @@ def test_unknown_thinking_mode_lists_the_allowed_modes():
         ([{"role": "assistant", "content": "x"}], "messages[0]: an assistant message must directly follow"),
         (
             [USER, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
-            "messages[2]: an assistant message must directly follow a user or tool message",
+            "messages[2]: an assistant message must directly follow a user, tool or developer message",
         ),
         (
             [USER, {"role": "tool", "content": "r"}],

@@ -60,6 +60,15 @@ def test_bad_values_name_the_field(kwargs, needle):
         load_config(environ={}, **kwargs)
 
 
+def test_structured_outputs_backend_is_any_grammar_backend_name():
+    """Which names exist is known only once plugins are loaded: the engine checks them when it is built."""
+    assert load_config(environ={}).structured_outputs_backend == "xgrammar"
+    cfg = load_config(environ={"DEEPINFER_STRUCTURED_OUTPUTS_BACKEND": " my_grammars "})
+    assert cfg.structured_outputs_backend == "my_grammars"
+    with pytest.raises(ConfigError, match="structured_outputs_backend=' '"):
+        load_config(environ={}, structured_outputs_backend=" ")
+
+
 def test_bad_env_value_names_the_variable():
     with pytest.raises(ConfigError, match="max_num_seqs"):
         load_config(environ={"DEEPINFER_MAX_NUM_SEQS": "many"})

@@ -1,4 +1,4 @@
-"""The FP8 KV cache format (deepinfer_core.kv.fp8): layout, power-of-two scales, the pack/unpack round trip,
+"""The FP8 KV cache format (deepinfer_core.ops.kv_fp8): layout, power-of-two scales, the pack/unpack round trip,
 and the reference attention reading packed pools."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.kv.fp8 import E4M3_MAX, GROUP, Fp8KVFormat, is_fp8, power_of_two_scale
+from deepinfer_core.ops.kv_fp8 import E4M3_MAX, GROUP, Fp8KVFormat, is_fp8, power_of_two_scale
 from deepinfer_core.ops.reference import ReferenceAttentionOps
 
 

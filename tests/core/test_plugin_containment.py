@@ -15,9 +15,8 @@ from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
 
 HEAD = """
 import sys
-from deepinfer_core import hookimpl
-from deepinfer_core.platforms.base import Availability, Platform
-DEEPINFER_PLUGIN_API = "1.0"
+from deepinfer_core.plugin_api import Availability, Platform, hookimpl
+DEEPINFER_PLUGIN_API = "2.0"
 class P(Platform):
     name = "{name}"
     priority = 1000  # would win "auto" if it were kept

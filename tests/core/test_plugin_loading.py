@@ -13,9 +13,8 @@ from deepinfer_core.runtime import build_runtime
 from deepinfer_core.version import PLUGIN_API_VERSION
 
 GOOD = """
-from deepinfer_core import hookimpl
-from deepinfer_core.platforms.base import Availability, Platform
-DEEPINFER_PLUGIN_API = "1.0"
+from deepinfer_core.plugin_api import Availability, Platform, hookimpl
+DEEPINFER_PLUGIN_API = "2.0"
 class P(Platform):
     name = "fakeplat"
     priority = -5
@@ -63,21 +62,29 @@ def test_allow_list_from_env_limits_loading_and_empty_loads_none(fake_dist):
 
 
 def test_incompatible_plugin_api_is_refused_with_a_clear_message(fake_dist):
-    fake_dist("deepinfer-future", "future_plugin_mod", GOOD.replace('"1.0"', '"2.0"'), "future")
+    fake_dist("deepinfer-future", "future_plugin_mod", GOOD.replace('"2.0"', '"3.0"'), "future")
     reg = build_registry(allow=["future"])
     [failed] = reg.report.failed
-    assert "plugin API 2.0" in failed.error and f"provides {PLUGIN_API_VERSION}" in failed.error
+    assert "plugin API 3.0" in failed.error and f"provides {PLUGIN_API_VERSION}" in failed.error
     assert "fakeplat" not in reg.platforms
+
+
+def test_a_1x_plugin_is_refused_with_what_moved(fake_dist):
+    fake_dist("deepinfer-old", "old_plugin_mod", GOOD.replace('"2.0"', '"1.3"'), "old")
+    reg = build_registry(allow=["old"])
+    [failed] = reg.report.failed
+    assert "built for plugin API 1.3; this core provides 2.0, a new major version" in failed.error
+    assert "deepinfer_core.plugin_api" in failed.error and "docs/plugins.md" in failed.error
 
 
 @pytest.mark.parametrize(
     "declared, ok",
     [
-        ("1.0", True),
-        ("1.1", True),
-        ("1.2", True),
-        ("1.3", True),
-        ("1.4", False),
+        ("2.0", True),
+        ("2.1", False),
+        ("1.3", False),
+        ("1.0", False),
+        ("3.0", False),
         ("0.9", False),
         (None, False),
         ("one", False),

@@ -161,7 +161,7 @@ def test_a_survivor_that_exited_first_is_not_named(monkeypatch):
 
     import torch.distributed as dist
 
-    from deepinfer_core.distributed import dp_engine
+    from deepinfer_core.engine import dp_engine
 
     monkeypatch.setattr(dp_engine, "_GRACE_S", 0.2)
     store = dist.HashStore()

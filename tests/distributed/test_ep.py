@@ -137,7 +137,7 @@ def test_rebalancing_moves_weights_between_ranks_and_cuts_imbalance(tmp_path):
 
 
 def test_requests_go_to_the_least_loaded_rank_in_input_order():
-    from deepinfer_core.distributed.dp_engine import assign_by_load
+    from deepinfer_core.engine.dp_engine import assign_by_load
 
     def item(n_prompt: int, max_tokens: int, n: int = 1):
         return SimpleNamespace(token_ids=[0] * n_prompt, params=SimpleNamespace(max_tokens=max_tokens, n=n))

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.batch import ForwardBatch
 
 
 class StubLM(CausalLM):

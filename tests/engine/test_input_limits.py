@@ -67,13 +67,15 @@ def test_the_cli_prints_one_line_for_user_errors(tmp_path, capsys):
 
 def test_an_unknown_deepinfer_variable_is_warned_about_with_the_likely_field(caplog):
     with caplog.at_level(logging.WARNING, logger="deepinfer.config"):
-        cfg = load_config(environ={"DEEPINFER_MAX_NUM_SEQ": "4", "DEEPINFER_PDL": "0", "OTHER": "1"})
+        cfg = load_config(
+            environ={"DEEPINFER_MAX_NUM_SEQ": "4", "DEEPINFER_CUDA_SM100__PDL": "0", "OTHER": "1"}
+        )
     assert cfg.max_num_seqs == 64  # the typo is not a setting
     assert (
         "ignoring unknown environment variable DEEPINFER_MAX_NUM_SEQ; did you mean DEEPINFER_MAX_NUM_SEQS?"
         in caplog.text
     )
-    assert "DEEPINFER_PDL" not in caplog.text  # a platform's switch, known
+    assert "DEEPINFER_CUDA_SM100__PDL" not in caplog.text  # a platform's setting, checked by the platform
 
 
 def test_an_unknown_plugin_in_the_allow_list_is_an_error_naming_it():

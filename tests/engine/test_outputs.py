@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from deepinfer_core import SamplingParams
@@ -140,15 +142,33 @@ def test_chat_renders_the_conversation_then_generates(llm, monkeypatch):
 
     seen = {}
 
-    def render(messages, thinking_mode="non-think", tools=None):
-        seen.update(messages=messages, mode=thinking_mode, tools=tools)
+    def render(messages, thinking_mode="non-think", tools=None, encoding=None):
+        seen.update(messages=messages, mode=thinking_mode, tools=tools, encoding=encoding)
         return chat.Prompt().own("abc")
 
     monkeypatch.setattr(chat, "render_prompt", render)
     msgs = [{"role": "user", "content": "hi"}]
     out = llm.chat(msgs, SamplingParams(max_tokens=2), use_tqdm=False, thinking_mode="thinking")
-    assert seen == {"messages": msgs, "mode": "thinking", "tools": None}
+    assert seen == {"messages": msgs, "mode": "thinking", "tools": None, "encoding": chat.DEEPSEEK_V4}
     assert out[0].prompt_token_ids == [2, 3, 4]  # rendered text carries its own BOS: no special tokens added
+
+
+def test_chat_uses_the_encoding_the_checkpoint_config_names(monkeypatch):
+    import deepinfer_core.chat as chat
+
+    seen = {}
+
+    def render(messages, thinking_mode="non-think", tools=None, encoding=None, reasoning_effort=None):
+        seen.update(encoding=encoding, effort=reasoning_effort)
+        return chat.Prompt().own("abc")
+
+    monkeypatch.setattr(chat, "render_prompt", render)
+    checkpoint = Path(__file__).resolve().parents[1] / "data/v41/flash_mini/checkpoint"
+    llm = make_toy_llm(model=str(checkpoint))
+    llm.chat(
+        [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1), use_tqdm=False, reasoning_effort=30
+    )
+    assert seen == {"encoding": chat.DEEPSEEK_V41, "effort": 30}
 
 
 def test_text_decoded_once_at_the_end_equals_the_incremental_text(llm):

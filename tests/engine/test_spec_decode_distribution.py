@@ -34,6 +34,7 @@ def _llm(spec: bool) -> LLM:
         max_model_len=64,
         max_num_seqs=256,
         max_num_batched_tokens=4096,
+        max_n=200,
         speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
         if spec
         else None,

@@ -184,3 +184,52 @@ def test_mtp_seeded_sampling_with_n_samples_and_prefix_cache_emits_the_plain_tok
         assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
     assert llm.get_stats()["prefix_cache_hits"] > 0
     _no_leaks(llm)
+
+
+def _replaying(runner, monkeypatch) -> dict:
+    """A stand-in for graph capture whose replay re-runs the captured closure over the captured buffers, so
+    a step reaches the model only through the runner's input copies (see test_v4_end_to_end)."""
+    counts = {"captures": 0, "replays": 0}
+
+    def capture_graph(fn):
+        fn()
+        counts["captures"] += 1
+
+        def replay():
+            counts["replays"] += 1
+            fn()
+
+        return replay
+
+    monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
+    return counts
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("capture", [False, True], ids=["static", "replayed"])
+def test_mtp_verify_and_draft_steps_run_static_and_replayed(ckpt, plain, monkeypatch, k, capture):
+    """With MTP on, decode/verify steps (1 + k rows per sequence, short drafts padded) and the MTP catch-up
+    and chained draft steps all run with static shapes, and replay captured graphs: the tap of the
+    target's hidden states is a graph output, so speculative decoding no longer turns graphs off."""
+    llm = _llm(ckpt, k, max_num_batched_tokens=64)
+    runner = llm.engine.runner
+    counts = _replaying(runner, monkeypatch) if capture else None
+    runner.static_decode(8, capture=capture)
+    seen: list[tuple] = []
+    real_prepare = runner.prepare
+    monkeypatch.setattr(runner, "prepare", lambda s: _record(real_prepare(s), seen))
+    assert_same_outputs(plain, llm.generate(_prompts(), PARAMS, use_tqdm=False))
+    verify_keys = {key for key in seen if key is not None and key[2] > 1}
+    assert verify_keys, "no verify step ran static"
+    assert llm.get_stats()["spec_num_accepted_tokens"] >= 0
+    if capture:
+        draft = [key for key in runner.graphs if key[0] == "draft"]
+        target = [key for key in runner.graphs if key[0] != "draft"]
+        assert draft and any(key[2] > 1 for key in target) and any(key[2] == 1 for key in target)
+        assert counts["captures"] == len(runner.graphs) and counts["replays"] > counts["captures"]
+    _no_leaks(llm)
+
+
+def _record(batch, seen: list):
+    seen.append(batch.graph_key)
+    return batch

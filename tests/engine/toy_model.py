@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.batch import ForwardBatch
 
 WINDOW = 8
 RATIOS = (4, 8)

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from deepinfer_core.ops.backends import CONCERNS, Backends
-from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceMoEOps
-from deepinfer_core.plugins.registry import reference_op
+from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceMoEOps, reference_op
 from deepinfer_core.testing import cases_attention, cases_dense, cases_moe, check_case
 
 CASES = cases_dense.CASES + cases_attention.CASES + cases_moe.CASES

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from deepinfer_core.quant.formats import (
+from deepinfer_core.ops.quant_formats import (
     E2M1_VALUES,
     dequant,
     dequant_rows,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_core.ops.mhc import HCParams
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceDenseOps, ReferenceMoEOps
 from deepinfer_core.ops.weights import ExpertWeights
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
 
 dense, attention, moe = ReferenceDenseOps(), ReferenceAttentionOps(), ReferenceMoEOps()
 G = torch.Generator().manual_seed(0)
@@ -57,14 +58,13 @@ def test_norm_rope_and_swiglu():
 def test_mhc_ops():
     n, d = 4, 32
     fn, base, scale = rnd((2 + n) * n, n * d, scale=0.05), rnd((2 + n) * n), rnd(3) + 1
-    _assert_rows_invariant(lambda x: dense.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6), (rnd(40, n, d),))
+    hc, head = HCParams(fn, base, scale, 20, 1e-6, 1e-6), HCParams(fn[:n], base[:n], scale[:1], 0, 1e-6, 1e-6)
+    _assert_rows_invariant(lambda x: dense.hc_pre(x, hc), (rnd(40, n, d),))
     comb = torch.softmax(rnd(40, n, n), -1)
     _assert_rows_invariant(
         lambda y, r, p, c: dense.hc_post(y, r, p, c), (rnd(40, d), rnd(40, n, d), rnd(40, n), comb)
     )
-    _assert_rows_invariant(
-        lambda x: dense.hc_head(x, fn[:n], base[:n], scale[:1], 1e-6, 1e-6), (rnd(40, n, d),)
-    )
+    _assert_rows_invariant(lambda x: dense.hc_head(x, head), (rnd(40, n, d),))
 
 
 def test_sparse_attention_row_does_not_depend_on_other_rows_or_padding():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.ops.mhc import HCParams
 from deepinfer_core.ops.reference.attention import ReferenceAttentionOps
 from deepinfer_core.ops.reference.dense import ReferenceDenseOps
 
@@ -30,7 +31,8 @@ def test_linear_result_on_input_device():
 
 def test_hc_pre_of_no_tokens_on_input_device():
     x = torch.empty(0, 4, 8, device=META)
-    out, post, comb = ReferenceDenseOps().hc_pre(x, torch.empty(24, 32, device=META), torch.empty(24, device=META),
-                                                 torch.empty(3, device=META), 20, 1e-6, 1e-6)  # fmt: skip
+    hc = HCParams(torch.empty(24, 32, device=META), torch.empty(24, device=META), torch.empty(3, device=META), 20,
+                  1e-6, 1e-6)  # fmt: skip
+    out, post, comb = ReferenceDenseOps().hc_pre(x, hc)
     assert {out.device, post.device, comb.device} == {META}
     assert post.dtype == comb.dtype == torch.float32

@@ -8,9 +8,10 @@ import torch.nn.functional as F
 from transformers import DeepseekV4Config
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
 
+from deepinfer_core.ops.mhc import HCParams
+from deepinfer_core.ops.quant_formats import dequant, quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceDenseOps, ReferenceMoEOps
 from deepinfer_core.ops.weights import ExpertWeights
-from deepinfer_core.quant.formats import dequant, quantize_fp4_e2m1, quantize_fp8_block
 
 dense, attention, moe = ReferenceDenseOps(), ReferenceAttentionOps(), ReferenceMoEOps()
 G = torch.Generator().manual_seed(1)
@@ -48,7 +49,7 @@ def test_hc_pre_and_post_match_hyper_connection():
     m.scale.copy_(rnd(3, scale=0.1) + 1)
     x = rnd(9, 4, 32)
     post, comb, collapsed = m(x[None])
-    c, p, k = dense.hc_pre(x, m.fn, m.base, m.scale, 20, CFG.hc_eps, CFG.rms_norm_eps)
+    c, p, k = dense.hc_pre(x, HCParams(m.fn, m.base, m.scale, 20, CFG.hc_eps, CFG.rms_norm_eps))
     torch.testing.assert_close((c, p, k), (collapsed[0], post[0], comb[0]), atol=1e-6, rtol=1e-5)
     y = rnd(9, 32)
     want = post[0].unsqueeze(-1) * y.unsqueeze(-2) + torch.matmul(comb[0].transpose(-1, -2), x)
@@ -62,7 +63,7 @@ def test_hc_head_matches_hyper_head():
     m.hc_base.copy_(rnd(4, scale=0.3))
     m.hc_scale.copy_(rnd(1, scale=0.1) + 1)
     x = rnd(9, 4, 32)
-    got = dense.hc_head(x, m.hc_fn, m.hc_base, m.hc_scale, CFG.hc_eps, CFG.rms_norm_eps)
+    got = dense.hc_head(x, HCParams(m.hc_fn, m.hc_base, m.hc_scale, 0, CFG.hc_eps, CFG.rms_norm_eps))
     torch.testing.assert_close(got, m(x[None])[0], atol=1e-6, rtol=1e-5)
 
 

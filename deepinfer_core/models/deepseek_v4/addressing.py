@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch, move_together
+from deepinfer_core.models.batch import ForwardBatch, move_together
 
 
 @dataclass

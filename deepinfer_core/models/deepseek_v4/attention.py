@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.fp8 import Fp8KVFormat
-from deepinfer_core.kv.spec import CacheGroup, CacheSpec
+from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.params import Module, SharedInput, Slot
 from deepinfer_core.models.deepseek_v4.rope import layer_inv_freq
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+from deepinfer_core.ops.quant_formats import FP8_BLOCK, dequant
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
-from deepinfer_core.quant.formats import FP8_BLOCK, dequant
 
 Pools = dict[str, torch.Tensor]
 
@@ -34,7 +34,7 @@ def flat(pool: torch.Tensor) -> torch.Tensor:
 
 def entry_spec(
     name: str,
-    group: CacheGroup,
+    group: str,
     tokens_per_entry: int,
     head_dim: int,
     dtype: torch.dtype,
@@ -92,9 +92,9 @@ class Compressor(Module):
         comp = addr.compression(self.ratio, self.overlap)
         if comp.entry_slots.numel() == 0:
             return
-        ops.attention.compress_into(  # new in plugin API 1.1: every implementation takes kv_format
+        ops.attention.compress_into(
             state, comp.src_slots, self.overlap, self.norm.value, self.eps, comp.entry_positions, inv_freq,
-            entries, comp.entry_slots, kv_format,
+            entries, comp.entry_slots, kv_format=kv_format,
         )  # fmt: skip
 
 
@@ -131,7 +131,7 @@ class Indexer(Module):
         q = ops.dense.rope(q, addr.positions, inv_freq)
         cand = addr.compression(self.ratio, True).cand_slots
         scale = di**-0.5 * hi**-0.5
-        return ops.attention.indexer_select(q, weights, scale, keys, cand, self.cfg.index_topk)
+        return ops.fused.indexer_select(q, weights, scale, keys, cand, self.cfg.index_topk)
 
 
 class Attention(Module):
@@ -209,15 +209,23 @@ class Attention(Module):
         qr, kv = self.x_proj(x, ops)
         qr = dense.rms_norm(qr, self.q_norm.value, cfg.rms_norm_eps)
         q = dense.linear(qr, self.wq_b.value).view(t, h, d)
-        q = dense.rms_norm_rope(q, None, cfg.rms_norm_eps, pos, self.inv_freq)
-        kv = dense.rms_norm_rope(kv.view(t, 1, d), self.kv_norm.value, cfg.rms_norm_eps, pos, self.inv_freq)
+        q = ops.fused.rms_norm_rope(q, None, cfg.rms_norm_eps, pos, self.inv_freq)
+        kv = ops.fused.rms_norm_rope(
+            kv.view(t, 1, d), self.kv_norm.value, cfg.rms_norm_eps, pos, self.inv_freq
+        )
         kv = kv.view(t, d)
         swa = flat(pools[f"{self.name}.swa_kv"])
         ops.attention.store_kv(swa, addr.token_slots, kv, self.kv_format)
         cmp_pool, cmp_slots = self._compressed(x, qr, addr, pools, ops)
-        fp8 = {} if self.kv_format is None else {"kv_format": self.kv_format}  # plugin API 1.0 ops: no kwarg
         o = ops.attention.sparse_attention(
-            q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5, **fp8
+            q,
+            swa,
+            addr.window_slots,
+            cmp_pool,
+            cmp_slots,
+            self.attn_sink.value,
+            d**-0.5,
+            kv_format=self.kv_format,
         )
         o = dense.rope(o, pos, self.inv_freq, inverse=True)
         return self._output(o.view(t, cfg.o_groups, h * d // cfg.o_groups), ops)

@@ -12,6 +12,7 @@ from deepinfer_core.models.deepseek_v4.config import MOE, SLIDING, DeepseekV4Con
 from deepinfer_core.models.deepseek_v4.moe import MoE
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.mhc import HCParams
 
 
 class Block(Module):
@@ -30,6 +31,10 @@ class Block(Module):
             setattr(self, f"{site}_fn", Slot(f"{site}_fn", ((2 + n) * n, n * d), "float32"))
             setattr(self, f"{site}_base", Slot(f"{site}_base", ((2 + n) * n,), "float32"))
             setattr(self, f"{site}_scale", Slot(f"{site}_scale", (3,), "float32"))
+        self.hc: dict[str, HCParams] = {}  # each site's parameters as one object, once loaded
+
+    def post_load(self) -> None:
+        self.hc = {site: hc_params(self, site, self.cfg) for site in ("hc_attn", "hc_ffn")}
 
     def sublayers(
         self, input_ids: torch.Tensor, addr: StepAddressing, pools: Pools, ops: Backends
@@ -43,29 +48,32 @@ class Block(Module):
     def forward(
         self, h: torch.Tensor, input_ids: torch.Tensor, addr: StepAddressing, pools: Pools, ops: Backends
     ) -> torch.Tensor:
-        return run_sublayers(h, self.sublayers(input_ids, addr, pools, ops), self.cfg, ops)
+        return run_sublayers(h, self.sublayers(input_ids, addr, pools, ops), ops)
 
 
 class Sublayer:
     """One mHC-wrapped sublayer: its block's ``{site}_fn/base/scale``, its norm and its body ``x -> y``."""
 
     def __init__(self, block: Block, site: str, norm: Slot, body: Callable[[torch.Tensor], torch.Tensor]):
-        self.mhc = tuple(getattr(block, f"{site}_{k}").value for k in ("fn", "base", "scale"))
-        self.norm, self.body = norm, body
+        self.hc, self.norm, self.body = block.hc[site], norm, body
 
 
-def run_sublayers(
-    h: torch.Tensor, subs: list[Sublayer], cfg: DeepseekV4Config, ops: Backends
-) -> torch.Tensor:
+def hc_params(module: Module, site: str, cfg: DeepseekV4Config) -> HCParams:
+    """The loaded ``{site}_fn``, ``_base`` and ``_scale`` slots of ``module`` with V4's mixing constants."""
+    fn, base, scale = (getattr(module, f"{site}_{k}").value for k in ("fn", "base", "scale"))
+    return HCParams(fn, base, scale, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
+
+
+def run_sublayers(h: torch.Tensor, subs: list[Sublayer], ops: Backends) -> torch.Tensor:
     """Streams ``h [T, N, D]`` through a chain of sublayers: ``hc_pre`` + norm -> body -> ``hc_post`` each,
-    where one sublayer's ``hc_post`` and the next one's entry are one op (``hc_post_pre``)."""
-    dense, mix = ops.dense, (cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
-    x, post, comb = dense.hc_pre_norm(h, *subs[0].mhc, *mix, subs[0].norm.value)
+    where one sublayer's ``hc_post`` and the next one's entry are one fused step (``hc_post_pre``)."""
+    fused = ops.fused
+    x, post, comb = fused.hc_pre_norm(h, subs[0].hc, subs[0].norm.value)
     for sub, nxt in zip(subs, [*subs[1:], None]):
         y = sub.body(x)
         if nxt is None:
-            return dense.hc_post(y, h, post, comb)
-        h, x, post, comb = dense.hc_post_pre(y, h, post, comb, *nxt.mhc, *mix, nxt.norm.value)
+            return ops.dense.hc_post(y, h, post, comb)
+        h, x, post, comb = fused.hc_post_pre(y, h, post, comb, nxt.hc, nxt.norm.value)
     raise ValueError("run_sublayers needs at least one sublayer")
 
 
@@ -85,6 +93,11 @@ class MTPBlock(Block):
         self.hc_head_fn = Slot("hc_head_fn", (n, n * d), "float32")
         self.hc_head_base = Slot("hc_head_base", (n,), "float32")
         self.hc_head_scale = Slot("hc_head_scale", (1,), "float32")
+        self.head_hc: HCParams | None = None
+
+    def post_load(self) -> None:
+        super().post_load()
+        self.head_hc = hc_params(self, "hc_head", self.cfg)
 
     def embed_streams(self, emb: torch.Tensor, prev: torch.Tensor, ops: Backends) -> torch.Tensor:
         """``emb [T, D]`` (embedded next tokens), ``prev [T, N, D]`` (main streams) -> block input ``[T, N, D]``."""

@@ -25,7 +25,7 @@ from deepinfer_core.models.deepseek_v4.layout import (
 )
 from deepinfer_core.models.deepseek_v4.params import Module
 from deepinfer_core.models.weight_checks import SCALE_DTYPES, LoadOptions, dtype_problem, nonfinite_count
-from deepinfer_core.quant.formats import FP4_BLOCK, FP8_BLOCK
+from deepinfer_core.ops.quant_formats import FP4_BLOCK, FP8_BLOCK
 
 ARCHITECTURE = "DeepseekV4ForCausalLM"
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}

@@ -10,18 +10,19 @@ from pathlib import Path
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
-from deepinfer_core.kv.fp8 import Fp8KVFormat, is_fp8
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.batch import ForwardBatch
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
-from deepinfer_core.models.deepseek_v4.block import Block, MTPBlock, run_sublayers
+from deepinfer_core.models.deepseek_v4.block import Block, MTPBlock, hc_params, run_sublayers
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointReader
 from deepinfer_core.models.deepseek_v4.config import CSA, SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.loader import count_mtp_modules, load_weights, read_config
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
 from deepinfer_core.models.weight_checks import LoadOptions
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat, is_fp8
+from deepinfer_core.ops.mhc import HCParams
 
 
 class DeepseekV4ForCausalLM(CausalLM, Module):
@@ -48,6 +49,10 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
         if not cfg.tie_word_embeddings:
             self.head = Slot("head.weight", (v, d), "model")
         self.mtp = [MTPBlock(cfg, i, dtype) for i in range(num_mtp_layers)]
+        self.head_hc: HCParams | None = None
+
+    def post_load(self) -> None:
+        self.head_hc = hc_params(self, "hc_head", self.cfg)
 
     @classmethod
     def from_checkpoint(
@@ -88,7 +93,7 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
             for block in self.layers[lo:hi]
             for s in block.sublayers(batch.input_ids, addr, kv, self.backends)
         ]
-        return run_sublayers(h, subs, self.cfg, self.backends) if subs else h
+        return run_sublayers(h, subs, self.backends) if subs else h
 
     supports_graphs = True
 
@@ -100,9 +105,13 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
         }
         return StepAddressing(batch, self.cfg.sliding_window, tuple(sorted(kinds)), context_bucket)
 
+    def plan_draft(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepAddressing:
+        """The tables of an MTP draft step: MTP blocks attend to their sliding window only."""
+        return StepAddressing(batch, self.cfg.sliding_window, (), context_bucket)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden [L, hc_mult, hidden]`` rows of :meth:`forward` -> ``[L, vocab]`` float32."""
-        return self._logits(hidden, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, self.norm)
+        return self._logits(hidden, self.head_hc, self.norm)
 
     def mtp_forward(
         self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv: dict[str, torch.Tensor]
@@ -114,17 +123,18 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
         :meth:`forward` (or from MTP module ``index - 1``). The module writes its sliding-window state
         ``mtp.{index}.attn.*`` at ``p`` (so it must have seen every earlier position, like the main model)
         and returns its output streams ``[T, hc_mult, hidden]``; :meth:`mtp_compute_logits` turns rows of
-        them into draft logits for position ``p + 2``.
+        them into draft logits for position ``p + 2``. With ``batch.plan`` (:meth:`plan_draft`, built on the
+        host) the step has static shapes and no host synchronisation, so it can be captured as a graph.
         """
         block = self._mtp_block(index)
-        addr = StepAddressing(batch, self.cfg.sliding_window)
+        addr = batch.plan if batch.plan is not None else StepAddressing(batch, self.cfg.sliding_window)
         h = block.embed_streams(self._embed(batch.input_ids), prev_hidden, self.backends)
         return block.forward(h, batch.input_ids, addr, kv, self.backends)
 
     def mtp_compute_logits(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
         """Rows of :meth:`mtp_forward`'s output -> draft logits ``[L, vocab]`` float32 (shared head)."""
         b = self._mtp_block(index)
-        return self._logits(hidden, b.hc_head_fn, b.hc_head_base, b.hc_head_scale, b.norm)
+        return self._logits(hidden, b.head_hc, b.norm)
 
     def _mtp_block(self, index: int) -> MTPBlock:
         if not 0 <= index < self.num_mtp_layers:
@@ -136,9 +146,9 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed.value[input_ids]
 
-    def _logits(self, hidden: torch.Tensor, fn: Slot, base: Slot, scale: Slot, norm: Slot) -> torch.Tensor:
+    def _logits(self, hidden: torch.Tensor, head_hc: HCParams, norm: Slot) -> torch.Tensor:
         cfg, dense = self.cfg, self.backends.dense
-        x = dense.hc_head(hidden, fn.value, base.value, scale.value, cfg.hc_eps, cfg.rms_norm_eps)
+        x = dense.hc_head(hidden, head_hc)
         x = dense.rms_norm(x, norm.value, cfg.rms_norm_eps)
         head = self.embed.value if cfg.tie_word_embeddings else self.head.value
         return dense.linear(x, head).float()

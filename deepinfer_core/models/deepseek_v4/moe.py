@@ -51,7 +51,7 @@ class MoE(Module):
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor, ops: Backends) -> torch.Tensor:
         """``x [T, hidden]`` (normed) -> ``[T, hidden]``; ``input_ids [T]`` pick the experts of hash layers."""
         cfg = self.cfg
-        logits = ops.dense.linear_f32(x, self.gate.value)
+        logits = ops.fused.linear_f32(x, self.gate.value)
         if self.is_hash:
             ids = self.tid2eid.value[input_ids]
             weights = ops.moe.route_hash(logits, ids, cfg.scoring_func, cfg.routed_scaling_factor)

@@ -16,8 +16,8 @@ import torch
 
 from deepinfer_core.models.weight_checks import check_index_range
 from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.quant_formats import fp4_data_to_uint8, scale_to_float32
 from deepinfer_core.ops.weights import QuantizedWeight, concat_rows
-from deepinfer_core.quant.formats import fp4_data_to_uint8, scale_to_float32
 
 SlotKind = Literal["linear", "float32", "model", "index"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from deepinfer_core.kv.fp8 import KV_CACHE_DTYPES, Fp8KVFormat
 from deepinfer_core.ops.attention import AttentionOps
+from deepinfer_core.ops.kv_fp8 import KV_CACHE_DTYPES, Fp8KVFormat
 from deepinfer_core.ops.reference.dense import rms_norm_rows, rope_rows
 
 

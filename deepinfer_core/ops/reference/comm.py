@@ -1,49 +1,42 @@
-"""Reference communication ops: torch.distributed with gloo, identity in a single process."""
+"""Reference communication ops: torch.distributed with gloo, identity in a single process.
+
+Everything but the two primitives is :class:`~deepinfer_core.ops.comm.TorchDistributedCommOps`; these use
+the list forms of the collectives, which every gloo build implements (not every build has
+``all_to_all_single`` with uneven splits).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from deepinfer_core.ops.comm import CommOps
+from deepinfer_core.ops.comm import TorchDistributedCommOps
 
 
-def _world(group: object | None) -> int:
-    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-
-
-class ReferenceCommOps(CommOps):
+class ReferenceCommOps(TorchDistributedCommOps):
     dist_backend = "gloo"
 
-    def all_gather(self, x: torch.Tensor, group: object | None = None) -> torch.Tensor:
-        n = _world(group)
-        if n == 1:
-            return x
-        out = [torch.empty_like(x) for _ in range(n)]
-        dist.all_gather(out, x.contiguous(), group=group)
-        return torch.cat(out, dim=0)
+    def gather_into(self, out: torch.Tensor, x: torch.Tensor, group: object | None) -> None:
+        dist.all_gather(list(out.view(dist.get_world_size(group), *x.shape).unbind(0)), x, group=group)
 
-    def all_reduce(self, x: torch.Tensor, group: object | None = None) -> torch.Tensor:
-        if _world(group) > 1:
-            dist.all_reduce(x, group=group)
-        return x
-
-    def all_to_all(
-        self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: object | None = None
-    ) -> torch.Tensor:
-        if _world(group) == 1:
-            return x
-        out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-        # gloo has no all_to_all_single with uneven splits on every build: exchange per peer.
-        sends = list(x.contiguous().split(send_counts))
+    def exchange_into(
+        self,
+        out: torch.Tensor,
+        x: torch.Tensor,
+        send_counts: list[int],
+        recv_counts: list[int],
+        group: object | None,
+    ) -> None:
+        sends = list(x.split(send_counts))
         recvs = list(out.split(recv_counts))
-        dist.all_to_all(recvs, sends, group=group) if dist.get_backend(group) != "gloo" else _gloo_all_to_all(
-            recvs, sends, group
-        )
-        return torch.cat(recvs, dim=0) if recvs else out
+        if dist.get_backend(group) != "gloo":
+            dist.all_to_all(recvs, sends, group=group)
+        else:
+            _gloo_all_to_all(recvs, sends, group)
 
 
 def _gloo_all_to_all(recvs: list[torch.Tensor], sends: list[torch.Tensor], group: object | None) -> None:
+    """Exchange with each peer by point-to-point sends and receives."""
     rank = dist.get_rank(group)
     reqs = []
     for peer, t in enumerate(sends):

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_core.ops.dense import DenseOps
+from deepinfer_core.ops.mhc import HCParams
+from deepinfer_core.ops.quant_formats import dequant
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
-from deepinfer_core.quant.formats import dequant
 
 
 def per_row(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
@@ -105,36 +106,24 @@ class ReferenceDenseOps(DenseOps):
     ) -> torch.Tensor:
         return per_row(lambda r, p: rope_rows(r, p, inv_freq, inverse), x, positions)
 
-    def hc_pre(
-        self,
-        x: torch.Tensor,
-        fn: torch.Tensor,
-        base: torch.Tensor,
-        scale: torch.Tensor,
-        sinkhorn_iters: int,
-        hc_eps: float,
-        norm_eps: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def hc_pre(self, x: torch.Tensor, hc: HCParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = x.shape[1]
-        outs = [
-            self._hc_pre_row(x[t : t + 1].clone(), fn, base, scale, sinkhorn_iters, hc_eps, norm_eps)
-            for t in range(x.shape[0])
-        ]
+        outs = [self._hc_pre_row(x[t : t + 1].clone(), hc) for t in range(x.shape[0])]
         if not outs:
             f32 = {"dtype": torch.float32, "device": x.device}
             return x.new_empty(0, x.shape[2]), torch.empty(0, n, **f32), torch.empty(0, n, n, **f32)
         return tuple(torch.cat(parts) for parts in zip(*outs))  # type: ignore[return-value]
 
     @staticmethod
-    def _hc_pre_row(x, fn, base, scale, iters, hc_eps, norm_eps):
-        n = x.shape[1]
-        mixes = F.linear(rms_norm_rows(x.flatten(1).float(), None, norm_eps), fn.float())
+    def _hc_pre_row(x: torch.Tensor, hc: HCParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        n, scale, hc_eps = x.shape[1], hc.scale, hc.hc_eps
+        mixes = F.linear(rms_norm_rows(x.flatten(1).float(), None, hc.norm_eps), hc.fn.float())
         pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
-        pre_b, post_b, comb_b = base.float().split([n, n, n * n])
+        pre_b, post_b, comb_b = hc.base.float().split([n, n, n * n])
         pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
         post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
         comb = torch.softmax(comb_w.view(1, n, n) * scale[2] + comb_b.view(n, n), dim=-1) + hc_eps
-        comb = sinkhorn(comb, iters, hc_eps)
+        comb = sinkhorn(comb, hc.sinkhorn_iters, hc_eps)
         collapsed = (pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype)
         return collapsed, post, comb
 
@@ -148,18 +137,10 @@ class ReferenceDenseOps(DenseOps):
 
         return per_row(row, y, residual, post, comb)
 
-    def hc_head(
-        self,
-        x: torch.Tensor,
-        fn: torch.Tensor,
-        base: torch.Tensor,
-        scale: torch.Tensor,
-        hc_eps: float,
-        norm_eps: float,
-    ) -> torch.Tensor:
+    def hc_head(self, x: torch.Tensor, hc: HCParams) -> torch.Tensor:
         def row(x):
-            mixes = F.linear(rms_norm_rows(x.flatten(1).float(), None, norm_eps), fn.float())
-            pre = torch.sigmoid(mixes * scale.float() + base.float()) + hc_eps
+            mixes = F.linear(rms_norm_rows(x.flatten(1).float(), None, hc.norm_eps), hc.fn.float())
+            pre = torch.sigmoid(mixes * hc.scale.float() + hc.base.float()) + hc.hc_eps
             return (pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype)
 
         return per_row(row, x)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from deepinfer_core.ops.memory import MemoryOps
@@ -23,14 +21,12 @@ def host_available_bytes() -> int:
 
 class ReferenceMemoryOps(MemoryOps):
     device = torch.device("cpu")
+    #: host memory the KV budget leaves free (the reference platform's ``host_reserve_bytes`` setting)
+    host_reserve_bytes: int = 0
 
     def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:
         """On the CPU the "device" is host memory: a fraction of what is free now (the model is loaded)."""
-        return max(
-            0,
-            int(host_available_bytes() * gpu_memory_utilization)
-            - int(os.environ.get("DEEPINFER_HOST_RESERVE", 0)),
-        )
+        return max(0, int(host_available_bytes() * gpu_memory_utilization) - self.host_reserve_bytes)
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype, device=self.device)

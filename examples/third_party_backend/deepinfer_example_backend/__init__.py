@@ -1,1 +1,2 @@
-"""A minimal third-party backend for DeepInfer (see docs/plugins.md for the walk-through)."""
+"""A minimal third-party plugin for DeepInfer: a platform with two ops of its own, and a grammar backend
+(see docs/plugins.md for the walk-through)."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.ops.dense import DenseOps
-from deepinfer_core.ops.sampling import SamplingOps
-from deepinfer_core.plugins.registry import reference_op
+from deepinfer_core.plugin_api import DenseOps, Fusion, HCParams, SamplingOps, reference_op
 
 
 class ExampleDenseOps(DenseOps):
-    """Own RMSNorm (one fused expression); the other dense ops are delegated to the reference."""
+    """Own RMSNorm (one fused expression) and one declared fusion, RMSNorm + RoPE; the other dense ops are
+    delegated to the reference, and the fusions it does not declare are composed by the core."""
+
+    fusions = frozenset({Fusion.RMS_NORM_ROPE})
 
     def __init__(self) -> None:
         self._ref = reference_op("dense")
@@ -20,20 +21,25 @@ class ExampleDenseOps(DenseOps):
         y = xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         return (y * weight if weight is not None else y).to(x.dtype)
 
+    def rms_norm_rope(self, x, weight, eps, positions, inv_freq):
+        """The declared fusion: ``rope(rms_norm(x))`` in one call (a device backend would do it in one kernel);
+        the conformance kit checks it against the reference's ``rms_norm`` then ``rope``."""
+        return self._ref.rope(self.rms_norm(x, weight, eps), positions, inv_freq)
+
     def linear(self, x, weight):
         return self._ref.linear(x, weight)
 
     def rope(self, x, positions, inv_freq, inverse=False):
         return self._ref.rope(x, positions, inv_freq, inverse)
 
-    def hc_pre(self, x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
-        return self._ref.hc_pre(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps)
+    def hc_pre(self, x, hc: HCParams):
+        return self._ref.hc_pre(x, hc)
 
     def hc_post(self, y, residual, post, comb):
         return self._ref.hc_post(y, residual, post, comb)
 
-    def hc_head(self, x, fn, base, scale, hc_eps, norm_eps):
-        return self._ref.hc_head(x, fn, base, scale, hc_eps, norm_eps)
+    def hc_head(self, x, hc: HCParams):
+        return self._ref.hc_head(x, hc)
 
     def swiglu_mlp(self, x, w1, w3, w2, limit):
         return self._ref.swiglu_mlp(x, w1, w3, w2, limit)

@@ -1,11 +1,11 @@
-"""Hook implementations: register platform ``example`` and serve two op concerns for it."""
+"""Hook implementations: register platform ``example`` and serve two op concerns for it, and register the
+grammar backend ``example_choice``."""
 
 from __future__ import annotations
 
-from deepinfer_core import hookimpl
-from deepinfer_core.platforms.base import Availability, Platform
+from deepinfer_core.plugin_api import Availability, Platform, hookimpl
 
-DEEPINFER_PLUGIN_API = "1.0"  # the plugin API this plugin was written for
+DEEPINFER_PLUGIN_API = "2.0"  # the plugin API this plugin was written for
 
 
 class ExamplePlatform(Platform):
@@ -38,3 +38,9 @@ def deepinfer_sampling_ops(platform, config):
     from deepinfer_example_backend.ops import ExampleSamplingOps
 
     return ExampleSamplingOps()
+
+
+@hookimpl
+def deepinfer_register_structured_backends(register):
+    # "module:attr": imported when an engine first serves a constrained request with this backend
+    register("example_choice", "deepinfer_example_backend.grammar:ChoiceBackend")

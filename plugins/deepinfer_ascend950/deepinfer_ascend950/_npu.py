@@ -1,37 +1,15 @@
-"""Lazy access to torch_npu, the device this platform runs on, and the plugin's switches.
+"""Lazy access to torch_npu and the device this platform runs on.
 
 Nothing here imports ``torch_npu`` at module import time: :func:`torch_npu` does it on first use, from
-inside a hook or an op. Two environment variables steer the plugin (see ``docs/platforms/ascend950.md``):
-
-- ``DEEPINFER_ASCEND_FUSED``: comma-separated ``+name`` / ``-name`` entries that switch one op's fused
-  torch_npu path on or off (``all`` / ``none`` set every op). The defaults are in :data:`FUSED_DEFAULTS`.
-- ``DEEPINFER_ASCEND_GRAPHS``: ``0`` disables ACL graph capture of decode steps (as ``enforce_eager``).
+inside a hook or an op. The plugin's switches are its settings (:class:`~deepinfer_ascend950.platform.Ascend950Settings`).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 
 import torch
-
-FUSED_ENV = "DEEPINFER_ASCEND_FUSED"
-GRAPHS_ENV = "DEEPINFER_ASCEND_GRAPHS"
-
-#: Which ops take their fused torch_npu path by default. ``sparse_attention`` is off: the page of
-#: ``npu_sparse_flash_attention`` gives no formula for ``sinks`` (see docs/platforms/ascend950.md).
-FUSED_DEFAULTS: dict[str, bool] = {
-    "rms_norm": True,
-    "rope": True,
-    "hc_pre": True,
-    "hc_post": True,
-    "sparse_attention": False,
-    "indexer_topk": True,
-    "route_topk": True,
-    "experts": True,
-    "probs": True,
-}
 
 #: Set by a stand-in module (tests) to run the ops on another device type, e.g. ``"cpu"``.
 STANDIN_DEVICE_ATTR = "_deepinfer_device_type"
@@ -53,28 +31,3 @@ def device() -> torch.device:
     if kind == "cpu":
         return torch.device("cpu")
     return torch.device(kind, torch.npu.current_device())
-
-
-def fused_switches(environ: dict[str, str] | None = None) -> dict[str, bool]:
-    """:data:`FUSED_DEFAULTS` with ``DEEPINFER_ASCEND_FUSED`` applied; unknown names are errors."""
-    env = os.environ if environ is None else environ
-    out = dict(FUSED_DEFAULTS)
-    for raw in env.get(FUSED_ENV, "").split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        if item in ("all", "none"):
-            out = dict.fromkeys(out, item == "all")
-            continue
-        on = not item.startswith("-")
-        name = item.lstrip("+-")
-        if name not in out:
-            raise ValueError(f"{FUSED_ENV}: unknown op {name!r}; known: {', '.join(sorted(out))}, all, none")
-        out[name] = on
-    return out
-
-
-def graphs_enabled(enforce_eager: bool, environ: dict[str, str] | None = None) -> bool:
-    """Graph capture is on unless ``enforce_eager`` is set or ``DEEPINFER_ASCEND_GRAPHS=0``."""
-    env = os.environ if environ is None else environ
-    return not enforce_eager and env.get(GRAPHS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")

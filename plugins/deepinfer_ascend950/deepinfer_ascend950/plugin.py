@@ -6,16 +6,14 @@ module (and, through it, ``torch_npu``) only when the engine is built for ``asce
 
 from __future__ import annotations
 
-from deepinfer_ascend950.platform import PLATFORM, Ascend950Platform
-from deepinfer_core import hookimpl
+from deepinfer_ascend950.platform import PLATFORM, Ascend950Platform, Ascend950Settings
+from deepinfer_core.plugin_api import EngineConfig, hookimpl
 
-DEEPINFER_PLUGIN_API = "1.0"
+DEEPINFER_PLUGIN_API = "2.0"
 
 
-def _fused() -> dict[str, bool]:
-    from deepinfer_ascend950._npu import fused_switches
-
-    return fused_switches()
+def _settings(config: EngineConfig) -> Ascend950Settings:
+    return config.platform_settings(PLATFORM, Ascend950Settings)
 
 
 @hookimpl
@@ -29,7 +27,7 @@ def deepinfer_dense_ops(platform, config):
         return None
     from deepinfer_ascend950.ops.dense import AscendDenseOps
 
-    return AscendDenseOps(_fused())
+    return AscendDenseOps(_settings(config).fused)
 
 
 @hookimpl
@@ -39,7 +37,7 @@ def deepinfer_attention_ops(platform, config):
     from deepinfer_ascend950.ops.attention import AscendAttentionOps
     from deepinfer_ascend950.ops.dense import AscendDenseOps
 
-    fused = _fused()
+    fused = _settings(config).fused
     return AscendAttentionOps(fused, AscendDenseOps(fused))
 
 
@@ -49,7 +47,7 @@ def deepinfer_moe_ops(platform, config):
         return None
     from deepinfer_ascend950.ops.moe import AscendMoEOps
 
-    return AscendMoEOps(_fused())
+    return AscendMoEOps(_settings(config).fused)
 
 
 @hookimpl
@@ -58,17 +56,16 @@ def deepinfer_sampling_ops(platform, config):
         return None
     from deepinfer_ascend950.ops.sampling import AscendSamplingOps
 
-    return AscendSamplingOps(_fused())
+    return AscendSamplingOps(_settings(config).fused)
 
 
 @hookimpl
 def deepinfer_memory_ops(platform, config):
     if platform != PLATFORM:
         return None
-    from deepinfer_ascend950._npu import graphs_enabled
     from deepinfer_ascend950.ops.memory import AscendMemoryOps
 
-    return AscendMemoryOps(graphs=graphs_enabled(config.enforce_eager))
+    return AscendMemoryOps(graphs=_settings(config).graphs and not config.enforce_eager)
 
 
 @hookimpl

@@ -21,9 +21,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from deepinfer_cuda_sm100.settings import active as settings
+
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"  # Triton's own switch, read as Triton reads it
 
 
 @functools.lru_cache(maxsize=8)
@@ -47,10 +49,10 @@ def num_sms() -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _pdl_args(arch_name: str, enabled: str) -> dict:
+def _pdl_args(arch_name: str, enabled: bool) -> dict:
     from deepinfer_cuda_sm100.kernels._common import gdc_wait
 
-    if arch_name == "interpreter" or enabled == "0" or gdc_wait is None:
+    if arch_name == "interpreter" or not enabled or gdc_wait is None:
         return {}
     return {"PDL": True, "launch_pdl": True}
 
@@ -61,14 +63,14 @@ PDL_MAX_TOKENS = 16
 
 def pdl_args(tokens: int) -> dict:
     """Launch arguments for programmatic dependent launch (``_common.pdl_enter``) of a kernel over ``tokens``
-    tokens (rows): on SM90+ with a Triton that has ``griddepcontrol`` (3.3+), unless ``DEEPINFER_PDL=0``; none
+    tokens (rows): on SM90+ with a Triton that has ``griddepcontrol`` (3.3+), unless ``settings.pdl`` is off; none
     under the interpreter, which cannot run the PTX. CUDA graphs capture the launches' programmatic edges
     (CUDA 12.3+). Only few-token kernels: H200 v10 runs 2 and 4, slice steps with PDL against without in the
     same run: batch 1 -8% and -3%, batch 16 +0.5%, 64 +4.4% and +3.5%, 256 +2.9% and +1.6%. The many-wave
     kernels of large batches gain nothing from an earlier launch and lose a little."""
     if tokens > PDL_MAX_TOKENS:
         return {}
-    return _pdl_args(arch(), os.environ.get("DEEPINFER_PDL", "1"))
+    return _pdl_args(arch(), settings().pdl)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -242,9 +244,8 @@ def hc_split_config(t: int, n: int, d: int) -> HcRowsConfig:
 
 @dataclass(frozen=True)
 class HcFusedConfig:
-    block_d: (
-        int  # launch 1: channels a program takes, of every stream (``cdiv(d, block_d)`` programs a token)
-    )
+    #: launch 1: channels a program takes, of every stream (``cdiv(d, block_d)`` programs a token)
+    block_d: int
     num_warps: int
     norm_block_d: int  # launch 2: channels a program collapses and norms
     norm_warps: int
@@ -267,8 +268,8 @@ def hc_fused_config(t: int, n: int, d: int, m: int) -> HcFusedConfig | None:
     against 0.948-0.998 off; a boundary 11.3 us of kernel time against 13.7. Alone in a graph, 32-channel blocks
     9.9 us, 64-channel 7.2 (not yet tried in a step, where ``fn`` comes from DRAM). v14's one launch, whose last
     program finished the token, was slower in the step. Up to :data:`HC_FUSED_MAX_TOKENS` tokens, unless
-    ``DEEPINFER_HC_FUSED=0``."""
-    if not 0 < t <= HC_FUSED_MAX_TOKENS or os.environ.get("DEEPINFER_HC_FUSED", "1") == "0":
+    ``settings.hc_fused`` is off."""
+    if not 0 < t <= HC_FUSED_MAX_TOKENS or not settings().hc_fused:
         return None
     return HcFusedConfig(_p2(d // 128, 16, 64), 4, _p2(d, 16, 512 // _p2(n)), 1)
 
@@ -394,9 +395,8 @@ def gemv_config(rows_per_expert: float, fmt: str, weight_bytes: float = 0, gated
     The FP4 experts' down projection (not gated) takes 32 x 512 in two-warp programs: at four warps its 768
     programs ran 1.16 waves; v15 run 2, gate+up and down at batch 1, 39.5 -> 37.5 us (other shapes of the down
     projection alone: 37.9-42.9 us)."""
-    bm = (
-        1 if rows_per_expert <= GEMV_MAX_ROWS else _p2(math.ceil(rows_per_expert), 1, 8)
-    )  # kernel unrolls <= 8
+    # the kernel unrolls at most 8 rows
+    bm = 1 if rows_per_expert <= GEMV_MAX_ROWS else _p2(math.ceil(rows_per_expert), 1, 8)
     if arch() == "interpreter":
         return GemmConfig(bm, 16, 64, 4, 1, gemv=True)
     bn, bk = {"fp4_e2m1": (16, 512), "fp8_block": (8, 1024)}.get(fmt, (16, 256))
@@ -424,10 +424,10 @@ def fp4_decode_ptx(dtype: torch.dtype | None, scale_bytes: list[tuple[int, int] 
 
 def split_finish(cfg: GemmConfig) -> bool:
     """Split-K GEMMs finish in their last K slice (``_common.finish_split``) instead of a second launch:
-    ``cfg.split_finish``, or ``DEEPINFER_SPLITK_FINISH=1``. Off: on the H200 (NOTES.md v13 outcome) bitwise equal
+    ``cfg.split_finish``, or ``settings.splitk_finish``. Off: on the H200 (NOTES.md v13 outcome) bitwise equal
     to the epilogue launch over 200 calls, but slower (FP8 wq_a alone 3.8 -> 4.5 us; the batch-1 step 0.96-0.97
     -> 1.02 ms)."""
-    return cfg.split_finish or os.environ.get("DEEPINFER_SPLITK_FINISH", "0") == "1"
+    return cfg.split_finish or settings().splitk_finish
 
 
 #: plain weights up to this size take the Triton GEMV at one row (:func:`plain_gemv`)
@@ -453,8 +453,8 @@ def fp4_h2_mode(cfg: GemmConfig, fp4: bool, dtype: torch.dtype, aligned: bool) -
     """``FP4_H2`` of the GEMV kernel: one-row FP4 tiles in float16 pair arithmetic (``fp4_pairs.one_row_fp4_h2``)
     for bf16 and float16 activations, K whole steps and aligned rows: 2 by PTX on a GPU, 1 emulated in Triton
     under the interpreter; 0 (the float32 FMA path) otherwise. Float32 activations keep the float32 path, whose
-    sums follow the float32 reference. ``DEEPINFER_FP4_H2=0`` turns it off (A/B runs)."""
-    if os.environ.get("DEEPINFER_FP4_H2", "1") == "0":
+    sums follow the float32 reference. ``settings.fp4_h2`` off turns it off (A/B runs)."""
+    if not settings().fp4_h2:
         return 0
     if not (cfg.gemv and cfg.fp4_h2 and cfg.block_m == 1 and fp4 and aligned):
         return 0
@@ -477,7 +477,7 @@ def fp8_gemm_backend(rows: int, n: int, k: int, dtype: torch.dtype) -> str:
     """``"tilelang"`` or ``"triton"`` for a dense FP8-block GEMM of ``rows`` activations of ``dtype``.
 
     TileLang's WGMMA kernel (``kernels/tl_fp8_gemm.py``) takes prefill-sized bf16 problems with ``N`` and
-    ``K`` multiples of 128 on SM90 when tilelang is installed, unless ``DEEPINFER_CUDA_TILELANG=0``.
+    ``K`` multiples of 128 on SM90 when tilelang is installed, unless ``settings.tilelang`` is off.
     SM100 stays on Triton: the TileLang kernel would compile for ``sm_100a`` but has never run there.
     """
     ok = (
@@ -486,7 +486,7 @@ def fp8_gemm_backend(rows: int, n: int, k: int, dtype: torch.dtype) -> str:
         and n % 128 == 0
         and k % 128 == 0
         and dtype == torch.bfloat16
-        and os.environ.get("DEEPINFER_CUDA_TILELANG", "1") != "0"
+        and settings().tilelang
         and tilelang_installed()
     )
     return "tilelang" if ok else "triton"

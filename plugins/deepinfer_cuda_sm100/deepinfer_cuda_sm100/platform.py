@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from deepinfer_core.platforms.base import Availability, Platform
+from deepinfer_core.plugin_api import Availability, Platform
+from deepinfer_cuda_sm100 import settings
+from deepinfer_cuda_sm100.settings import CudaSM100Settings
+
+if TYPE_CHECKING:
+    from deepinfer_core.plugin_api import EngineConfig
 
 MIN_CAPABILITY = (9, 0)
 
@@ -28,6 +35,11 @@ class CudaSM100Platform(Platform):
     name = "cuda_sm100"
     priority = 100
     device_type = "cuda"
+    settings_model = CudaSM100Settings
 
     def is_available(self) -> Availability:
         return probe_cuda()
+
+    def finalize(self, backends: object, config: EngineConfig) -> None:
+        """The kernels' switches: this engine's settings become the active ones (:mod:`.settings`)."""
+        settings.use(config.platform_settings(self.name, CudaSM100Settings))

@@ -5,10 +5,10 @@ Op modules (and triton) are imported inside the hooks, only when this platform w
 
 from __future__ import annotations
 
-from deepinfer_core import hookimpl
+from deepinfer_core.plugin_api import hookimpl
 from deepinfer_cuda_sm100.platform import CudaSM100Platform
 
-DEEPINFER_PLUGIN_API = "1.3"
+DEEPINFER_PLUGIN_API = "2.0"
 PLATFORM = CudaSM100Platform.name
 
 

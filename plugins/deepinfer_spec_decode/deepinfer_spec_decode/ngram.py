@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from deepinfer_core.config import ConfigError
-from deepinfer_core.spec_decode import Proposer
+from deepinfer_core.plugin_api import ConfigError, Proposer
 
 if TYPE_CHECKING:
-    from deepinfer_core.spec_decode import Sequence
+    from deepinfer_core.plugin_api import DraftSequence
 
 
 def ngram_propose(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -43,7 +42,7 @@ class NgramProposer(Proposer):
             )
         self.num_speculative_tokens, self.min_n, self.max_n = k, min_n, max_n
 
-    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[list[int]]:
+    def propose(self, seqs: list[DraftSequence], limits: list[int]) -> list[list[int]]:
         return [ngram_propose(s.token_ids, k, self.min_n, self.max_n) for s, k in zip(seqs, limits)]
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from deepinfer_core import hookimpl
+from deepinfer_core.plugin_api import hookimpl
 
-DEEPINFER_PLUGIN_API = "1.0"
+DEEPINFER_PLUGIN_API = "2.0"
 
 
 @hookimpl

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from deepinfer_core.structured import CompiledGrammar, GrammarBackend, GrammarMatcher
-from deepinfer_core.structured.constraint import StructuredConstraint
+from deepinfer_core.plugin_api import CompiledGrammar, GrammarBackend, GrammarMatcher, StructuredConstraint
 from deepinfer_structured.xgrammar_backend import XGrammarBackend
 
 

@@ -18,8 +18,13 @@ except ImportError as e:  # pragma: no cover - exercised only where llguidance i
         f"the llguidance structured-output backend needs the llguidance package ({e}): pip install llguidance"
     ) from e
 
-from deepinfer_core.structured import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarVocab
-from deepinfer_core.structured.constraint import StructuredConstraint
+from deepinfer_core.plugin_api import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    GrammarVocab,
+    StructuredConstraint,
+)
 from deepinfer_structured.xgrammar_backend import lark_choice
 
 _TOKENIZERS: dict[str, llguidance.LLTokenizer] = {}  # by vocabulary fingerprint: building one takes ~1 s

@@ -6,9 +6,9 @@ engine first serves a constrained request with that backend.
 
 from __future__ import annotations
 
-from deepinfer_core import hookimpl
+from deepinfer_core.plugin_api import hookimpl
 
-DEEPINFER_PLUGIN_API = "1.0"
+DEEPINFER_PLUGIN_API = "2.0"
 
 BACKENDS = {
     "xgrammar": "deepinfer_structured.xgrammar_backend:XGrammarBackend",

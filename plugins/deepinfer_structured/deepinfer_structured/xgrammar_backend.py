@@ -14,8 +14,13 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
-from deepinfer_core.structured import CompiledGrammar, GrammarBackend, GrammarMatcher, GrammarVocab
-from deepinfer_core.structured.constraint import StructuredConstraint
+from deepinfer_core.plugin_api import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    GrammarVocab,
+    StructuredConstraint,
+)
 from deepinfer_structured.schema_support import unenforced_keywords
 
 _INFOS: dict[str, xgr.TokenizerInfo] = {}  # by vocabulary fingerprint: building one takes ~0.4 s

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
+from deepinfer_core.models.batch import ForwardBatch
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 
 BS = 16

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from deepinfer_core.models.deepseek_v4 import CheckpointError, DeepseekV4ForCausalLM, ModelConfigError
-from deepinfer_core.quant.formats import quantize_fp8_block
+from deepinfer_core.ops.quant_formats import quantize_fp8_block
 
 from .tiny import read_state, write_shards
 

@@ -15,8 +15,8 @@ import torch
 from safetensors import safe_open
 
 from deepinfer_core.models.deepseek_v4 import DeepseekV4ForCausalLM
+from deepinfer_core.models.deepseek_v4.convert import dequantize_checkpoint, quantize_checkpoint
 from deepinfer_core.ops.weights import QuantizedWeight
-from deepinfer_core.quant.convert import dequantize_checkpoint, quantize_checkpoint
 
 from .tiny import full_logits, tokens
 

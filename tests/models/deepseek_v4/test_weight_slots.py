@@ -7,8 +7,8 @@ import torch
 from deepinfer_core.models.deepseek_v4.attention import Attention
 from deepinfer_core.models.deepseek_v4.config import SLIDING, DeepseekV4Config
 from deepinfer_core.models.deepseek_v4.params import Slot
+from deepinfer_core.ops.quant_formats import dequant, quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.weights import QuantizedWeight
-from deepinfer_core.quant.formats import dequant, quantize_fp4_e2m1, quantize_fp8_block
 
 from .conftest import SCHEDULES
 

@@ -150,7 +150,7 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
 
 def reference_backends():
     from deepinfer_core.ops.backends import CONCERNS, Backends
-    from deepinfer_core.plugins.registry import reference_op
+    from deepinfer_core.ops.reference import reference_op
 
     return Backends("reference", **{c: reference_op(c) for c in CONCERNS})
 

@@ -27,8 +27,8 @@ def standin(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "torch_npu", torch_npu_standin)
     monkeypatch.setattr(torch, "npu", torch_npu_standin.npu, raising=False)
     for var in (
-        "DEEPINFER_ASCEND_FUSED",
-        "DEEPINFER_ASCEND_GRAPHS",
+        "DEEPINFER_ASCEND950__FUSED",
+        "DEEPINFER_ASCEND950__GRAPHS",
         "DEEPINFER_BACKEND",
         "DEEPINFER_PLUGINS",
     ):
@@ -39,7 +39,7 @@ def standin(monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture
 def all_fused(monkeypatch: pytest.MonkeyPatch, standin):
     """Every fused path switched on, ``sparse_attention`` (off by default) included."""
-    monkeypatch.setenv("DEEPINFER_ASCEND_FUSED", "all")
+    monkeypatch.setenv("DEEPINFER_ASCEND950__FUSED", "all")
     return standin
 
 

@@ -31,13 +31,14 @@ def run_probe() -> dict:
 
 
 def test_importing_the_plugin_imports_only_its_own_light_modules():
-    """The import cost is the plugin's own three small modules (time is printed, not asserted:
-    docs/platforms/ascend950.md records a measurement)."""
+    """The import cost is the plugin's own three small modules and the plugin API's name table, whose names
+    load on first use (time is printed, not asserted: docs/platforms/ascend950.md records a measurement)."""
     res = run_probe()
     assert set(res["added"]) <= {
         "deepinfer_ascend950",
         "deepinfer_ascend950.plugin",
         "deepinfer_ascend950.platform",
+        "deepinfer_core.plugin_api",
     }
     print(f"import deepinfer_ascend950.plugin: {res['seconds'] * 1e3:.2f} ms")
 

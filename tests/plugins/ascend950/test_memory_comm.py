@@ -46,7 +46,7 @@ def test_capture_graph_warms_up_captures_and_returns_replay(standin):
 @pytest.mark.parametrize("eager,env", [(True, None), (False, "0")])
 def test_capture_graph_is_off_with_enforce_eager_or_the_env_var(standin, monkeypatch, eager, env):
     if env is not None:
-        monkeypatch.setenv("DEEPINFER_ASCEND_GRAPHS", env)
+        monkeypatch.setenv("DEEPINFER_ASCEND950__GRAPHS", env)
     runs = []
     assert memory_ops(enforce_eager=eager).capture_graph(lambda: runs.append(1)) is None
     assert runs == [] and torch.npu.graphs == []

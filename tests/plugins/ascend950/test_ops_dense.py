@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.ops.mhc import HCParams
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 
 BF16 = dict(atol=2e-2, rtol=2e-2)
 
@@ -51,8 +52,8 @@ def test_rope_then_inverse_rope_is_identity(ascend, gen):
 def test_hc_pre_through_mhc_pre_and_sinkhorn_matches_reference(ascend, ref, all_fused, gen, n):
     x = torch.randn(6, n, 32, generator=gen).bfloat16()
     fn, base, scale = hc_params(n, 32, gen)
-    got = ascend.dense.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)
-    want = ref.dense.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)
+    got = ascend.dense.hc_pre(x, HCParams(fn, base, scale, 20, 1e-6, 1e-6))
+    want = ref.dense.hc_pre(x, HCParams(fn, base, scale, 20, 1e-6, 1e-6))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5) if a.dtype == torch.float32 else (
             torch.testing.assert_close(a, b, **BF16)
@@ -65,8 +66,8 @@ def test_hc_pre_outside_the_operator_envelope_uses_torch(ascend, ref, all_fused,
     for n, dtype in ((3, torch.bfloat16), (4, torch.float32)):
         x = torch.randn(4, n, 16, generator=gen).to(dtype)
         fn, base, scale = hc_params(n, 16, gen)
-        got = ascend.dense.hc_pre(x, fn, base, scale, 5, 1e-6, 1e-6)
-        for a, b in zip(got, ref.dense.hc_pre(x, fn, base, scale, 5, 1e-6, 1e-6)):
+        got = ascend.dense.hc_pre(x, HCParams(fn, base, scale, 5, 1e-6, 1e-6))
+        for a, b in zip(got, ref.dense.hc_pre(x, HCParams(fn, base, scale, 5, 1e-6, 1e-6))):
             torch.testing.assert_close(a, b, **BF16)
     assert all_fused.calls["npu_mhc_pre"] == 0
 
@@ -91,8 +92,8 @@ def test_hc_head_matches_reference(ascend, ref, gen):
         torch.rand(1, generator=gen),
     )
     torch.testing.assert_close(
-        ascend.dense.hc_head(x, fn, base, scale, 1e-6, 1e-6),
-        ref.dense.hc_head(x, fn, base, scale, 1e-6, 1e-6),
+        ascend.dense.hc_head(x, HCParams(fn, base, scale, 0, 1e-6, 1e-6)),
+        ref.dense.hc_head(x, HCParams(fn, base, scale, 0, 1e-6, 1e-6)),
         **BF16,
     )
 
@@ -129,8 +130,8 @@ def test_hc_pre_falls_back_to_torch_if_mhc_pre_returns_an_undocumented_shape(
     x = torch.randn(3, 4, 32, generator=gen).bfloat16()
     fn, base, scale = hc_params(4, 32, gen)
     for _ in range(2):
-        got = ascend.dense.hc_pre(x, fn, base, scale, 3, 1e-6, 1e-6)
-        for a, b in zip(got, ref.dense.hc_pre(x, fn, base, scale, 3, 1e-6, 1e-6)):
+        got = ascend.dense.hc_pre(x, HCParams(fn, base, scale, 3, 1e-6, 1e-6))
+        for a, b in zip(got, ref.dense.hc_pre(x, HCParams(fn, base, scale, 3, 1e-6, 1e-6))):
             torch.testing.assert_close(a, b, **BF16)
     assert "npu_mhc_pre returned h_post" in caplog.text
     assert all_fused.calls["npu_mhc_sinkhorn"] == 0
@@ -140,7 +141,7 @@ def test_hc_pre_falls_back_to_torch_if_mhc_pre_returns_an_undocumented_shape(
 @pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
 def test_device_dequantization_equals_the_core_format_decoder(gen, fmt):
     from deepinfer_ascend950.ops.weights import dequantize
-    from deepinfer_core.quant.formats import dequant
+    from deepinfer_core.ops.quant_formats import dequant
 
     w = torch.randn(200, 288, generator=gen)
     qw = quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_e2m1(w)

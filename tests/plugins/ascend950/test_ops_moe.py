@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.weights import ExpertWeights
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
 
 BF16 = dict(atol=2e-2, rtol=2e-2)
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from deepinfer_ascend950 import plugin
-from deepinfer_ascend950._npu import FUSED_DEFAULTS, fused_switches, graphs_enabled
-from deepinfer_ascend950.platform import Ascend950Platform
+from deepinfer_ascend950.platform import FUSED_DEFAULTS, Ascend950Platform, Ascend950Settings
 from deepinfer_core.config import load_config
 from deepinfer_core.plugins.registry import BackendSelectionError, build_registry, select_platform
 
@@ -76,19 +75,48 @@ def test_op_hooks_decline_other_platforms():
         assert getattr(plugin, f"deepinfer_{concern}_ops")(platform="reference", config=cfg) is None
 
 
-def test_fused_switches_parse_the_environment():
-    assert fused_switches({}) == FUSED_DEFAULTS and FUSED_DEFAULTS["sparse_attention"] is False
-    on = fused_switches({"DEEPINFER_ASCEND_FUSED": "+sparse_attention, -rope"})
+def _fused(**env: str) -> dict[str, bool]:
+    environ = {f"DEEPINFER_ASCEND950__{k.upper()}": v for k, v in env.items()}
+    return load_config(environ=environ).platform_settings("ascend950", Ascend950Settings).fused
+
+
+def test_fused_switches_parse_the_setting():
+    assert _fused() == FUSED_DEFAULTS and FUSED_DEFAULTS["sparse_attention"] is False
+    on = _fused(fused="+sparse_attention, -rope")
     assert on["sparse_attention"] and not on["rope"] and on["rms_norm"]
-    assert not any(fused_switches({"DEEPINFER_ASCEND_FUSED": "none"}).values())
-    assert fused_switches({"DEEPINFER_ASCEND_FUSED": "none,+probs"}) == {
-        k: k == "probs" for k in FUSED_DEFAULTS
-    }
-    with pytest.raises(ValueError, match="unknown op 'nope'"):
-        fused_switches({"DEEPINFER_ASCEND_FUSED": "nope"})
+    assert not any(_fused(fused="none").values())
+    assert _fused(fused="none,+probs") == {k: k == "probs" for k in FUSED_DEFAULTS}
+    assert Ascend950Settings(fused={"rope": False}).fused == {**FUSED_DEFAULTS, "rope": False}
+    with pytest.raises(ValueError, match=r"ascend950\.fused=.*unknown op 'nope'"):
+        _fused(fused="nope")
 
 
-def test_graph_switch_follows_enforce_eager_and_the_env_var():
-    assert graphs_enabled(False, {}) and not graphs_enabled(True, {})
-    assert not graphs_enabled(False, {"DEEPINFER_ASCEND_GRAPHS": "0"})
-    assert graphs_enabled(False, {"DEEPINFER_ASCEND_GRAPHS": "1"})
+def test_graph_switch_follows_enforce_eager_and_the_setting(standin):
+    def graphs(eager: bool, **env: str) -> bool:
+        environ = {f"DEEPINFER_ASCEND950__{k.upper()}": v for k, v in env.items()}
+        return plugin.deepinfer_memory_ops(
+            "ascend950", load_config(environ=environ, enforce_eager=eager)
+        ).graphs
+
+    assert graphs(False) and not graphs(True)
+    assert not graphs(False, graphs="0") and graphs(False, graphs="1")
+
+
+@pytest.mark.parametrize("route", ["argument", "environment", "config file"])
+def test_settings_reach_every_op_by_every_route(standin, tmp_path, route):
+    from deepinfer_core.runtime import build_runtime
+
+    if route == "argument":
+        cfg = load_config(environ={}, backend="ascend950", ascend950={"fused": "all", "graphs": False})
+    elif route == "environment":
+        env = {"DEEPINFER_ASCEND950__FUSED": "all", "DEEPINFER_ASCEND950__GRAPHS": "false"}
+        cfg = load_config(environ=env, backend="ascend950")
+    else:
+        (tmp_path / "engine.toml").write_text(
+            'backend = "ascend950"\n[ascend950]\nfused = "all"\ngraphs = false\n'
+        )
+        cfg = load_config(tmp_path / "engine.toml", environ={})
+    ops = build_runtime(cfg).backends
+    everything = dict.fromkeys(FUSED_DEFAULTS, True)
+    assert ops.dense.fused == ops.attention.fused == ops.moe.fused == ops.sampling.fused == everything
+    assert ops.memory.graphs is False and ops.memory.capture_graph(lambda: None) is None

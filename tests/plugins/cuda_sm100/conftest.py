@@ -15,6 +15,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(autouse=True)
+def default_cuda_settings():
+    """Every test starts and ends with the default ``cuda_sm100`` settings (they are process-wide)."""
+    from deepinfer_cuda_sm100 import settings
+
+    settings.use(settings.CudaSM100Settings())
+    yield
+    settings.use(settings.CudaSM100Settings())
+
+
 @pytest.fixture
 def gen() -> torch.Generator:
     return torch.Generator().manual_seed(20261202)

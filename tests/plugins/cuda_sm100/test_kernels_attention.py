@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.plugins.registry import reference_op
+from deepinfer_core.ops.reference import reference_op
 
 from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err
 
@@ -48,7 +48,7 @@ def test_split_kv_attention_matches_reference(gen, splits, fp8):
     """Split-KV decode (chunks of the window + compressed lists, then a combine): the same attention as the
     reference, for chunks that straddle the two lists (37 window slots), a row with no valid slot at all
     (only the sink: zeros) and a chunk whose slots are all padding."""
-    from deepinfer_core.kv.fp8 import Fp8KVFormat
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
     from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
 
     T, H, D = 3, 20, 80
@@ -201,7 +201,7 @@ def _spread(gen, n, d):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dims", [(512, 64), (48, 16), (32, 8)])
 def test_fp8_kv_store_writes_the_reference_bytes(gen, dtype, dims):
-    from deepinfer_core.kv.fp8 import Fp8KVFormat
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
     from deepinfer_cuda_sm100.kernels.kv_store import store_fp8
 
     fmt = Fp8KVFormat(*dims, dtype)
@@ -217,7 +217,7 @@ def test_fp8_kv_store_writes_the_reference_bytes(gen, dtype, dims):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sparse_attention_reads_fp8_pools(ops, gen, dtype):
-    from deepinfer_core.kv.fp8 import Fp8KVFormat
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 
     T, H, D = 5, 20, 80  # nope 64 + RoPE 16; D=80: a partial channel tile
     fmt = Fp8KVFormat(D, 16, dtype)
@@ -236,7 +236,7 @@ def test_sparse_attention_reads_fp8_pools(ops, gen, dtype):
 def test_fp8_kv_store_rounds_ties_to_even_like_torch():
     """Every midpoint between neighbouring e4m3 values (normal and subnormal), both signs, with a group
     amax of 448 (scale 1): the kernel's float32 rounding must pick torch's even neighbour each time."""
-    from deepinfer_core.kv.fp8 import Fp8KVFormat
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
     from deepinfer_cuda_sm100.kernels.kv_store import store_fp8
 
     grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
@@ -272,7 +272,7 @@ def _state_case(gen, overlap, D=48, ratio=4, S=40, E=5, dtype=torch.float32):
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("fp8", [False, True])
 def test_compress_into_matches_the_reference_glue(ops, gen, dtype, overlap, fp8):
-    from deepinfer_core.kv.fp8 import Fp8KVFormat
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 
     state, src, w, pos, inv_freq = _state_case(gen, overlap)
     fmt = Fp8KVFormat(48, 16, dtype) if fp8 else None

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.plugins.registry import reference_op
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.ops.compose import compose_hc_post_pre, compose_hc_pre_norm
+from deepinfer_core.ops.mhc import HCParams
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.ops.reference import reference_op
 
 from .cuda_sm100_helpers import BOUND, INTERPRETED, dev, needs_triton, rand, rel_err
 
@@ -57,8 +59,8 @@ def _hc_inputs(gen, T=5, N=4, D=48, dtype=torch.bfloat16):
 @pytest.mark.parametrize("T", [1, 5, 11])
 def test_hc_pre_matches_reference(ops, gen, dtype, T):
     x, fn, base, scale = _hc_inputs(gen, T=T, dtype=dtype)
-    got = ops.hc_pre(*dev(x, fn, base, scale), 20, 1e-6, 1e-6)
-    ref = REF.hc_pre(x, fn, base, scale, 20, 1e-6, 1e-6)
+    got = ops.hc_pre(dev(x), HCParams(*dev(fn, base, scale), 20, 1e-6, 1e-6))
+    ref = REF.hc_pre(x, HCParams(fn, base, scale, 20, 1e-6, 1e-6))
     for g, r in zip(got, ref):
         assert g.dtype == r.dtype
         assert rel_err(g, r) < BOUND[dtype]
@@ -68,8 +70,8 @@ def test_hc_pre_matches_reference(ops, gen, dtype, T):
 def test_hc_head_matches_reference(ops, gen):
     x, fn, base, scale = _hc_inputs(gen)
     fn, base, scale = fn[:4], base[:4], scale[:1]
-    got = ops.hc_head(*dev(x, fn, base, scale), 1e-6, 1e-6)
-    assert rel_err(got, REF.hc_head(x, fn, base, scale, 1e-6, 1e-6)) < BOUND[torch.bfloat16]
+    got = ops.hc_head(dev(x), HCParams(*dev(fn, base, scale), 0, 1e-6, 1e-6))
+    assert rel_err(got, REF.hc_head(x, HCParams(fn, base, scale, 0, 1e-6, 1e-6))) < BOUND[torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -109,15 +111,14 @@ def test_hc_pre_norm_matches_reference(ops, gen, monkeypatch, dtype, T, N, D):
     against the reference's ``hc_pre`` then ``rms_norm``; 3 streams pad the ``[N, N]`` tiles."""
     from deepinfer_cuda_sm100 import dispatch
 
-    monkeypatch.delenv("DEEPINFER_HC_FUSED", raising=False)  # on by default
     x, fn, base, scale = _hc_inputs(gen, T=T, N=N, D=D, dtype=dtype)
     w = rand(gen, D).abs() + 0.5
     cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
     assert (cfg is None) == (T > dispatch.HC_FUSED_MAX_TOKENS)
     assert cfg is None or D > cfg.block_d  # several programs a token
     launches = _count_boundary_launches(monkeypatch)
-    got = ops.hc_pre_norm(*dev(x, fn, base, scale), 20, 1e-6, 1e-6, dev(w))
-    ref = REF.hc_pre_norm(x, fn, base, scale, 20, 1e-6, 1e-6, w)
+    got = ops.hc_pre_norm(dev(x), HCParams(*dev(fn, base, scale), 20, 1e-6, 1e-6), dev(w))
+    ref = compose_hc_pre_norm(REF, x, HCParams(fn, base, scale, 20, 1e-6, 1e-6), w)
     assert len(launches) == (0 if cfg is None else 2)
     for g, r in zip(got, ref):
         assert g.dtype == r.dtype and g.shape == r.shape
@@ -132,11 +133,10 @@ def test_hc_post_pre_matches_reference(ops, gen, monkeypatch, dtype, T, D):
     post, comb = rand(gen, T, 4).sigmoid() * 2, rand(gen, T, 4, 4).softmax(-1)
     _, fn, base, scale = _hc_inputs(gen, T=T, D=D, dtype=dtype)
     w = rand(gen, D).abs() + 0.5
-    monkeypatch.delenv("DEEPINFER_HC_FUSED", raising=False)
     launches = _count_boundary_launches(monkeypatch)
-    got = ops.hc_post_pre(*dev(y, res, post, comb, fn, base, scale), 20, 1e-6, 1e-6, dev(w))
+    got = ops.hc_post_pre(*dev(y, res, post, comb), HCParams(*dev(fn, base, scale), 20, 1e-6, 1e-6), dev(w))
     assert len(launches) == (2 if T <= 2 else 0)
-    ref = REF.hc_post_pre(y, res, post, comb, fn, base, scale, 20, 1e-6, 1e-6, w)
+    ref = compose_hc_post_pre(REF, y, res, post, comb, HCParams(fn, base, scale, 20, 1e-6, 1e-6), w)
     assert len(got) == 4
     for g, r in zip(got, ref):
         assert g.dtype == r.dtype and g.shape == r.shape

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.ops.weights import ExpertWeights
-from deepinfer_core.plugins.registry import reference_op
-from deepinfer_core.quant.formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.testing.kit import to_device
 
 from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err
@@ -186,7 +186,7 @@ def _prmt(x: int, sel: int) -> int:
 def test_fp4_ptx_decode_bit_logic_matches_e2m1(gen):
     """``gemv.e2m1_bf16_scaled``'s PTX cannot run here; its bit logic, emulated from the same constants the
     PTX is built from, turns every byte into its two codes' values times the scale, exactly."""
-    from deepinfer_core.quant.formats import _e2m1_lut
+    from deepinfer_core.ops.quant_formats import _e2m1_lut
     from deepinfer_cuda_sm100.kernels import gemv
 
     lut = _e2m1_lut(torch.device("cpu"))
@@ -293,7 +293,7 @@ def test_fp4_f16_pair_ptx_computes_the_word_dot(gen):
     rounding."""
     import numpy as np
 
-    from deepinfer_core.quant.formats import _e2m1_lut
+    from deepinfer_core.ops.quant_formats import _e2m1_lut
     from deepinfer_cuda_sm100.kernels import fp4_pairs
 
     lut = _e2m1_lut(torch.device("cpu")).double()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.ops.sampling import SamplingTensors
-from deepinfer_core.plugins.registry import reference_op
 
 from .cuda_sm100_helpers import DEVICE, dev, needs_triton, rand
 

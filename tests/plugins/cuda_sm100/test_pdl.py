@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100 import dispatch, settings
 
 KERNELS = Path(dispatch.__file__).parent / "kernels"
 
@@ -77,5 +77,5 @@ def test_pdl_args_on_hopper_for_few_tokens_unless_disabled(monkeypatch):
         == {"PDL": True, "launch_pdl": True}
     )
     assert dispatch.pdl_args(dispatch.PDL_MAX_TOKENS + 1) == {}
-    monkeypatch.setenv("DEEPINFER_PDL", "0")
+    settings.use(settings.CudaSM100Settings(pdl=False))
     assert dispatch.pdl_args(1) == {}

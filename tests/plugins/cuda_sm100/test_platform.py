@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from deepinfer_core.plugins.registry import BackendSelectionError, build_registry, select_platform
-from deepinfer_cuda_sm100 import dispatch, plugin
+from deepinfer_cuda_sm100 import dispatch, plugin, settings
 from deepinfer_cuda_sm100.platform import probe_cuda
 
 from .cuda_sm100_helpers import needs_triton
@@ -150,9 +150,9 @@ def test_mhc_launch_shapes_for_few_tokens(monkeypatch):
 def test_fused_mhc_boundary_for_few_tokens(monkeypatch):
     from deepinfer_cuda_sm100 import dispatch
 
-    monkeypatch.setenv("DEEPINFER_HC_FUSED", "0")
+    settings.use(settings.CudaSM100Settings(hc_fused=False))
     assert dispatch.hc_fused_config(1, 4, 4096, 24) is None  # the A/B switch
-    monkeypatch.delenv("DEEPINFER_HC_FUSED")
+    settings.use(settings.CudaSM100Settings())
     one = dispatch.hc_fused_config(1, 4, 4096, 24)  # on by default (H200 v16)
     assert (one.block_d, one.num_warps) == (32, 4)  # 128 programs a token in launch 1
     assert (one.norm_block_d, one.norm_warps) == (128, 1)  # the split kernel's one-warp shape
@@ -196,9 +196,9 @@ def test_fp8_prefill_gemm_goes_to_tilelang_only_where_it_was_run(monkeypatch):
     assert dispatch.fp8_gemm_backend(8192, 4096, 8192, torch.float32) == "triton"  # bf16 WGMMA only
     assert dispatch.fp8_gemm_backend(8192, 4000, 8192, bf16) == "triton"  # N not whole 128-row scale blocks
     assert dispatch.fp8_gemm_backend(dispatch.TILELANG_MIN_ROWS - 1, 4096, 8192, bf16) == "triton"
-    monkeypatch.setenv("DEEPINFER_CUDA_TILELANG", "0")
+    settings.use(settings.CudaSM100Settings(tilelang=False))
     assert dispatch.fp8_gemm_backend(8192, 4096, 8192, bf16) == "triton"
-    monkeypatch.delenv("DEEPINFER_CUDA_TILELANG")
+    settings.use(settings.CudaSM100Settings())
     monkeypatch.setattr(dispatch, "arch", lambda: "sm100")  # never run on SM100: stays on Triton
     assert dispatch.fp8_gemm_backend(8192, 4096, 8192, bf16) == "triton"
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")

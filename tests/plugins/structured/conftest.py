@@ -1,4 +1,5 @@
-"""Session fixtures: the real DeepSeek-V4 tokenizer and one grammar backend of each kind over it.
+"""Session fixtures: the real DeepSeek-V4 tokenizer and one grammar backend of each kind over it (the
+example third-party plugin's ``example_choice`` too, where it is installed).
 
 Building the backends' tokenizer tables costs about a second each, so it happens once per session;
 each test gets a fresh :class:`StructuredOutputManager` (and its own grammar cache) around them.
@@ -39,6 +40,11 @@ def backends(v4_tokenizer):
     vocab = made["xgrammar"].vocab
     made["llguidance"] = LLGuidanceBackend(vocab, cache=GrammarCache())
     made["auto"] = AutoBackend(vocab, cache=GrammarCache())
+    try:  # the example third-party plugin's backend (choice and literal regex constraints only)
+        from deepinfer_example_backend.grammar import ChoiceBackend
+    except ImportError:
+        return made
+    made["example_choice"] = ChoiceBackend(vocab, cache=GrammarCache())
     return made
 
 
@@ -47,6 +53,8 @@ def make_manager(backends, v4_tokenizer):
     """``make_manager(name)``: a manager whose factory hands out the session's backend ``name``."""
 
     def make(name: str = "xgrammar") -> StructuredOutputManager:
+        if name not in backends:
+            pytest.skip(f"grammar backend {name!r} is not installed")
         factories = {n: (lambda *a, _b=b, **k: _b) for n, b in backends.items()}
         return StructuredOutputManager(factories, name, v4_tokenizer, V4_VOCAB_SIZE, [EOS])
 

@@ -53,7 +53,7 @@ def test_plugin_registers_three_backends_through_the_entry_point():
     import deepinfer_structured.plugin as plugin
 
     reg = build_registry(allow=["structured"])
-    assert plugin.DEEPINFER_PLUGIN_API == "1.0"
+    assert plugin.DEEPINFER_PLUGIN_API == "2.0"
     assert [p.name for p in reg.report.loaded] == ["structured"]
     assert set(reg.structured_backends) == {"xgrammar", "llguidance", "auto"}
     assert reg.structured_backends.owners["auto"] == "structured"

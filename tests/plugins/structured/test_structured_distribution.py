@@ -64,7 +64,7 @@ def test_loose_schema_keeps_the_unconstrained_distribution_renormalised(
     torch.testing.assert_close(p_masked, expected, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "example_choice"])
 def test_sampled_frequencies_match_the_renormalised_distribution(make_manager, backend):
     """Chi-square over the allowed first tokens of a choice grammar, 40,000 draws at temperature 1."""
     bitmask = mask_after(

@@ -115,3 +115,15 @@ def test_a_factory_with_the_two_argument_hook_signature_works(v4_tokenizer):
     manager = StructuredOutputManager({"seq": factory}, "seq", v4_tokenizer, V, [EOS])
     assert manager.validate_and_compile("r", {"choice": ["5"]}) is True
     assert seen["args"] == (v4_tokenizer, V)
+
+
+def test_the_engine_checks_a_backend_name_at_build_but_leaves_the_default_to_the_first_request():
+    from deepinfer_core.config import ConfigError
+    from deepinfer_core.structured import check_backend_name
+
+    check_backend_name({"sequence": SequenceBackend}, "sequence")
+    check_backend_name({}, "xgrammar")  # no grammar plugin: unconstrained requests still run
+    with pytest.raises(
+        ConfigError, match="'seq' is not installed; installed grammar backends: sequence, xgr"
+    ):
+        check_backend_name({"xgr": SequenceBackend, "sequence": SequenceBackend}, "seq")

@@ -55,7 +55,7 @@ def test_regex_outputs_fully_match(make_manager, backend):
         assert re.fullmatch(rid.rsplit("/", 1)[0], text), (rid, text)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "example_choice"])
 def test_choice_outputs_are_one_of_the_choices(make_manager, backend):
     manager = make_manager(backend)
     reqs = {f"c/{s}": {"choice": CHOICES} for s in range(24)}

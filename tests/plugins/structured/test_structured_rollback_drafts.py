@@ -8,7 +8,7 @@ import torch
 
 from .structured_sim import EOS, REFERENCE_OPS, V, generate
 
-BACKENDS = ["xgrammar", "llguidance"]
+BACKENDS = ["xgrammar", "llguidance", "example_choice"]
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -20,6 +20,12 @@ SCHEMA = {
     "additionalProperties": False,
 }
 PARAMS = {"json": SCHEMA, "disable_any_whitespace": True}
+#: the example third-party plugin's backend takes choices only: alternatives that share prefixes
+CHOICES = {"choice": ["apple pie", "apple", "apricot jam", "banana split", "cherry tart"]}
+
+
+def constraint(backend: str) -> dict:
+    return CHOICES if backend == "example_choice" else PARAMS
 
 
 @pytest.fixture(params=BACKENDS)
@@ -31,10 +37,10 @@ def backend(request):
 def sequence(make_manager, backend):
     """A complete constrained output (ending with EOS) and the mask before each of its tokens,
     computed the plain way: accept one token, fill, repeat."""
-    out = generate(make_manager(backend), {"r": PARAMS}, {"r": 4}, max_tokens=64)["r"]
+    out = generate(make_manager(backend), {"r": constraint(backend)}, {"r": 4}, max_tokens=64)["r"]
     assert out.finish_reason == "stop" and out.tokens[-1] == EOS
     manager = make_manager(backend)
-    manager.validate_and_compile("r", PARAMS)
+    manager.validate_and_compile("r", constraint(backend))
     masks = []
     for t in out.tokens:
         masks.append(manager.fill_bitmask(["r"])[0])
@@ -47,7 +53,7 @@ def test_rollback_restores_the_state_of_the_shorter_prefix(make_manager, backend
     n = len(tokens)
     for k, j in [(3, 1), (5, 5), (n - 1, 4), (n, 1), (n, 3), (n, n)]:
         manager = make_manager(backend)
-        manager.validate_and_compile("r", PARAMS)
+        manager.validate_and_compile("r", constraint(backend))
         assert manager.accept("r", tokens[:k]) is (k == n)
         manager.rollback("r", j)
         assert not manager.is_terminated("r")
@@ -57,8 +63,9 @@ def test_rollback_restores_the_state_of_the_shorter_prefix(make_manager, backend
 
 def test_rollback_past_the_start_is_an_error(make_manager, backend):
     manager = make_manager(backend)
-    manager.validate_and_compile("r", PARAMS)
-    manager.accept("r", manager.vocab.tokenizer.encode('{"id', add_special_tokens=False))
+    manager.validate_and_compile("r", constraint(backend))
+    prefix = "apr" if backend == "example_choice" else '{"id'
+    manager.accept("r", manager.vocab.tokenizer.encode(prefix, add_special_tokens=False))
     with pytest.raises(ValueError, match="cannot roll back"):
         manager.rollback("r", 99)
 
@@ -67,7 +74,7 @@ def test_draft_rows_equal_the_masks_of_the_states_they_lead_to(make_manager, bac
     tokens, masks = sequence
     for start, k in [(0, 4), (2, 3), (len(tokens) - 4, 4), (len(tokens) - 2, 2)]:
         manager = make_manager(backend)
-        manager.validate_and_compile("r", PARAMS)
+        manager.validate_and_compile("r", constraint(backend))
         manager.accept("r", tokens[:start])
         rows = manager.fill_bitmask_for_drafts("r", tokens[start : start + k])
         assert rows.shape == (k + 1, (V + 31) // 32)
@@ -81,8 +88,10 @@ def test_draft_rows_equal_the_masks_of_the_states_they_lead_to(make_manager, bac
 def test_rows_after_a_forbidden_draft_repeat_the_row_that_forbids_it(make_manager, backend, sequence):
     tokens, masks = sequence
     manager = make_manager(backend)
-    manager.validate_and_compile("r", PARAMS)
-    bad = manager.vocab.tokenizer.encode("zz", add_special_tokens=False)[0]  # never valid after '{'
+    manager.validate_and_compile("r", constraint(backend))
+    bad = manager.vocab.tokenizer.encode("zz", add_special_tokens=False)[
+        0
+    ]  # never valid after the first token
     drafts = [tokens[0], bad, tokens[1], tokens[2]]
     rows = manager.fill_bitmask_for_drafts("r", drafts)
     assert torch.equal(rows[0], masks[0]) and torch.equal(rows[1], masks[1])
@@ -95,7 +104,7 @@ def test_batched_draft_masks_follow_the_row_layout(make_manager, backend, sequen
     tokens, masks = sequence
     manager = make_manager(backend)
     for rid in ("a", "b"):
-        manager.validate_and_compile(rid, PARAMS)
+        manager.validate_and_compile(rid, constraint(backend))
     manager.accept("b", tokens[:3])
     ids = ["a", "plain", None, "b"]
     drafts = {"a": tokens[:2], "plain": [5, 6, 7], "b": tokens[3:6]}
@@ -115,9 +124,9 @@ def target_logits(seed: int, prefix: list[int]) -> torch.Tensor:
     return torch.randn(V, generator=torch.Generator().manual_seed(key))
 
 
-def greedy(manager, seeds: dict[str, int], max_tokens: int) -> dict[str, list[int]]:
+def greedy(manager, seeds: dict[str, int], max_tokens: int, params: dict) -> dict[str, list[int]]:
     for rid in seeds:
-        manager.validate_and_compile(rid, PARAMS)
+        manager.validate_and_compile(rid, params)
     out = {rid: [] for rid in seeds}
     live = list(seeds)
     while live:
@@ -130,12 +139,12 @@ def greedy(manager, seeds: dict[str, int], max_tokens: int) -> dict[str, list[in
     return out
 
 
-def speculative_greedy(manager, seeds, max_tokens, reference, k: int = 3, p_good: float = 0.6):
+def speculative_greedy(manager, seeds, max_tokens, reference, params, k: int = 3, p_good: float = 0.6):
     """Greedy verification of k drafts per step. Drafts copy the reference output with probability
     ``p_good`` and are random tokens otherwise (mostly invalid for the grammar)."""
     rng = torch.Generator().manual_seed(99)
     for rid in seeds:
-        manager.validate_and_compile(rid, PARAMS)
+        manager.validate_and_compile(rid, params)
     out = {rid: [] for rid in seeds}
     live = list(seeds)
     while live:
@@ -168,7 +177,7 @@ def speculative_greedy(manager, seeds, max_tokens, reference, k: int = 3, p_good
 
 def test_speculative_greedy_equals_non_speculative_greedy(make_manager, backend):
     seeds = {f"r{i}": i for i in range(6)}
-    reference = greedy(make_manager(backend), seeds, max_tokens=48)
-    spec = speculative_greedy(make_manager(backend), seeds, 48, reference)
+    reference = greedy(make_manager(backend), seeds, 48, constraint(backend))
+    spec = speculative_greedy(make_manager(backend), seeds, 48, reference, constraint(backend))
     assert spec == reference
     assert sum(t[-1] == EOS for t in reference.values()) >= 4  # most reached the grammar's end

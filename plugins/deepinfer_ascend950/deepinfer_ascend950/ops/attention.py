@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from deepinfer_ascend950._npu import torch_npu
 from deepinfer_ascend950.ops.dense import AscendDenseOps
-from deepinfer_core.ops.attention import AttentionOps
+from deepinfer_core.plugin_api import AttentionOps
 
 HALF = (torch.bfloat16, torch.float16)
 GATHER_BUDGET = 256 << 20
@@ -47,7 +47,8 @@ class AscendAttentionOps(AttentionOps):
 
     # ------------------------------------------------------------------ sparse attention
 
-    def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale):
+    def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format=None):
+        """Pools in the model dtype only (``kv_cache_dtypes`` is ``("auto",)``): ``kv_format`` is always ``None``."""
         slots, pools = [kv_slots], [kv_pool]
         if cmp_slots is not None and cmp_pool is not None:
             slots.append(cmp_slots)

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from deepinfer_ascend950._npu import torch_npu
 from deepinfer_ascend950.ops.weights import plain
-from deepinfer_core.ops.dense import DenseOps
-from deepinfer_core.ops.weights import Weight
+from deepinfer_core.plugin_api import DenseOps, HCParams, Weight
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +73,10 @@ class AscendDenseOps(DenseOps):
             rot = torch.stack([even * c - odd * s, odd * c + even * s], dim=-1).flatten(-2)
         return torch.cat([head, rot.to(x.dtype)], dim=-1)
 
-    def hc_pre(
-        self,
-        x: torch.Tensor,
-        fn: torch.Tensor,
-        base: torch.Tensor,
-        scale: torch.Tensor,
-        sinkhorn_iters: int,
-        hc_eps: float,
-        norm_eps: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        t, n, d = x.shape
+    def hc_pre(self, x: torch.Tensor, hc: HCParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, n, _ = x.shape
+        fn, base, scale, sinkhorn_iters = hc.fn, hc.base, hc.scale, hc.sinkhorn_iters
+        hc_eps, norm_eps = hc.hc_eps, hc.norm_eps
         if self._mhc_fused(x, fn) and 1 <= sinkhorn_iters <= 100:
             npu = torch_npu()
             h_in, h_post, h_res = npu.npu_mhc_pre(
@@ -132,16 +124,8 @@ class AscendDenseOps(DenseOps):
         mixed = torch.matmul(comb.to(y.dtype).transpose(-1, -2), residual)
         return post.to(y.dtype).unsqueeze(-1) * y.unsqueeze(-2) + mixed
 
-    def hc_head(
-        self,
-        x: torch.Tensor,
-        fn: torch.Tensor,
-        base: torch.Tensor,
-        scale: torch.Tensor,
-        hc_eps: float,
-        norm_eps: float,
-    ) -> torch.Tensor:
-        pre = torch.sigmoid(_mixes(x, fn, norm_eps) * scale.float() + base.float()) + hc_eps
+    def hc_head(self, x: torch.Tensor, hc: HCParams) -> torch.Tensor:
+        pre = torch.sigmoid(_mixes(x, hc.fn, hc.norm_eps) * hc.scale.float() + hc.base.float()) + hc.hc_eps
         return (pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype)
 
     def swiglu_mlp(self, x: torch.Tensor, w1: Weight, w3: Weight, w2: Weight, limit: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer_ascend950._npu import device, torch_npu
-from deepinfer_core.ops.memory import MemoryOps
+from deepinfer_core.plugin_api import MemoryOps
 
 
 class AscendMemoryOps(MemoryOps):
@@ -35,7 +35,7 @@ class AscendMemoryOps(MemoryOps):
 
     def capture_graph(self, fn: Callable[[], object]) -> Callable[[], object] | None:
         """Warm ``fn`` up once on a side stream, capture it into a ``torch.npu.NPUGraph`` and return the
-        graph's ``replay``; ``None`` when graphs are off (``enforce_eager`` or ``DEEPINFER_ASCEND_GRAPHS=0``)."""
+        graph's ``replay``; ``None`` when graphs are off (``enforce_eager``, or the setting ``ascend950.graphs`` off)."""
         if not self.graphs:
             return None
         npu = torch.npu

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from deepinfer_ascend950._npu import torch_npu
 from deepinfer_ascend950.ops.dense import swiglu_act
 from deepinfer_ascend950.ops.weights import gmm_weights, plain
-from deepinfer_core.ops.moe import MoEOps, ScoreFunc
-from deepinfer_core.ops.weights import ExpertWeights
+from deepinfer_core.plugin_api import ExpertWeights, MoEOps, ScoreFunc
 
 HALF = (torch.bfloat16, torch.float16)
 GATING_MAX_EXPERTS = 2048  # npu_moe_gating_top_k: last dim of x

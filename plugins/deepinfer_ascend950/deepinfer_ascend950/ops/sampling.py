@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_ascend950._npu import torch_npu
-from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
-from deepinfer_core.plugins.registry import reference_op
+from deepinfer_core.plugin_api import SamplingOps, SamplingTensors, reference_op
 
 TOPK_MAX = 1024  # npu_top_k_top_p: k in [1, 1024]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.ops.weights import QuantizedWeight, Weight
+from deepinfer_core.plugin_api import QuantizedWeight, Weight
 
 FP8_BLOCK = 128
 FP4_BLOCK = 32

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.ops.weights import QuantizedWeight, Weight
+from deepinfer_core.plugin_api import QuantizedWeight, Weight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import (
     COUNTERS,

@@ -18,11 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kv.fp8 import E4M3_MAX, GROUP, Fp8KVFormat
+from deepinfer_core.plugin_api import E4M3_MAX, Fp8KVFormat
+from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import pdl_enter, pool_slot, pow2
 
-_MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.kv.fp8
+_MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.ops.kv_fp8
 _MAX = tl.constexpr(E4M3_MAX)
 
 

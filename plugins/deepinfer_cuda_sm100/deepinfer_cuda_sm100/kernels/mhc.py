@@ -359,7 +359,7 @@ def _boundary(
 
 
 def hc_pre_norm(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float, weight):
-    """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_pre_norm`; ``None`` where
+    """The fused ``compose_hc_pre_norm`` (plugin API); ``None`` where
     :func:`dispatch.hc_fused_config` leaves it to ``hc_pre`` and ``rms_norm``."""
     T, N, D = x.shape
     cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
@@ -371,7 +371,7 @@ def hc_pre_norm(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps
 
 def hc_post_pre(y, residual, post, comb, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float,
                 weight):  # fmt: skip
-    """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_post_pre`; ``None`` where
+    """The fused ``compose_hc_post_pre`` (plugin API); ``None`` where
     :func:`dispatch.hc_fused_config` leaves it to ``hc_post`` and ``hc_pre_norm``."""
     T, N, D = residual.shape
     cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])

@@ -141,7 +141,7 @@ def _rms_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, H, D, R2, st
 
 def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
                   inv_freq: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """See :meth:`deepinfer_core.ops.dense.DenseOps.rms_norm_rope`: ``x [T, H, D]``, one program per row."""
+    """The fused ``compose_rms_norm_rope`` (plugin API): ``x [T, H, D]``, one program per row."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     T, H, D = x.shape
     out = torch.empty((T, H, D), dtype=x.dtype, device=x.device)

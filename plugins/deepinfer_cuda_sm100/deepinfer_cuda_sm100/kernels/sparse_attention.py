@@ -6,7 +6,7 @@ The sink enters as the softmax's starting point (running max = sink, running sum
 whose slots are all padding returns zeros without a special case. Window slots and compressed
 slots are two loops over two pools that feed the same running state. Decode and prefill are the
 same kernel: every query token carries its own slot lists. With an FP8 KV cache the pools are packed byte
-rows (``deepinfer_core.kv.fp8``) decoded in registers as the tile is loaded.
+rows (``deepinfer_core.ops.kv_fp8``) decoded in registers as the tile is loaded.
 
 Split-KV (flash decoding): with few query tokens (``T * H / BLOCK_H`` programs well under the SM count; at
 batch 1 that is 2 programs for 64 heads) the window and compressed slot lists, taken as one list, are cut
@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_core.kv.fp8 import GROUP, Fp8KVFormat
+from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
+from deepinfer_core.plugin_api import Fp8KVFormat
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pdl_enter, pow2
 

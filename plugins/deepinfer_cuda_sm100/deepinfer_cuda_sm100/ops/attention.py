@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.kv.fp8 import KV_CACHE_DTYPES
-from deepinfer_core.ops.attention import AttentionOps
+from deepinfer_core.plugin_api import KV_CACHE_DTYPES, AttentionOps, Fusion
 from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, sparse_attention
 
 
 class CudaAttentionOps(AttentionOps):
     kv_cache_dtypes = KV_CACHE_DTYPES
+    fusions = frozenset({Fusion.INDEXER_SELECT})
 
     def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format=None):
         return sparse_attention.sparse_attention(

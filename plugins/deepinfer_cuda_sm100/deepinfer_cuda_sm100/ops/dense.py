@@ -15,8 +15,17 @@ from dataclasses import replace
 
 import torch
 
-from deepinfer_core.ops.dense import DenseOps
-from deepinfer_core.ops.weights import QuantizedWeight, Weight
+from deepinfer_core.plugin_api import (
+    DenseOps,
+    Fusion,
+    HCParams,
+    QuantizedWeight,
+    Weight,
+    compose_hc_post_pre,
+    compose_hc_pre_norm,
+    compose_linear_f32,
+    compose_rms_norm_rope,
+)
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
 from deepinfer_cuda_sm100.kernels import mhc, norm_rope
@@ -24,6 +33,8 @@ from deepinfer_cuda_sm100.ops._tables import ScheduleCache, TableCache
 
 
 class CudaDenseOps(DenseOps):
+    fusions = frozenset({Fusion.RMS_NORM_ROPE, Fusion.HC_PRE_NORM, Fusion.HC_POST_PRE, Fusion.LINEAR_F32})
+
     def __init__(self) -> None:
         self._tables = TableCache()
         self._schedules = ScheduleCache()
@@ -39,7 +50,7 @@ class CudaDenseOps(DenseOps):
         ``linear(x.float(), weight)`` without the cast's launch (v12 run 4: 2.5 us a MoE layer)."""
         rows = math.prod(x.shape[:-1])
         if isinstance(weight, QuantizedWeight) or not dispatch.plain_gemv(rows, torch.float32, weight):
-            return super().linear_f32(x, weight)
+            return compose_linear_f32(self, x, weight)
         return self._linear(x, weight, torch.float32)
 
     def _linear(self, x: torch.Tensor, weight: Weight, out_dtype: torch.dtype) -> torch.Tensor:
@@ -92,27 +103,30 @@ class CudaDenseOps(DenseOps):
     def rms_norm_rope(self, x, weight, eps, positions, inv_freq):
         """One launch; rows wider than one register block keep the two ops."""
         if x.dim() != 3 or dispatch.rows_config(x.shape[-1]).block_d < x.shape[-1]:
-            return super().rms_norm_rope(x, weight, eps, positions, inv_freq)
+            return compose_rms_norm_rope(self, x, weight, eps, positions, inv_freq)
         return norm_rope.rms_norm_rope(x, weight, eps, positions, inv_freq)
 
-    def hc_pre(self, x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps):
-        return mhc.hc_pre(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps)
+    def hc_pre(self, x, hc: HCParams):
+        return mhc.hc_pre(x, hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps)
 
     def hc_post(self, y, residual, post, comb):
         return mhc.hc_post(y, residual, post, comb)
 
-    def hc_pre_norm(self, x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight):
-        mix = (fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
-        fused = mhc.hc_pre_norm(x, *mix)
-        return fused if fused is not None else super().hc_pre_norm(x, *mix)
+    def hc_pre_norm(self, x, hc: HCParams, weight):
+        """Two launches up to ``dispatch.HC_FUSED_MAX_TOKENS`` tokens, else ``hc_pre`` and ``rms_norm``."""
+        fused = mhc.hc_pre_norm(
+            x, hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps, weight
+        )
+        return fused if fused is not None else compose_hc_pre_norm(self, x, hc, weight)
 
-    def hc_post_pre(self, y, residual, post, comb, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight):
-        mix = (fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, weight)
+    def hc_post_pre(self, y, residual, post, comb, hc: HCParams, weight):
+        """Two launches where :meth:`hc_pre_norm` has them, else ``hc_post``, ``hc_pre`` and ``rms_norm``."""
+        mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps, weight)
         fused = mhc.hc_post_pre(y, residual, post, comb, *mix)
-        return fused if fused is not None else super().hc_post_pre(y, residual, post, comb, *mix)
+        return fused if fused is not None else compose_hc_post_pre(self, y, residual, post, comb, hc, weight)
 
-    def hc_head(self, x, fn, base, scale, hc_eps, norm_eps):
-        return mhc.hc_head(x, fn, base, scale, hc_eps, norm_eps)
+    def hc_head(self, x, hc: HCParams):
+        return mhc.hc_head(x, hc.fn, hc.base, hc.scale, hc.hc_eps, hc.norm_eps)
 
     def swiglu_mlp(self, x, w1, w3, w2, limit):
         up = self._tables.get(

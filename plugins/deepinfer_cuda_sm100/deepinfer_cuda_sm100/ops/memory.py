@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from deepinfer_core.ops.memory import MemoryOps
+from deepinfer_core.plugin_api import MemoryOps
 
 
 def kv_budget(free: int, total: int, gpu_memory_utilization: float, model_bytes: int) -> int:

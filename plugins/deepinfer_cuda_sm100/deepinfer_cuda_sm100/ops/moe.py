@@ -17,8 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from deepinfer_core.ops.moe import MoEOps
-from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight
+from deepinfer_core.plugin_api import ExpertWeights, MoEOps, QuantizedWeight
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import combine, routing, schedule
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
+from deepinfer_core.plugin_api import SamplingOps, SamplingTensors
 from deepinfer_cuda_sm100.kernels import sampling as ks
 
 

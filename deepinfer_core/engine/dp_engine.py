@@ -31,11 +31,11 @@ from deepinfer_core.distributed import launcher
 from deepinfer_core.distributed.control import ControlChannel, ControlMessageError, new_secret
 from deepinfer_core.distributed.ep import ExpertParallel
 from deepinfer_core.distributed.vote import DPVoter, RankFailureError, Vote
-from deepinfer_core.distributed.wire import output_from_wire, output_to_wire, prompt_from_wire, prompt_to_wire
 from deepinfer_core.engine.input_processor import ProcessedPrompt
 from deepinfer_core.engine.llm_engine import LLMEngine
 from deepinfer_core.engine.outputs import RequestOutput
 from deepinfer_core.engine.scheduler import SchedulerOutput
+from deepinfer_core.engine.wire import output_from_wire, output_to_wire, prompt_from_wire, prompt_to_wire
 
 _GRACE_S = 3.0
 _POLL_S = 0.02

@@ -3,6 +3,9 @@
 ``T`` tokens from ``B`` requests, request ``b`` owning rows ``query_start_loc[b]:query_start_loc[b+1]``.
 Request ``b`` already has ``context_lens[b] - query_lens[b]`` computed tokens in the KV pools; the
 step computes (and writes state for) positions ``context_lens[b] - query_lens[b] ... context_lens[b] - 1``.
+
+The layer-range seam: a model that declares :meth:`~deepinfer_core.models.base.CausalLM.bounded_replay` may
+get a :class:`TailBatch` in :attr:`ForwardBatch.tail`, the rows its later layers need and their metadata.
 """
 
 from __future__ import annotations
@@ -28,20 +31,27 @@ class ForwardBatch:
     layer_range: tuple[int, int] | None = None
     #: model-specific tables built on the host by ``CausalLM.plan`` (``None``: the model builds them)
     plan: Any = None
-    #: static steps (graph replay): ``(batch bucket, context bucket)`` and how many rows are real
-    graph_key: tuple[int, int] | None = None
+    #: static steps (graph replay): ``(batch bucket, context bucket, rows per sequence)``, how many logits rows
+    #: are real, and which (``None``: the first ``num_real_rows``)
+    graph_key: tuple[int, ...] | None = None
     num_real_rows: int | None = None
+    real_rows: torch.Tensor | None = None
+    #: the layer-range seam: the rows layers ``>= tail.first_layer`` run on (``None``: every row)
+    tail: TailBatch | None = None
 
     def to(self, device: torch.device) -> ForwardBatch:
         """A copy with every tensor on ``device`` (one copy for all of them), and the plan moved by its
         own ``.to``."""
         groups = list(self.block_tables)
+        extra = [self.real_rows] if self.real_rows is not None else []
         ids, pos, qsl, ctx, rows, *tables = move_together(
             [self.input_ids, self.positions, self.query_start_loc, self.context_lens, self.logits_indices]
-            + [self.block_tables[g] for g in groups],
+            + [self.block_tables[g] for g in groups]
+            + extra,
             device,
         )
-        return ForwardBatch(
+        real = tables.pop() if extra else None
+        out = ForwardBatch(
             input_ids=ids,
             positions=pos,
             query_start_loc=qsl,
@@ -53,7 +63,10 @@ class ForwardBatch:
             plan=self.plan.to(device) if self.plan is not None else None,
             graph_key=self.graph_key,
             num_real_rows=self.num_real_rows,
+            real_rows=real,
         )
+        out.tail = None if self.tail is None else self.tail.to(device, out)
+        return out
 
     @property
     def num_tokens(self) -> int:
@@ -67,6 +80,35 @@ class ForwardBatch:
         """``[T]`` index of the request each token row belongs to."""
         counts = self.query_start_loc[1:] - self.query_start_loc[:-1]
         return torch.repeat_interleave(torch.arange(self.num_requests, device=counts.device), counts)
+
+
+@dataclass
+class TailBatch:
+    """The rows of a step that layers ``>= first_layer`` need: per request, the last ``window`` rows of its
+    chunk (every row when it wants logits of an earlier one, e.g. prompt logprobs).
+
+    ``rows [T']`` are ascending rows of the step, each request's contiguous. ``batch`` is the same step
+    restricted to them: ``input_ids`` and ``positions`` of those rows, its own ``query_start_loc``, the
+    step's ``context_lens`` and ``block_tables`` (every request still ends where its chunk ends), and
+    ``logits_indices`` pointing at the same rows as the step's, counted in ``rows``. A model runs its early
+    layers on every row, gathers ``rows`` and runs the later ones on ``batch``; ``batch.plan`` is its to fill
+    (in :meth:`~deepinfer_core.models.base.CausalLM.plan`)."""
+
+    first_layer: int
+    rows: torch.Tensor  # [T'] int64
+    batch: ForwardBatch
+
+    def to(self, device: torch.device, step: ForwardBatch) -> TailBatch:
+        """A copy on ``device`` that shares ``context_lens`` and ``block_tables`` with its (moved) step."""
+        b = self.batch
+        rows, ids, pos, qsl, logits = move_together(
+            [self.rows, b.input_ids, b.positions, b.query_start_loc, b.logits_indices], device
+        )
+        plan = None if b.plan is None else b.plan.to(device)
+        sub = ForwardBatch(
+            ids, pos, qsl, step.context_lens, step.block_tables, b.block_size, logits, plan=plan
+        )
+        return TailBatch(self.first_layer, rows, sub)
 
 
 def move_together(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:

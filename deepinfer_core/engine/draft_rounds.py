@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from deepinfer_core.engine.scheduler import SchedulerOutput
-    from deepinfer_core.engine.sequence import Sequence
-    from deepinfer_core.spec_decode.proposer import Proposer
+from deepinfer_core.engine.scheduler import SchedulerOutput
+from deepinfer_core.engine.sequence import SeqStatus, Sequence
+from deepinfer_core.spec_decode import Proposer, VerifiedRows
 
 
 def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
@@ -16,12 +13,28 @@ def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
     return min(k, seq.max_tokens - seq.num_output_tokens - 1, max_model_len - len(seq.token_ids) - 1)
 
 
+def verified_rows(sched: SchedulerOutput, first_rows: list[int]) -> list[VerifiedRows]:
+    """The rows the step verified of each sequence still running (``first_rows[i]``: the first row of
+    scheduled sequence ``i`` in the step's hidden states)."""
+    out = []
+    for s, row in zip(sched.scheduled, first_rows, strict=True):
+        seq = s.seq
+        n = seq.num_computed - s.start
+        if seq.status is SeqStatus.RUNNING and n > 0:
+            out.append(VerifiedRows(seq, s.start, n, row))
+    return out
+
+
 def draft_round(
-    proposer: Proposer, sched: SchedulerOutput, running: list[Sequence], max_model_len: int
+    proposer: Proposer,
+    sched: SchedulerOutput,
+    first_rows: list[int],
+    running: list[Sequence],
+    max_model_len: int,
 ) -> None:
     """After a step: let the proposer see it, then store drafts on every decoding running sequence
     (all tokens but the last computed); the others keep none."""
-    proposer.observe(sched)
+    proposer.observe(verified_rows(sched, first_rows))
     k = proposer.num_speculative_tokens
     seqs, limits = [], []
     for seq in running:

@@ -28,8 +28,8 @@ from safetensors.torch import save_file
 from deepinfer_core.models.deepseek_v4.checkpoint import INDEX, CheckpointReader
 from deepinfer_core.models.deepseek_v4.layout import canonical_name, scale_companions
 from deepinfer_core.models.deepseek_v4.params import quantized
+from deepinfer_core.ops.quant_formats import ScaleFmt, dequant, quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.weights import QuantizedWeight
-from deepinfer_core.quant.formats import ScaleFmt, dequant, quantize_fp4_e2m1, quantize_fp8_block
 
 FP8_LINEARS = re.compile(
     r"^(layers|mtp)\.\d+\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|ffn\.shared_experts\.w[123]|e_proj|h_proj)\.weight$"

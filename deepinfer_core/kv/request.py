@@ -1,0 +1,27 @@
+"""What the KV manager needs of a request: its tokens, how many are computed, and its block tables.
+
+The engine's sequences satisfy this protocol; the KV manager never sees the engine's types, so the kv
+layer stays below the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class KVRequest(Protocol):
+    token_ids: list[int]
+    num_computed: int  # tokens whose state is in the KV pools
+    #: group name -> physical block ids, ``-1`` where a window block was released
+    block_tables: dict[str, list[int]]
+    #: chain hashes of the leading full blocks of ``token_ids`` (filled in by the KV manager)
+    block_hashes: list[int]
+    num_committed_blocks: int  # leading full blocks already offered to the prefix cache
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs need every prompt position computed: such a request never resumes from cache."""
+        ...

@@ -1,0 +1,84 @@
+"""The core's compositions of plain ops: the meaning of every fused op, and what runs where a backend has none.
+
+Each function takes the ops object first, then the fused op's arguments. A backend that declares a
+:class:`~deepinfer_core.ops.fusions.Fusion` implements a method of the same name and arguments (without the
+first) that returns what the composition returns, within the conformance kit's tolerances; it may call the
+composition itself for the shapes its kernel does not take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from deepinfer_core.ops.attention import AttentionOps
+    from deepinfer_core.ops.dense import DenseOps
+    from deepinfer_core.ops.mhc import HCParams
+    from deepinfer_core.ops.weights import Weight
+
+PreNorm = Callable[[torch.Tensor, "HCParams", torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def compose_rms_norm_rope(
+    dense: DenseOps,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+) -> torch.Tensor:
+    """``rope(rms_norm(x, weight, eps), positions, inv_freq)`` over ``x [T, H, D]`` (V4's query heads,
+    unweighted, and its KV row): the norm's result is rounded to ``x.dtype`` before the rotation."""
+    return dense.rope(dense.rms_norm(x, weight, eps), positions, inv_freq)
+
+
+def compose_hc_pre_norm(
+    dense: DenseOps, x: torch.Tensor, hc: HCParams, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sublayer's entry: ``hc_pre(x, hc)`` then ``rms_norm`` of its collapse (``weight``, ``hc.norm_eps``)
+    -> ``(normed [T, D] in x.dtype, post [T, N] f32, comb [T, N, N] f32)``."""
+    collapsed, post, comb = dense.hc_pre(x, hc)
+    return dense.rms_norm(collapsed, weight, hc.norm_eps), post, comb
+
+
+def compose_hc_post_pre(
+    dense: DenseOps,
+    y: torch.Tensor,
+    residual: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    hc: HCParams,
+    weight: torch.Tensor,
+    pre_norm: PreNorm | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One sublayer's exit and the next one's entry: ``h = hc_post(y, residual, post, comb)``, then the entry
+    of ``h`` with the next sublayer's ``hc`` and norm ``weight`` -> ``(h [T, N, D], normed, post, comb)``;
+    ``h`` is the next exit's residual. ``pre_norm``: the entry to use (default :func:`compose_hc_pre_norm`)."""
+    h = dense.hc_post(y, residual, post, comb)
+    if pre_norm is None:
+        return (h, *compose_hc_pre_norm(dense, h, hc, weight))
+    return (h, *pre_norm(h, hc, weight))
+
+
+def compose_linear_f32(dense: DenseOps, x: torch.Tensor, weight: Weight) -> torch.Tensor:
+    """``x @ weight.T`` with a float32 result, ``x`` widened to float32 exactly first (V4's MoE router logits)."""
+    return dense.linear(x.float(), weight)
+
+
+def compose_indexer_select(
+    attention: AttentionOps,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    weight_scale: float,
+    key_pool: torch.Tensor,
+    cand_slots: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    """``indexer_topk`` with ``weights.float() * weight_scale`` (``weights [T, Hi]`` in any dtype), its columns
+    mapped to their ``cand_slots`` -> ``[T, min(topk, C)]`` slot ids (any order), ``-1`` where a row has fewer
+    valid candidates."""
+    cols = attention.indexer_topk(q, weights.float() * weight_scale, key_pool, cand_slots, topk)
+    return torch.where(cols >= 0, cand_slots.gather(1, cols.clamp(min=0)), -1)

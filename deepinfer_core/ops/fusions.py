@@ -1,0 +1,123 @@
+"""Fusions as capabilities: the fused ops a backend may declare, and their resolution into one table.
+
+The op contracts (:class:`~deepinfer_core.ops.dense.DenseOps`, :class:`~deepinfer_core.ops.attention.AttentionOps`)
+hold the plain ops. A backend that also has a fused version of some steps lists them in its ``fusions``
+(:class:`Fusion` names) and implements each as a method of that name, equal to the core's composition in
+:mod:`deepinfer_core.ops.compose`. :func:`resolve_fusions` runs once, when the backends are built, and fixes the
+callable of every fused step: the backend's method where declared, else the composition of its plain ops.
+The model only ever calls ``backends.fused.<step>``: no version test, no ``hasattr``, per step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import partial
+from typing import Any
+
+from deepinfer_core.ops import compose
+
+log = logging.getLogger("deepinfer.ops")
+
+
+class Fusion(StrEnum):
+    """A fused op a backend may declare; its semantics are those of the composition of the same name."""
+
+    #: ``rms_norm`` then ``rope`` (:func:`~deepinfer_core.ops.compose.compose_rms_norm_rope`), dense
+    RMS_NORM_ROPE = "rms_norm_rope"
+    #: a sublayer's mHC entry and its norm (:func:`~deepinfer_core.ops.compose.compose_hc_pre_norm`), dense
+    HC_PRE_NORM = "hc_pre_norm"
+    #: a sublayer's mHC exit and the next one's entry (:func:`~deepinfer_core.ops.compose.compose_hc_post_pre`)
+    HC_POST_PRE = "hc_post_pre"
+    #: ``linear`` with a float32 result (:func:`~deepinfer_core.ops.compose.compose_linear_f32`), dense
+    LINEAR_F32 = "linear_f32"
+    #: the indexer's top-k as slot ids (:func:`~deepinfer_core.ops.compose.compose_indexer_select`), attention
+    INDEXER_SELECT = "indexer_select"
+
+    @property
+    def concern(self) -> str:
+        """The ops object that declares it: ``"dense"`` or ``"attention"``."""
+        return "attention" if self is Fusion.INDEXER_SELECT else "dense"
+
+
+COMPOSED: dict[Fusion, Callable[..., Any]] = {
+    Fusion.RMS_NORM_ROPE: compose.compose_rms_norm_rope,
+    Fusion.HC_PRE_NORM: compose.compose_hc_pre_norm,
+    Fusion.HC_POST_PRE: compose.compose_hc_post_pre,
+    Fusion.LINEAR_F32: compose.compose_linear_f32,
+    Fusion.INDEXER_SELECT: compose.compose_indexer_select,
+}
+
+
+@dataclass(frozen=True)
+class FusedOps:
+    """The callable of each fused step, fixed once; arguments as the compositions in :mod:`.compose` take them
+    after their first (the ops object). ``declared``: the steps a backend runs fused."""
+
+    rms_norm_rope: Callable[..., Any]
+    hc_pre_norm: Callable[..., Any]
+    hc_post_pre: Callable[..., Any]
+    linear_f32: Callable[..., Any]
+    indexer_select: Callable[..., Any]
+    declared: frozenset[Fusion]
+
+
+def declared_fusions(concern: str, ops: object) -> frozenset[Fusion]:
+    """``ops.fusions`` as :class:`Fusion` members, each known, of ``concern`` and implemented as a method.
+
+    :raises ValueError: naming the first declaration that is not."""
+    out = set()
+    for name in getattr(ops, "fusions", frozenset()):
+        if name not in {f.value for f in Fusion}:
+            known = ", ".join(f.value for f in Fusion if f.concern == concern)
+            raise ValueError(
+                f"{type(ops).__qualname__}.fusions lists {name!r}, not a fusion; {concern} fusions: {known}"
+            )
+        fusion = Fusion(name)
+        if fusion.concern != concern:
+            raise ValueError(
+                f"{type(ops).__qualname__}.fusions lists {fusion.value!r}, which {fusion.concern} ops declare"
+            )
+        if not callable(getattr(ops, fusion.value, None)):
+            raise ValueError(
+                f"{type(ops).__qualname__} declares the fusion {fusion.value!r} but has no such method"
+            )
+        out.add(fusion)
+    return frozenset(out)
+
+
+def _note_undeclared(concern: str, ops: object, declared: frozenset[Fusion]) -> None:
+    """A method named like a fusion that ``fusions`` does not list is never called: say so once."""
+    for fusion in Fusion:
+        if (
+            fusion.concern == concern
+            and fusion not in declared
+            and callable(getattr(ops, fusion.value, None))
+        ):
+            log.warning(
+                "deepinfer: %s has a method %r but does not list it in its fusions; the core composes the plain "
+                "ops instead", type(ops).__qualname__, fusion.value,
+            )  # fmt: skip
+
+
+def resolve_fusions(dense: object, attention: object) -> FusedOps:
+    """The table of fused steps for these ops objects (``None`` stands for ops a test leaves out)."""
+    owners = {"dense": dense, "attention": attention}
+    declared = {c: declared_fusions(c, ops) if ops is not None else frozenset() for c, ops in owners.items()}
+    for concern, ops in owners.items():
+        _note_undeclared(concern, ops, declared[concern])
+    steps: dict[str, Callable[..., Any]] = {}
+    for fusion in Fusion:
+        ops = owners[fusion.concern]
+        if fusion in declared[fusion.concern]:
+            steps[fusion.value] = getattr(ops, fusion.value)
+        elif fusion is Fusion.HC_POST_PRE and Fusion.HC_PRE_NORM in declared["dense"]:
+            # the exit, then the backend's own fused entry
+            steps[fusion.value] = partial(
+                compose.compose_hc_post_pre, ops, pre_norm=steps[Fusion.HC_PRE_NORM]
+            )
+        else:
+            steps[fusion.value] = partial(COMPOSED[fusion], ops)
+    return FusedOps(**steps, declared=declared["dense"] | declared["attention"])

@@ -1,0 +1,47 @@
+"""The ``cuda_sm100`` section of the engine configuration: the kernels' switches, each a typed field.
+
+Set by argument (``LLM(cuda_sm100={"pdl": False})``), environment (``DEEPINFER_CUDA_SM100__PDL=0``) or config
+file (``[cuda_sm100]`` then ``pdl = false``). When an engine is built the platform makes its settings the
+active ones (:meth:`~deepinfer_cuda_sm100.platform.CudaSM100Platform.finalize` calls :func:`use`), which
+:mod:`deepinfer_cuda_sm100.dispatch` reads as it picks each launch's shape: the kernels are process-wide, as
+their compiled variants are. Defaults are what the H200 measurements chose (benchmarks/gpu/NOTES.md)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from deepinfer_core.plugin_api import PlatformSettings
+
+
+class CudaSM100Settings(PlatformSettings):
+    pdl: bool = Field(
+        True, description="programmatic dependent launch of few-token kernels on SM90+ (dispatch.pdl_args)"
+    )
+    hc_fused: bool = Field(
+        True, description="a sublayer boundary's mHC in two launches at 1-2 tokens (dispatch.hc_fused_config)"
+    )
+    splitk_finish: bool = Field(
+        False,
+        description="split-K GEMMs finished by their last K slice instead of an epilogue launch (equal, slower)",
+    )
+    fp4_h2: bool = Field(
+        True, description="one-row FP4 GEMV tiles in float16 pair arithmetic (dispatch.fp4_h2_mode)"
+    )
+    tilelang: bool = Field(
+        True,
+        description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",
+    )
+
+
+_active = CudaSM100Settings()
+
+
+def active() -> CudaSM100Settings:
+    """The settings of the engine built last in this process (the defaults before any)."""
+    return _active
+
+
+def use(settings: CudaSM100Settings) -> None:
+    """Make ``settings`` the active ones."""
+    global _active
+    _active = settings

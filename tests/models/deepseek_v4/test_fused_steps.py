@@ -1,0 +1,54 @@
+"""The V4 model runs its fused steps through the backends' resolved table: a backend's declared fused ops
+are the ones called, and logits equal those of a backend that declares none (the core's compositions)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from deepinfer_core.models.deepseek_v4.model import DeepseekV4ForCausalLM
+from deepinfer_core.ops.backends import CONCERNS, Backends
+from deepinfer_core.ops.fusions import COMPOSED, Fusion
+from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceDenseOps, reference_op
+
+from .tiny import full_logits, tokens
+
+CALLS: Counter = Counter()
+
+
+def _counted(fusion: Fusion):
+    def step(self, *args):
+        CALLS[fusion] += 1
+        return COMPOSED[fusion](self, *args)
+
+    return step
+
+
+_DENSE = [f for f in Fusion if f.concern == "dense"]
+DeclaringDense = type(
+    "DeclaringDense",
+    (ReferenceDenseOps,),
+    {"fusions": frozenset(_DENSE), **{f.value: _counted(f) for f in _DENSE}},
+)
+DeclaringAttention = type(
+    "DeclaringAttention",
+    (ReferenceAttentionOps,),
+    {"fusions": frozenset({Fusion.INDEXER_SELECT}), "indexer_select": _counted(Fusion.INDEXER_SELECT)},
+)
+
+
+def test_declared_fused_ops_are_called_and_match_the_compositions(checkpoints, backends):
+    path = checkpoints.path("swa_csa_hca_hc2", "deepseek")
+    ops = {c: reference_op(c) for c in CONCERNS} | {
+        "dense": DeclaringDense(),
+        "attention": DeclaringAttention(),
+    }
+    declaring = Backends("reference", **ops)
+    assert declaring.fused.declared == set(Fusion)
+    plain = DeepseekV4ForCausalLM.from_checkpoint(path, backends, torch.float32)
+    fused = DeepseekV4ForCausalLM.from_checkpoint(path, declaring, torch.float32)
+    ids = tokens(12, seed=5)
+    CALLS.clear()
+    assert torch.equal(full_logits(fused, ids), full_logits(plain, ids))
+    assert set(CALLS) == set(Fusion), CALLS

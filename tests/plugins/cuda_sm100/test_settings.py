@@ -1,0 +1,64 @@
+"""The ``cuda_sm100`` section: each switch of the kernels is a typed setting, settable by argument,
+``DEEPINFER_CUDA_SM100__*`` variable and config file, and reaches the dispatch decision it steers once the
+platform is finalized for an engine (no GPU needed: the decisions are pure Python)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from deepinfer_core.config import load_config
+from deepinfer_core.platforms.settings import bind_settings
+from deepinfer_core.plugins.registry import build_registry
+from deepinfer_cuda_sm100 import dispatch, settings
+from deepinfer_cuda_sm100.kernels import _common
+from deepinfer_cuda_sm100.platform import CudaSM100Platform
+
+
+def _on_hopper(monkeypatch):
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "tilelang_installed", lambda: True)
+
+
+GEMV = dispatch.GemmConfig(1, 16, 512, 4, 1, gemv=True)
+#: each setting, its non-default value, and the decision it changes: (value with default, with the setting)
+DECISIONS = {
+    "pdl": (False, lambda: dispatch.pdl_args(1) != {} or _common.gdc_wait is None),
+    "hc_fused": (False, lambda: dispatch.hc_fused_config(1, 4, 4096, 24) is not None),
+    "splitk_finish": (
+        True,
+        lambda: not dispatch.split_finish(dispatch.GemmConfig(16, 32, 64, 4, 1, split_k=4)),
+    ),
+    "fp4_h2": (False, lambda: dispatch.fp4_h2_mode(GEMV, True, torch.bfloat16, True) != 0),
+    "tilelang": (False, lambda: dispatch.fp8_gemm_backend(8192, 4096, 8192, torch.bfloat16) == "tilelang"),
+}
+
+
+def _config(route: str, field: str, value: bool, tmp_path):
+    if route == "argument":
+        return load_config(environ={}, cuda_sm100={field: value})
+    if route == "environment":
+        return load_config(environ={f"DEEPINFER_CUDA_SM100__{field.upper()}": "1" if value else "0"})
+    (tmp_path / "engine.toml").write_text(f"[cuda_sm100]\n{field} = {json.dumps(value)}\n")
+    return load_config(tmp_path / "engine.toml", environ={})
+
+
+@pytest.mark.parametrize("route", ["argument", "environment", "config file"])
+@pytest.mark.parametrize("field", list(DECISIONS))
+def test_each_setting_reaches_its_dispatch_decision_by_every_route(monkeypatch, tmp_path, route, field):
+    _on_hopper(monkeypatch)
+    value, default_decision = DECISIONS[field]
+    assert default_decision(), f"{field}: the default setting should take the default path"
+    cfg = bind_settings(_config(route, field, value, tmp_path), build_registry().platforms)
+    CudaSM100Platform().finalize(None, cfg)
+    assert getattr(settings.active(), field) is value
+    if field != "pdl" or _common.gdc_wait is not None:  # without griddepcontrol PDL is off either way
+        assert not default_decision(), f"{field}={value} did not change its decision"
+
+
+def test_defaults_are_the_measured_choices():
+    assert settings.CudaSM100Settings().model_dump() == {
+        "pdl": True, "hc_fused": True, "splitk_finish": False, "fp4_h2": True, "tilelang": True,
+    }  # fmt: skip
