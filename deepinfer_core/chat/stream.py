@@ -6,7 +6,8 @@ returns for the whole text, however the text is cut; a whole text fed at once gi
 the same text fed piece by piece, so a server's streamed and non-streamed answers agree.
 
 Text that could still turn into a marker is held back until it is decided: the start of ``</think>``
-while reasoning; while tool calls are enabled, the start of ``<｜DSML｜tool_calls>`` and the blank line
+while reasoning; while tool calls are enabled, the start of the block's tag (V4's ``<｜DSML｜tool_calls>``,
+V4.1's ``<｜DSML｜ calls>``) and the blank line
 that separates content from the block. So no DSML fragment ever reaches ``content`` when the model
 writes a well-formed block. A call is returned as soon as its ``</｜DSML｜invoke>`` arrives.
 
@@ -21,17 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer_core.chat.dsml import parse_tool_calls
-from deepinfer_core.chat.modes import ThinkingMode, resolve_thinking_mode
-from deepinfer_core.chat.tokens import (
-    DSML,
-    INVOKE_END,
-    THINK_END,
-    THINK_START,
-    TOOL_CALLS_END,
-    TOOL_CALLS_START,
-)
-
-_INVOKE_START = f"<{DSML}invoke"
+from deepinfer_core.chat.encodings import ChatEncoding, get_encoding
+from deepinfer_core.chat.tokens import THINK_END, THINK_START
 
 
 @dataclass
@@ -54,10 +46,19 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 
 class CompletionParser:
-    """Incremental :func:`parse_completion`; ``parse_tools=False`` treats DSML as plain content."""
+    """Incremental :func:`parse_completion` of one encoding (its thinking modes and DSML tags);
+    ``parse_tools=False`` treats DSML as plain content."""
 
-    def __init__(self, thinking_mode: ThinkingMode = "non-think", parse_tools: bool = False):
-        self._phase = "reasoning" if resolve_thinking_mode(thinking_mode).thinking else "content"
+    def __init__(
+        self,
+        thinking_mode: str = "non-think",
+        parse_tools: bool = False,
+        *,
+        encoding: str | ChatEncoding = "deepseek_v4",
+    ):
+        enc = get_encoding(encoding)
+        self._phase = "reasoning" if enc.resolve_mode(thinking_mode).thinking else "content"
+        self._tags = enc.tags
         self._parse_tools = parse_tools
         self._buf = ""  # text not yet returned
         self._at_start = True  # a leading <think> is still possible
@@ -116,16 +117,17 @@ class CompletionParser:
             out.content += self._buf
             self._buf = ""
             return
-        i = self._buf.find(TOOL_CALLS_START)
+        start = self._tags.calls_start
+        i = self._buf.find(start)
         if i >= 0:
             head = self._buf[:i]
             cut = head.removesuffix("\n\n")
             out.content += cut
             self._sep = head[len(cut) :]
-            self._buf = self._buf[i + len(TOOL_CALLS_START) :]
+            self._buf = self._buf[i + len(start) :]
             self._phase = "tools"
             return
-        keep = 0 if final else _partial_suffix(self._buf, TOOL_CALLS_START)
+        keep = 0 if final else _partial_suffix(self._buf, start)
         body = self._buf[: len(self._buf) - keep]
         newlines = len(body) - len(body.rstrip("\n"))
         keep += 0 if final else min(newlines, 2)
@@ -134,26 +136,29 @@ class CompletionParser:
 
     def _tools(self, out: ParsedDelta) -> None:
         """Consume complete invoke elements; stop at the block's end or at the first malformed text."""
+        tags = self._tags
         while True:
             rest = self._buf.lstrip()
-            if rest.startswith(_INVOKE_START):
-                end = rest.find(INVOKE_END)
+            if rest.startswith(tags.invoke_open):
+                end = rest.find(tags.invoke_end)
                 if end < 0:
                     return
-                element = rest[: end + len(INVOKE_END)]
+                element = rest[: end + len(tags.invoke_end)]
                 try:
-                    calls = parse_tool_calls(f"{TOOL_CALLS_START}\n{element}\n{TOOL_CALLS_END}")
+                    calls = parse_tool_calls(f"{tags.calls_start}\n{element}\n{tags.calls_end}", tags)
                 except ValueError:
                     self._fallback()
                     return
                 out.tool_calls.extend(calls)
                 self.num_tool_calls += len(calls)
                 self._buf = rest[len(element) :]
-            elif rest.startswith(TOOL_CALLS_END) and self.num_tool_calls:
-                self._buf = rest[len(TOOL_CALLS_END) :]
+            elif rest.startswith(tags.calls_end) and self.num_tool_calls:
+                self._buf = rest[len(tags.calls_end) :]
                 self._phase = "after"
                 return
-            elif _INVOKE_START.startswith(rest) or (TOOL_CALLS_END.startswith(rest) and self.num_tool_calls):
+            elif tags.invoke_open.startswith(rest) or (
+                tags.calls_end.startswith(rest) and self.num_tool_calls
+            ):
                 return  # undecided until more text arrives
             else:
                 self._fallback()
@@ -162,5 +167,5 @@ class CompletionParser:
     def _fallback(self) -> None:
         """A malformed or unfinished block: the unparsed rest is content, verbatim."""
         if not self.num_tool_calls:
-            self._buf = self._sep + TOOL_CALLS_START + self._buf
+            self._buf = self._sep + self._tags.calls_start + self._buf
         self._phase = "raw"

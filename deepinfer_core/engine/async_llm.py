@@ -30,13 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from deepinfer_core.config import ConfigError, EngineConfig
 from deepinfer_core.engine.input_processor import ProcessedPrompt
@@ -53,6 +55,9 @@ from deepinfer_core.engine.request_stream import (
 )
 from deepinfer_core.engine.streaming import ProgressTracker
 from deepinfer_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from deepinfer_core.chat import ChatEncoding
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +139,15 @@ class AsyncLLM:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @cached_property
+    def chat_encoding(self) -> ChatEncoding:
+        """The checkpoint's chat encoding, from its config.json (as ``LLM.chat_encoding``)."""
+        from deepinfer_core.chat import encoding_for_config
+        from deepinfer_core.engine.loader import checkpoint_path
+
+        path = checkpoint_path(self.engine.config) / "config.json"
+        return encoding_for_config(json.loads(path.read_text()))
 
     @property
     def is_alive(self) -> bool:

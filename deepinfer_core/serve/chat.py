@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from functools import cached_property
 from typing import Any
 
+from deepinfer_core.chat import ChatEncoding, get_encoding
 from deepinfer_core.chat.stream import CompletionParser, ParsedDelta
 from deepinfer_core.engine.async_llm import CompletionDelta
 from deepinfer_core.engine.outputs import CompletionOutput
-from deepinfer_core.serve.chat_prompt import encode, offered_tools, render, thinking_mode
+from deepinfer_core.serve.chat_prompt import Mode, encode, offered_tools, render, thinking_mode
 from deepinfer_core.serve.errors import ApiError, bad_request
 from deepinfer_core.serve.logprobs import chat_logprobs
 from deepinfer_core.serve.protocol import ChatCompletionRequest
@@ -47,11 +49,12 @@ _RENAMES = {"prompts": "messages", "thinking_mode": "chat_template_kwargs.thinki
 class _Chat:
     """A submitted chat request's parsing context."""
 
-    def __init__(self, req: ChatCompletionRequest, mode: str, parse_tools: bool):
-        self.req, self.mode, self.parse_tools = req, mode, parse_tools
+    def __init__(self, req: ChatCompletionRequest, mode: Mode, parse_tools: bool, encoding: ChatEncoding):
+        self.req, self.mode, self.parse_tools, self.encoding = req, mode, parse_tools, encoding
+        self.thinking = encoding.resolve_mode(mode.thinking_mode, mode.reasoning_effort).thinking
 
     def parser(self) -> CompletionParser:
-        return CompletionParser(self.mode, parse_tools=self.parse_tools)
+        return CompletionParser(self.mode.thinking_mode, self.parse_tools, encoding=self.encoding)
 
     @property
     def top_k(self) -> int | None:
@@ -59,14 +62,21 @@ class _Chat:
 
 
 class ChatServing(Serving):
+    @cached_property
+    def encoding(self) -> ChatEncoding:
+        """The ``chat_encoding`` setting, or (``auto``) the checkpoint's (V4.1's for a V4.1 checkpoint)."""
+        name = self.settings.chat_encoding
+        return self.llm.chat_encoding if name == "auto" else get_encoding(name)
+
     async def submit_body(self, body: Any) -> Submission:
         start = time.perf_counter()
         req = self.parse(ChatCompletionRequest, body)
-        mode = thinking_mode(req, self.settings.default_thinking_mode)
+        encoding = self.encoding
+        mode = thinking_mode(req, self.settings.default_thinking_mode, encoding)
         tools = offered_tools(req)
-        rendered = render(req, mode, tools)
+        rendered = render(req, mode, tools, encoding)
         prompt = await self.llm.run_off_loop(encode, rendered, self.llm.tokenizer)
-        ctx = _Chat(req, mode, tools is not None)
+        ctx = _Chat(req, mode, tools is not None, encoding)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -102,7 +112,7 @@ class ChatServing(Serving):
         calls = [_tool_call(tc) for tc in parsed.tool_calls + rest.tool_calls]
         message = ChatMessage(
             content=(parsed.content + rest.content) if parsed.content + rest.content or not calls else None,
-            reasoning_content=parsed.reasoning + rest.reasoning if ctx.mode != "non-think" else None,
+            reasoning_content=parsed.reasoning + rest.reasoning if ctx.thinking else None,
             tool_calls=calls or None,
         )
         lps = None
@@ -161,7 +171,7 @@ class ChatServing(Serving):
             )
         delta = ChatDelta(
             content=parsed.content or None,
-            reasoning_content=(parsed.reasoning or None) if ctx.mode != "non-think" else None,
+            reasoning_content=(parsed.reasoning or None) if ctx.thinking else None,
             tool_calls=_tool_call_deltas(parser.num_tool_calls - len(parsed.tool_calls), parsed.tool_calls)
             or None,
         )

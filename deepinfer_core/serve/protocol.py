@@ -82,5 +82,5 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: str | int | None = None  # V4.1 also takes its 1-100 budget
     chat_template_kwargs: dict[str, Any] | None = None

@@ -9,7 +9,7 @@ bounded by the engine's ``max_n``).
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,9 +19,12 @@ from deepinfer_core.config import (
     ENV_PREFIX,
     ConfigError,
     EngineConfig,
+    env_fields,
     env_overrides,
     load_config,
+    merge_sources,
     read_config_file,
+    split_sections,
 )
 
 
@@ -50,6 +53,9 @@ class ServeSettings(BaseModel):
     default_thinking_mode: Literal["non-think", "think-high", "think-max"] = Field(
         "non-think", description="chat thinking mode when a request names none"
     )
+    chat_encoding: Literal["auto", "deepseek_v4", "deepseek_v41"] = Field(
+        "auto", description="chat format; auto: the checkpoint's, from its config.json"
+    )
     disable_any_whitespace: bool = Field(
         False, description="response_format JSON without whitespace between tokens (compact JSON)"
     )
@@ -60,12 +66,10 @@ class ServeSettings(BaseModel):
         return self.served_model_name or engine.model or "deepinfer-demo"
 
 
-def _env(environ: dict[str, str]) -> dict[str, Any]:
+def _env(environ: Mapping[str, str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, field in ServeSettings.model_fields.items():
-        raw = environ.get(ENV_PREFIX + name.upper())
-        if raw is None:
-            continue
+    for name, raw in env_fields(ServeSettings.model_fields, environ).items():
+        field = ServeSettings.model_fields[name]
         if "list" in str(field.annotation):
             out[name] = [s.strip() for s in raw.split(",") if s.strip()]
         elif raw.strip().lower() in ("none", "null") and field.default is None:
@@ -79,23 +83,31 @@ def load_serve_config(
     config_file: str | Path | None = None,
     engine_args: dict[str, Any] | None = None,
     serve_args: dict[str, Any] | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[EngineConfig, ServeSettings]:
     """Merge file < environment < arguments into the engine's config and the server's settings.
 
     A config file may hold fields of both; each goes to the model that owns it, and a field that
-    belongs to neither is an error."""
-    environ = dict(os.environ) if environ is None else environ
+    belongs to neither is an error. ``environ`` defaults to the process environment."""
     from_file = read_config_file(config_file) if config_file is not None else {}
     serve_names = set(ServeSettings.model_fields)
     file_serve = {k: v for k, v in from_file.items() if k in serve_names}
     file_engine = {k: v for k, v in from_file.items() if k not in serve_names}
-    serve_env = {ENV_PREFIX + name.upper() for name in serve_names}
-    engine_env = {k: v for k, v in environ.items() if k not in serve_env}  # not warned about as unknown
-    engine = load_config(environ={}, **{**file_engine, **env_overrides(engine_env), **(engine_args or {})})
+    serve_vars = [ENV_PREFIX + name.upper() for name in serve_names]
+    engine = load_config(
+        environ={}, **_engine_sources(file_engine, env_overrides(environ, ignore=serve_vars), engine_args)
+    )
     merged = {**file_serve, **_env(environ), **(serve_args or {})}
     try:
         return engine, ServeSettings(**merged)
     except ValidationError as e:
         errs = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
         raise ConfigError(f"invalid server settings: {errs}") from None
+
+
+def _engine_sources(*sources: dict[str, Any] | None) -> dict[str, Any]:
+    """File < environment < arguments, platform sections merged field by field (as ``load_config`` does)."""
+    merged: dict[str, Any] = {}
+    for source in sources:
+        merged = merge_sources(merged, split_sections(source or {}))
+    return merged

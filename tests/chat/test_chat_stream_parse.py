@@ -8,7 +8,7 @@ import random
 import pytest
 
 from deepinfer_core.chat import parse_completion
-from deepinfer_core.chat.dsml import render_tool_calls
+from deepinfer_core.chat.dsml import V41_TAGS, render_tool_calls
 from deepinfer_core.chat.stream import CompletionParser
 from deepinfer_core.chat.tokens import EOS
 from deepinfer_core.chat.validate import ToolCall
@@ -38,8 +38,8 @@ MALFORMED = [  # (mode, text, expected content, expected number of calls)
 ]
 
 
-def _run(mode: str, text: str, cuts: list[int]) -> tuple[str, str, list]:
-    p = CompletionParser(mode, parse_tools=True)
+def _run(mode: str, text: str, cuts: list[int], encoding: str = "deepseek_v4") -> tuple[str, str, list]:
+    p = CompletionParser(mode, parse_tools=True, encoding=encoding)
     bounds = [0, *sorted(cuts), len(text)]
     parts = [p.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])] + [p.finish()]
     return (
@@ -56,12 +56,29 @@ def _chunkings(text: str, seed: int, n: int = 150):
         yield [rng.randrange(len(text) + 1) for _ in range(rng.randrange(1, 10))]
 
 
-@pytest.mark.parametrize("mode, text", WELL_FORMED)
-def test_any_chunking_gives_what_parse_completion_gives(mode, text):
-    ref = parse_completion(text.removesuffix(EOS), mode)
+V41_BLOCK = render_tool_calls([ToolCall("get_time", {"zone": "UTC"})], V41_TAGS).text
+V41_WELL_FORMED = [
+    ("think", "effort spent < here</think>Answer:\n\n" + V41_BLOCK),
+    ("non-think", "plain\n\n" + V41_BLOCK + "\n"),
+    ("think-max", "no tools</think>done"),
+]
+
+
+@pytest.mark.parametrize(
+    "encoding, mode, text",
+    [("deepseek_v4", m, t) for m, t in WELL_FORMED] + [("deepseek_v41", m, t) for m, t in V41_WELL_FORMED],
+)
+def test_any_chunking_gives_what_parse_completion_gives(encoding, mode, text):
+    ref = parse_completion(text.removesuffix(EOS), mode, encoding=encoding)
     want = (ref["reasoning_content"] or "", ref["content"], ref["tool_calls"])
     for cuts in _chunkings(text, seed=len(text)):
-        assert _run(mode, text.removesuffix(EOS), cuts) == want, cuts
+        assert _run(mode, text.removesuffix(EOS), cuts, encoding) == want, cuts
+
+
+def test_v4_tags_are_plain_content_for_v41():
+    """Each encoding parses its own tags only: V4's block in a V4.1 completion stays content."""
+    reasoning, content, calls = _run("non-think", "x\n\n" + BLOCK, [], "deepseek_v41")
+    assert (content, calls) == ("x\n\n" + BLOCK, [])
 
 
 @pytest.mark.parametrize("mode, text, content, num_calls", MALFORMED)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.engine.forward_batch import ForwardBatch
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.batch import ForwardBatch
 
 
 class ScriptedLM(CausalLM):
@@ -25,7 +25,7 @@ class ScriptedLM(CausalLM):
         self.scripts: dict[tuple[int, ...], list[int]] = {}
 
     @classmethod
-    def from_checkpoint(cls, path, backends, dtype):  # pragma: no cover - built directly
+    def from_checkpoint(cls, path, backends, dtype, options=None):  # pragma: no cover - built directly
         raise NotImplementedError
 
     def add(self, prompt_ids: list[int], completion_ids: list[int]) -> None:
@@ -74,7 +74,7 @@ class PoisonLM(CausalLM):
         self.eos_token_ids = inner.eos_token_ids
 
     @classmethod
-    def from_checkpoint(cls, path, backends, dtype):  # pragma: no cover - built directly
+    def from_checkpoint(cls, path, backends, dtype, options=None):  # pragma: no cover - built directly
         raise NotImplementedError
 
     def cache_specs(self) -> list[CacheSpec]:

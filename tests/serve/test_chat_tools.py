@@ -14,10 +14,10 @@ import openai
 import pytest
 
 from deepinfer_core.chat import encode_prompt, render_prompt
-from deepinfer_core.chat.dsml import render_tool_calls
+from deepinfer_core.chat.dsml import V41_TAGS, render_tool_calls
 from deepinfer_core.chat.validate import ToolCall
 
-from .conftest import MODEL
+from .conftest import MODEL, running_server
 from .sse import post_stream
 
 TOOLS = [
@@ -44,10 +44,11 @@ CALLS = [
 ]
 
 
-def script(scripted, messages, mode, completion: str, tools=None) -> list[int]:
-    """Make the model answer exactly ``completion`` (then EOS) to this conversation; returns the prompt."""
+def script(scripted, messages, mode, completion: str, tools=None, **encoding) -> list[int]:
+    """Make the model answer exactly ``completion`` (then EOS) to this conversation; returns the prompt.
+    ``encoding`` (``encoding=``, ``reasoning_effort=``) goes to ``render_prompt``."""
     tok = scripted.tokenizer
-    prompt = encode_prompt(render_prompt(messages, thinking_mode=mode, tools=tools), tok)
+    prompt = encode_prompt(render_prompt(messages, thinking_mode=mode, tools=tools, **encoding), tok)
     scripted.model.add(
         prompt, tok.encode(completion, add_special_tokens=False) + scripted.model.eos_token_ids
     )
@@ -194,3 +195,38 @@ def test_message_content_never_becomes_a_control_token(scripted):
     tok = scripted.tokenizer
     for marker, count in (("<｜Assistant｜>", 1), ("<｜User｜>", 1), ("<｜end▁of▁sentence｜>", 0)):
         assert prompt.count(tok.convert_tokens_to_ids(marker)) == count
+
+
+@pytest.fixture(scope="module")
+def v41(scripted):
+    """A server on the same engine that speaks DeepSeek-V4.1's chat encoding."""
+    with running_server(scripted.llm, chat_encoding="deepseek_v41") as url:
+        yield url + "/v1"
+
+
+@pytest.mark.parametrize(
+    "kw, effort",
+    [
+        ({"reasoning_effort": 60}, 60),
+        ({"reasoning_effort": "medium"}, "high"),
+        ({"chat_template_kwargs": {"thinking": True}}, None),
+    ],
+)
+def test_v41_reasoning_effort_and_its_spaced_dsml_calls(scripted, v41, kw, effort):
+    """V4.1 states a 1-100 budget in the prompt and writes ``<｜DSML｜ calls>``; both are honoured."""
+    messages = [{"role": "user", "content": f"V4.1 weather, effort {effort}"}]
+    block = render_tool_calls(CALLS, V41_TAGS).text
+    completion = f"Budget {effort}.</think>Checking.\n\n{block}"
+    script(scripted, messages, "think", completion, TOOLS, encoding="deepseek_v41", reasoning_effort=effort)
+    body = {"messages": messages, "tools": TOOLS, "max_tokens": 300, **kw}
+    msg = httpx.post(v41 + "/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    assert (msg["reasoning_content"], msg["content"]) == (f"Budget {effort}.", "Checking.")
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]
+    ] == _want_calls()
+    chunks = post_stream(v41 + "/chat/completions", {**body, "stream": True})
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert (
+        content == "Checking."
+        and sum(len(c["choices"][0]["delta"].get("tool_calls", [])) for c in chunks if c["choices"]) == 2
+    )
