@@ -116,6 +116,7 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._stats = EngineStats()
         self._stats_changed = threading.Condition()
+        self._stats_seq = 0  # snapshots published so far
         self._dead: BaseException | None = None
         self._validator = ThreadPoolExecutor(validation_workers, thread_name_prefix="deepinfer-validate")
         self._thread = threading.Thread(target=self._run, name="deepinfer-step-loop", daemon=True)
@@ -225,9 +226,18 @@ class AsyncLLM:
         return self._stats
 
     def wait_for_stats(self, predicate: Callable[[EngineStats], bool], timeout: float) -> EngineStats:
-        """Block until a published snapshot satisfies ``predicate``; raises TimeoutError after ``timeout``."""
+        """Block until a snapshot published after this call (so after everything submitted or aborted
+        before it has been applied) satisfies ``predicate``; raises TimeoutError after ``timeout``."""
         with self._stats_changed:
-            if not self._stats_changed.wait_for(lambda: predicate(self._stats), timeout):
+            seq = self._stats_seq
+        if self.is_alive:
+            self._inbox.put(("sync", None))  # the step thread publishes once more, even when idle
+        else:
+            seq -= 1
+        with self._stats_changed:
+            if not self._stats_changed.wait_for(
+                lambda: self._stats_seq > seq and predicate(self._stats), timeout
+            ):
                 raise TimeoutError(f"engine stats did not reach the expected state: {self._stats}")
             return self._stats
 
@@ -277,7 +287,7 @@ class AsyncLLM:
         for kind, arg in cmds:
             if kind == "add":
                 self._add(arg)
-            else:
+            elif kind == "abort":
                 self.engine.abort(arg)
                 aborted = True
         if aborted:
@@ -363,6 +373,7 @@ class AsyncLLM:
         )
         with self._stats_changed:
             self._stats = stats
+            self._stats_seq += 1
             self._stats_changed.notify_all()
 
 
