@@ -55,10 +55,13 @@ def section_greedy(args) -> None:
         got = llm.generate(prompts, sp, use_tqdm=False)
         equal = all(r.outputs[0].token_ids == g.outputs[0].token_ids for r, g in zip(ref, got, strict=True))
         diff = max(
-            abs(a[t].logprob - b[t].logprob)
-            for r, g in zip(ref, got)
-            for a, b in zip(r.outputs[0].logprobs, g.outputs[0].logprobs)
-            for t in a
+            (
+                abs(a[t].logprob - b[t].logprob)
+                for r, g in zip(ref, got)
+                for a, b in zip(r.outputs[0].logprobs, g.outputs[0].logprobs)
+                for t in a.keys() & b.keys()
+            ),
+            default=0.0,
         )
         keys = list(llm.engine.runner.graphs)
         stats = llm.get_stats()
