@@ -152,7 +152,8 @@ def section_steps(args) -> None:
     rows = []
     for b in args.batches:
         try:
-            rows.append(_row(sr, b, args.context, args.ks, dev))
+            with torch.inference_mode():  # as the engine runs its steps
+                rows.append(_row(sr, b, args.context, args.ks, dev))
         except Exception as e:  # noqa: BLE001 - report and go on
             rows.append({"batch": b, "error": f"{type(e).__name__}: {e}"[:300]})
             log(traceback.format_exc()[-2000:])
