@@ -55,10 +55,13 @@ def section_greedy(args) -> None:
         got = llm.generate(prompts, sp, use_tqdm=False)
         equal = all(r.outputs[0].token_ids == g.outputs[0].token_ids for r, g in zip(ref, got, strict=True))
         diff = max(
-            abs(a[t].logprob - b[t].logprob)
-            for r, g in zip(ref, got)
-            for a, b in zip(r.outputs[0].logprobs, g.outputs[0].logprobs)
-            for t in a
+            (
+                abs(a[t].logprob - b[t].logprob)
+                for r, g in zip(ref, got)
+                for a, b in zip(r.outputs[0].logprobs, g.outputs[0].logprobs)
+                for t in a.keys() & b.keys()
+            ),
+            default=0.0,
         )
         keys = list(llm.engine.runner.graphs)
         stats = llm.get_stats()
@@ -149,7 +152,8 @@ def section_steps(args) -> None:
     rows = []
     for b in args.batches:
         try:
-            rows.append(_row(sr, b, args.context, args.ks, dev))
+            with torch.inference_mode():  # as the engine runs its steps
+                rows.append(_row(sr, b, args.context, args.ks, dev))
         except Exception as e:  # noqa: BLE001 - report and go on
             rows.append({"batch": b, "error": f"{type(e).__name__}: {e}"[:300]})
             log(traceback.format_exc()[-2000:])

@@ -54,7 +54,7 @@ class GraphCache:
         keepalive: object,
     ) -> tuple[torch.Tensor, ...]:
         """``fn()`` over ``inputs``: captured on the first call with ``key`` (``inputs`` become the graph's
-        input buffers), replayed afterwards after copying ``inputs`` into them."""
+        input buffers) and replayed, and on later calls replayed after copying ``inputs`` into them."""
         step = self.steps.get(key)
         if step is None:
             out: list[Sequence[torch.Tensor]] = []
@@ -62,8 +62,8 @@ class GraphCache:
             if replay is None:
                 raise RuntimeError("the platform reported graph support but captured nothing")
             step = self.steps[key] = CapturedStep(replay, list(inputs), out, keepalive)
-            return step.outputs
-        for dst, src in zip(step.inputs, inputs, strict=True):
-            dst.copy_(src, non_blocking=True)
-        step.replay()
+        else:
+            for dst, src in zip(step.inputs, inputs, strict=True):
+                dst.copy_(src, non_blocking=True)
+        step.replay()  # a capture records the step without running it: the first call replays it too
         return step.outputs

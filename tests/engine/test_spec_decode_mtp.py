@@ -202,6 +202,13 @@ def _replaying(runner, monkeypatch) -> dict:
         return replay
 
     monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
+    real_run = runner.graphs.run
+
+    def counted(*a, **kw):
+        counts["runs"] = counts.get("runs", 0) + 1
+        return real_run(*a, **kw)
+
+    monkeypatch.setattr(runner.graphs, "run", counted)
     return counts
 
 
@@ -227,6 +234,7 @@ def test_mtp_verify_and_draft_steps_run_static_and_replayed(ckpt, plain, monkeyp
         target = [key for key in runner.graphs if key[0] != "draft"]
         assert draft and any(key[2] > 1 for key in target) and any(key[2] == 1 for key in target)
         assert counts["captures"] == len(runner.graphs) and counts["replays"] > counts["captures"]
+        assert counts["replays"] == counts["runs"]  # the capturing run replays too (a capture only records)
     _no_leaks(llm)
 
 

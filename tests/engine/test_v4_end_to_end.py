@@ -162,6 +162,13 @@ def test_v4_static_decode_steps_match_dynamic_ones(v4, monkeypatch, capture):
             return replay
 
         monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
+        real_run = runner.graphs.run
+
+        def counted(*a, **kw):
+            counts["runs"] = counts.get("runs", 0) + 1
+            return real_run(*a, **kw)
+
+        monkeypatch.setattr(runner.graphs, "run", counted)
     runner.static_decode(8, capture=capture)
     assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
     if capture:
@@ -169,3 +176,5 @@ def test_v4_static_decode_steps_match_dynamic_ones(v4, monkeypatch, capture):
         assert {key[0] for key in runner.graphs} == {1, 2, 4, 8}
         assert {key[1] for key in runner.graphs} == {256, 512}
         assert counts["replays"] > 3 * counts["captures"]
+        # a device graph's capture only records the step: every run, the capturing one too, must replay
+        assert counts["replays"] == counts["runs"]

@@ -9,7 +9,7 @@ import sys
 
 PROBE = r"""
 import json, sys, time
-import deepinfer_core.plugins.registry  # what any engine imports anyway
+import deepinfer_core.config, deepinfer_core.plugins.registry  # what any engine imports before plugins
 before = set(sys.modules)
 t0 = time.perf_counter()
 import deepinfer_ascend950.plugin
