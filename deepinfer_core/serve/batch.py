@@ -49,12 +49,19 @@ class BatchRunner:
         }
 
     async def run(
-        self, lines: TextIO, out: TextIO, max_concurrency: int = 256, progress: bool = True
+        self,
+        lines: TextIO,
+        out: TextIO,
+        max_concurrency: int = 256,
+        progress: bool = True,
+        total: int | None = None,
     ) -> BatchSummary:
+        """Answer ``lines`` into ``out``; ``total`` (the number of non-blank lines, if known) gives the
+        progress bar its end."""
         from tqdm.auto import tqdm
 
         summary = BatchSummary()
-        bar = tqdm(desc="Batch requests", unit="req", disable=not progress, dynamic_ncols=True)
+        bar = tqdm(desc="Batch requests", unit="req", total=total, disable=not progress, dynamic_ncols=True)
         slots = asyncio.Semaphore(max_concurrency)
         window: deque[asyncio.Future] = deque()
 
@@ -141,5 +148,7 @@ def run_batch(
 ) -> BatchSummary:
     """Answer every line of ``input_path`` into ``output_path`` (see the module docstring)."""
     runner = BatchRunner(llm, settings, model_name)
+    with open(input_path, encoding="utf-8") as inp:
+        total = sum(1 for line in inp if line.strip())
     with open(input_path, encoding="utf-8") as inp, open(output_path, "w", encoding="utf-8") as out:
-        return asyncio.run(runner.run(inp, out, max_concurrency, progress))
+        return asyncio.run(runner.run(inp, out, max_concurrency, progress, total))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 from deepinfer_core import SamplingParams
 from deepinfer_core.cli.main import main
@@ -67,12 +68,14 @@ def test_good_and_bad_lines_are_all_answered_in_order(toy):
     assert "embeddings" in bad["bad-url"]["error"]["message"] and "GET" in bad["get"]["error"]["message"]
 
 
-def test_the_run_batch_command_answers_a_file(tmp_path, capsys):
+def test_the_run_batch_command_answers_a_file_with_a_progress_bar(tmp_path, capsys):
     inp, out = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
     body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 4, "temperature": 0}
-    inp.write_text(_line("a", "/v1/completions", body) + "\nnot json\n")
-    assert main(["run-batch", "-i", str(inp), "-o", str(out), "--max-model-len", "512", "--no-progress"]) == 0
+    inp.write_text(_line("a", "/v1/completions", body) + "\nnot json\n\n")
+    assert main(["run-batch", "-i", str(inp), "-o", str(out), "--max-model-len", "512", "--progress"]) == 0
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["custom_id"] for r in records] == ["a", None]
     assert records[0]["response"]["body"]["usage"]["completion_tokens"] == 4
-    assert "1 answered, 1 failed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "1 answered, 1 failed" in err
+    assert re.search(r"Batch requests: 100%.*2/2", err), err  # the bar knows the file's two requests
