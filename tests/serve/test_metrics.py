@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import running_server
@@ -23,6 +24,7 @@ FAMILIES = {
     "deepinfer_spec_decode_draft_tokens",
     "deepinfer_spec_decode_accepted_tokens",
     "deepinfer_spec_decode_acceptance_rate",
+    "deepinfer_spec_decode_mean_acceptance_length",
     "deepinfer_num_preemptions",
 }
 
@@ -67,3 +69,36 @@ def test_metrics_count_requests_tokens_and_latencies(toy):
         (("group", "compressed"),),
         (("group", "window"),),
     }
+
+
+def test_speculative_acceptance_metrics_are_the_engines_counters():
+    """An n-gram speculative engine behind the server: a repetitive prompt gets drafts accepted, and
+    /metrics reports the engine's own counts."""
+    pytest.importorskip("deepinfer_spec_decode")
+    from deepinfer_core.engine.async_llm import AsyncLLM
+
+    from ..engine.test_spec_decode_ngram import ngram, spec_llm
+
+    llm = AsyncLLM(spec_llm(ngram(4)).engine)
+    try:
+        with running_server(llm) as url:
+            body = {
+                "prompt": [11, 12, 13, 14, 15] * 8,
+                "max_tokens": 24,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+            assert r.json()["usage"]["completion_tokens"] == 24
+            counters = llm.wait_for_stats(lambda s: s.num_running == 0, 60).counters
+            s = _samples(httpx.get(url + "/metrics", timeout=60).text)
+    finally:
+        llm.shutdown()
+    drafts, accepted = (
+        s[("deepinfer_spec_decode_draft_tokens_total", ())],
+        s[("deepinfer_spec_decode_accepted_tokens_total", ())],
+    )
+    assert 0 < accepted <= drafts
+    assert (drafts, accepted) == (counters["spec_num_draft_tokens"], counters["spec_num_accepted_tokens"])
+    assert s[("deepinfer_spec_decode_acceptance_rate", ())] == pytest.approx(accepted / drafts)
+    assert s[("deepinfer_spec_decode_mean_acceptance_length", ())] > 1
