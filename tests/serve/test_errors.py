@@ -4,6 +4,7 @@ serving."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 
 import httpx
 import openai
@@ -80,6 +81,17 @@ def test_without_the_api_key_v1_routes_are_a_401(toy):
             openai.OpenAI(base_url=url + "/v1", api_key="wrong").completions.create(**GOOD)
         r = openai.OpenAI(base_url=url + "/v1", api_key="s3cret").completions.create(**GOOD)
         assert r.choices[0].finish_reason == "length"
+
+
+def test_the_api_key_is_compared_in_constant_time(toy, monkeypatch):
+    compared = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: compared.append((a, b)) or real(a, b))
+    with running_server(toy.llm, api_key="s3cret") as url:
+        for key, status in (("wrong", 401), ("s3cret", 200)):
+            r = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=60)
+            assert r.status_code == status
+    assert compared == [(b"wrong", b"s3cret"), (b"s3cret", b"s3cret")]
 
 
 def test_an_oversized_body_is_a_413_with_or_without_its_length(toy):
