@@ -174,3 +174,45 @@ def test_a_request_whose_grammar_fails_inside_the_engine_fails_alone(scripted):
         return await s_good.result()
 
     assert len(asyncio.run(run()).outputs[0].token_ids) == 6
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_frees_its_blocks_and_grammar_state_at_once(scripted, stream):
+    """A constrained request (a live grammar state) whose client hangs up, mid-stream or while waiting
+    for a whole response: the engine drops it long before its max_tokens, and frees everything."""
+    body = {
+        "prompt": "x",
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+        "structured_outputs": {"regex": "(ab)+"},
+    }
+
+    def generating(s) -> bool:
+        return s.num_running == 1 and s.num_grammars == 1 and any(s.kv_blocks_in_use.values())
+
+    async def leave(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as c:
+            if stream:
+                async with c.stream("POST", "/v1/completions", json=body) as r:
+                    lines = r.aiter_lines()
+                    async for line in lines:
+                        if line.startswith("data: "):
+                            break
+                    await asyncio.to_thread(scripted.llm.wait_for_stats, generating, TIMEOUT)
+                await lines.aclose()
+            else:
+                post = asyncio.ensure_future(c.post("/v1/completions", json=body))
+                await asyncio.to_thread(scripted.llm.wait_for_stats, generating, TIMEOUT)
+                post.cancel()  # the connection is dropped mid-request
+                with pytest.raises(asyncio.CancelledError):
+                    await post
+
+    with running_server(scripted.llm) as url:
+        asyncio.run(leave(url))
+        stats = scripted.llm.wait_for_stats(_idle, TIMEOUT)
+        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT).text
+    assert stats.num_grammars == 0 and not scripted.llm.engine.requests
+    assert _counter(metrics, 'deepinfer_requests_total{outcome="abort"}') == 1
+    assert _counter(metrics, 'deepinfer_requests_total{outcome="length"}') == 0
