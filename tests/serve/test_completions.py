@@ -132,3 +132,28 @@ def test_extra_engine_sampling_fields_are_accepted(demo, client):
         model=MODEL, prompt=PROMPTS[1], max_tokens=10, temperature=0.7, seed=2, extra_body=extra
     )
     assert r.choices[0].text == ref.text
+
+
+def test_penalties_top_p_and_logit_bias_behave_as_offline(demo):
+    """OpenAI's own sampling fields reach the engine as LLM.generate's SamplingParams; each changes
+    what this seeded sample gives, so a field the server dropped would show. (The requests run
+    concurrently, as do the offline ones: one batch each.)"""
+    base = dict(temperature=0.8, seed=4, max_tokens=16)
+    fields = dict(top_p=0.8, presence_penalty=1.5, frequency_penalty=1.0, logit_bias={"29": 4.0})
+    wire = [{}, *({k: v} for k, v in fields.items())]
+    engine = [{"logit_bias": {29: 4.0}} if "logit_bias" in w else w for w in wire]
+    want = demo.offline.generate(
+        [PROMPTS[1]] * len(wire), [SamplingParams(**base, **e) for e in engine], use_tqdm=False
+    )
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=demo.v1, api_key="unused") as client:
+            rs = await asyncio.gather(
+                *[client.completions.create(model=MODEL, prompt=PROMPTS[1], **base, **w) for w in wire]
+            )
+        return [r.choices[0].text for r in rs]
+
+    texts = asyncio.run(run())
+    assert texts == [w.outputs[0].text for w in want]
+    unchanged = [name for name, text in zip(fields, texts[1:]) if text == texts[0]]
+    assert not unchanged, f"{unchanged} left the seeded sample unchanged"
