@@ -3,6 +3,7 @@ and response_format through the structured-output plugin."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -89,48 +90,71 @@ def test_n_samples_with_a_seed_equal_offline(demo):
 def compact(demo):
     """A second server on the same engine, writing response_format JSON without whitespace."""
     with running_server(demo.llm, disable_any_whitespace=True) as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        yield url + "/v1"
 
 
 @pytest.mark.parametrize("schema", SCHEMAS, ids=["object", "array", "enums"])
 def test_json_schema_response_format_always_gives_valid_json(compact, schema):
+    """Greedy and two seeded samples, each streamed and not; the six run at once (one batch)."""
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
-    for kw in ({"temperature": 0}, {"temperature": 1.0, "seed": 1}, {"temperature": 1.0, "seed": 2}):
-        r = compact.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=96, response_format=fmt, **kw
+    samples = ({"temperature": 0}, {"temperature": 1.0, "seed": 1}, {"temperature": 1.0, "seed": 2})
+
+    async def one(client: openai.AsyncOpenAI, kw: dict, stream: bool) -> tuple[str, str | None]:
+        r = await client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=96, response_format=fmt, stream=stream, **kw
         )
-        text = r.choices[0].message.content
-        assert r.choices[0].finish_reason == "stop", text
+        if not stream:
+            return r.choices[0].message.content, r.choices[0].finish_reason
+        chunks = [ch async for ch in r]
+        return "".join(ch.choices[0].delta.content or "" for ch in chunks), chunks[-1].choices[
+            0
+        ].finish_reason
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=compact, api_key="unused") as client:
+            return await asyncio.gather(*[one(client, kw, s) for kw in samples for s in (False, True)])
+
+    results = asyncio.run(run())
+    for plain, streamed in zip(results[::2], results[1::2]):
+        text, finish = plain
+        assert finish == "stop", text
         jsonschema.validate(json.loads(text), schema)
-        stream = compact.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=96, response_format=fmt, stream=True, **kw
-        )
-        assert "".join(ch.choices[0].delta.content or "" for ch in stream) == text
+        assert streamed == plain
 
 
 def test_json_object_response_format_gives_what_offline_gives_and_objects_when_it_stops(demo, compact):
     """json_object has no size bound: a sample may hit max_tokens (a valid prefix then); every one that
-    stops is a JSON object."""
+    stops is a JSON object. (Four seeds at once, online and offline.)"""
     so = StructuredOutputsParams(json_object=True, disable_any_whitespace=True)
-    stopped = 0
-    for seed in range(4):
-        sp = SamplingParams(
+    seeds = range(4)
+    sps = [
+        SamplingParams(
             temperature=0.8, seed=seed, max_tokens=48, skip_special_tokens=False, structured_outputs=so
         )
-        ref = demo.offline.chat(MESSAGES, sp, use_tqdm=False)[0].outputs[0]
-        r = compact.chat.completions.create(
-            model=MODEL,
-            messages=MESSAGES,
-            max_tokens=48,
-            temperature=0.8,
-            seed=seed,
-            response_format={"type": "json_object"},
-        )
+        for seed in seeds
+    ]
+    refs = [o.outputs[0] for o in demo.offline.chat([MESSAGES] * len(sps), sps, use_tqdm=False)]
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=compact, api_key="unused") as client:
+            return await asyncio.gather(
+                *[
+                    client.chat.completions.create(
+                        model=MODEL,
+                        messages=MESSAGES,
+                        max_tokens=48,
+                        temperature=0.8,
+                        seed=seed,
+                        response_format={"type": "json_object"},
+                    )
+                    for seed in seeds
+                ]
+            )
+
+    for r, ref in zip(asyncio.run(run()), refs):
         assert (r.choices[0].message.content, r.choices[0].finish_reason) == (ref.text, ref.finish_reason)
-        if ref.finish_reason == "stop":
-            assert isinstance(json.loads(ref.text), dict)
-            stopped += 1
-    assert stopped
+    stopped = [ref.text for ref in refs if ref.finish_reason == "stop"]
+    assert stopped and all(isinstance(json.loads(t), dict) for t in stopped)
 
 
 def test_a_schema_the_grammar_backend_refuses_is_a_400(demo):
