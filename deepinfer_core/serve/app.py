@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from deepinfer_core.engine.async_llm import AsyncLLM
+from deepinfer_core.engine.async_llm import AsyncLLM, EngineDeadError
 from deepinfer_core.serve.chat import ChatServing
 from deepinfer_core.serve.completions import CompletionsServing
 from deepinfer_core.serve.errors import ApiError
@@ -203,8 +203,13 @@ def _errors(app: FastAPI, metrics: ServerMetrics) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> Response:
         if e.status in outcomes:  # refused before generating (failures are counted by their timers)
-            metrics.refused(outcomes[e.status])
+            metrics.refused(outcomes[e.status] if e.type != "server_error" else "error")
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(request: Request, e: EngineDeadError) -> Response:
+        """The step loop has stopped (shut down, or it died): met while validating a request."""
+        return await api_error(request, ApiError(503, str(e), type="server_error"))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> Response:

@@ -153,6 +153,19 @@ def _sp():
     return SamplingParams(max_tokens=4, temperature=0)
 
 
+def test_once_the_engine_has_stopped_health_and_requests_are_503():
+    llm = AsyncLLM(make_toy_llm().engine)
+    with running_server(llm) as url:
+        assert httpx.get(url + "/health", timeout=60).json() == {"status": "ok"}
+        llm.shutdown()
+        assert httpx.get(url + "/health", timeout=60).status_code == 503
+        for route, body in (("/v1/completions", GOOD), ("/v1/chat/completions", CHAT)):
+            err = _error(httpx.post(url + route, json=body, timeout=60), 503)
+            assert "not running" in err["message"] and err["type"] == "server_error"
+        metrics = httpx.get(url + "/metrics", timeout=60).text
+    assert 'deepinfer_requests_total{outcome="error"} 2.0' in metrics
+
+
 def test_settings_defaults_are_the_safe_ones():
     s = ServeSettings()
     assert s.host == "127.0.0.1" and s.api_key is None and s.cors_allow_origins == []
