@@ -65,12 +65,20 @@ def test_greedy_chat_equals_llm_chat_streamed_and_not(demo, client):
         len(x.top_logprobs) == 2 and x.top_logprobs[0].logprob >= x.top_logprobs[1].logprob for x in lps
     )
     stream = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0, stream=True
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        logprobs=True,
+        top_logprobs=2,
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == ref.text
     assert chunks[-1].choices[0].finish_reason == ref.finish_reason
+    streamed = [x for ch in chunks if ch.choices[0].logprobs for x in ch.choices[0].logprobs.content]
+    assert [(x.token, x.logprob) for x in streamed] == [(x.token, x.logprob) for x in lps]
 
 
 def test_n_samples_with_a_seed_equal_offline(demo):
