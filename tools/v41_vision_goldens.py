@@ -60,8 +60,11 @@ def token_counts(oracle) -> dict:
             n_llm_h, n_llm_w, best_h, best_w = ip.plan_image_grid(w, h, oracle_args(cfg))
             rows.append([w, h, best_w, best_h, n_llm_h, n_llm_w, ip.num_image_tokens(n_llm_h, n_llm_w)])
         out[name] = rows
-    return {"configs": cases.PREPROCESS, "columns": ["w", "h", "best_w", "best_h", "n_llm_h", "n_llm_w",
-                                                     "tokens"], "sizes": out}
+    return {
+        "configs": cases.PREPROCESS,
+        "columns": ["w", "h", "best_w", "best_h", "n_llm_h", "n_llm_w", "tokens"],
+        "sizes": out,
+    }
 
 
 def _sha(t: torch.Tensor) -> str:
@@ -121,7 +124,9 @@ def write_manifest(oracle, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--oracle", type=Path, required=True, help="folder with image_processor.py, vision.py, ...")
+    ap.add_argument(
+        "--oracle", type=Path, required=True, help="folder with image_processor.py, vision.py, ..."
+    )
     ap.add_argument("--out", type=Path, default=Path("tests/data/v41_vision"))
     ap.add_argument("--allow-other-oracle", action="store_true", help="accept files with another sha256")
     args = ap.parse_args(argv)
@@ -136,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     weights = cases.tower_weights(cases.TOWER, cases.TOWER_SEED)
     ckpt = {k: v for k, v in cases.TOWER.items()} | {"image_token_id": 129264}
     write_json(out / "tower" / "config.json", ckpt)
-    write_tensors(out / "tower" / "model.safetensors", weights, provenance(oracle, {"weights": cases.TOWER_SEED}))
+    write_tensors(
+        out / "tower" / "model.safetensors", weights, provenance(oracle, {"weights": cases.TOWER_SEED})
+    )
     tensors, meta = tower_goldens(oracle, weights)
     write_tensors(out / "tower.safetensors", tensors, provenance(oracle, config=cases.TOWER))
     write_json(out / "tower.json", {"provenance": provenance(oracle, config=cases.TOWER), "cases": meta})

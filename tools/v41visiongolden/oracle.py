@@ -77,7 +77,9 @@ def build_tower(module: ModuleType, args: SimpleNamespace, stored: dict[str, tor
 
 
 @torch.inference_mode()
-def encode_span(tower, patches: torch.Tensor, n_vit_h: int, n_vit_w: int, types: torch.Tensor, ip: ModuleType):
+def encode_span(
+    tower, patches: torch.Tensor, n_vit_h: int, n_vit_w: int, types: torch.Tensor, ip: ModuleType
+):
     """The image's span of embeddings as the release's ``merge_image_embeddings`` fills it, plus the parts."""
     vit, aligner, delim = tower
     features = vit(patches.float(), n_vit_h, n_vit_w)
