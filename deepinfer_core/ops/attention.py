@@ -60,6 +60,24 @@ class AttentionOps(ABC):
         :meth:`compress_into`."""
         pool[slots] = values.to(pool.dtype) if kv_format is None else kv_format.pack(values)
 
+    def encoder_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """Bidirectional multi-head attention inside segments (a vision tower's, one segment per image).
+
+        ``q, k, v [T, H, D]`` are the rows of several sequences packed end to end; ``cu_seqlens [S + 1]``
+        int64 holds their boundaries (``0 = c_0 < c_1 < ... < c_S = T``). A row of segment ``s`` attends to
+        every row of ``s`` and to no other: ``out[t, h] = sum_j softmax_j(q[t, h] . k[j, h] * scale) v[j, h]``
+        with the softmax in float32, result in ``q.dtype`` -> ``[T, H, D]``. No mask, no sink, no KV cache.
+        This default is torch, one segment at a time; a platform may use a varlen attention kernel."""
+        out = torch.empty_like(q)
+        bounds = cu_seqlens.tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            logits = torch.einsum("qhd,khd->hqk", q[a:b].float(), k[a:b].float()) * scale
+            probs = torch.softmax(logits, dim=-1)
+            out[a:b] = torch.einsum("hqk,khd->qhd", probs, v[a:b].float()).to(q.dtype)
+        return out
+
     @abstractmethod
     def indexer_topk(
         self,

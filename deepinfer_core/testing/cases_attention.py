@@ -1,5 +1,6 @@
 """Conformance cases for the attention ops: sliding window + sinks, CSA (top-k compressed slots), HCA,
-padding (``-1`` slots), a row with nothing to attend, the indexer's top-k and the compressor."""
+padding (``-1`` slots), a row with nothing to attend, the indexer's top-k, the compressor, and the vision
+tower's bidirectional attention within packed images."""
 
 from __future__ import annotations
 
@@ -62,6 +63,12 @@ def _same_topk(actual: torch.Tensor, expected: torch.Tensor, inputs) -> None:
         assert a == e, f"top-k row {r}: {a} != {e}"
 
 
+def _encoder(g):
+    """Three packed images of 1, 5 and 3 patches: each row attends to its own image only."""
+    q, k, v = (randn(g, 9, H, 16) for _ in range(3))
+    return (q, k, v, torch.tensor([0, 1, 6, 9]), 16**-0.5), {}
+
+
 def _compress(overlap: bool):
     def make(g):
         e, r = 3, 4
@@ -100,6 +107,7 @@ CASES = [
         kv_cache_dtype="fp8",
     ),
     OpCase("attention", "indexer_topk", "topk_with_short_rows", _indexer, compare=_same_topk),
+    OpCase("attention", "encoder_attention", "three_images", _encoder, atol=1e-5, rtol=1e-4),
     OpCase("attention", "compress", "csa_overlap_first_window", _compress(True), atol=1e-5, rtol=1e-4),
     OpCase("attention", "compress", "hca", _compress(False), atol=1e-5, rtol=1e-4),
 ]

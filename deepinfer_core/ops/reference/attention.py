@@ -59,6 +59,18 @@ class ReferenceAttentionOps(AttentionOps):
         probs = torch.softmax(logits, dim=-1)[:, :-1]
         return torch.matmul(probs.to(kv.dtype), kv).to(q.dtype)
 
+    def encoder_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        out = torch.empty_like(q)
+        segment = torch.bucketize(torch.arange(q.shape[0]), cu_seqlens, right=True) - 1
+        for t in range(q.shape[0]):
+            a, b = int(cu_seqlens[segment[t]]), int(cu_seqlens[segment[t] + 1])
+            logits = torch.einsum("hd,khd->hk", q[t].float(), k[a:b].float()) * scale
+            probs = torch.softmax(logits, dim=-1)
+            out[t] = torch.einsum("hk,khd->hd", probs, v[a:b].float()).to(q.dtype)
+        return out
+
     def indexer_topk(
         self,
         q: torch.Tensor,
