@@ -98,8 +98,7 @@ class Block(Module):
         self.attn = Attention(cfg, role, readers, dtype)
         self.ffn = MoE(cfg)
         e = cfg.engram
-        if e is not None and role.layer in e.layer_ids:
-            self.engram = Engram(cfg, e.layer_ids.index(role.layer))
+        self.engram = Engram(cfg, e.layer_ids.index(role.layer)) if e and role.layer in e.layer_ids else None
         self.attn_norm = bf16("attn_norm.weight", cfg.hidden_size)
         self.ffn_norm = bf16("ffn_norm.weight", cfg.hidden_size)
         n, d = cfg.hc_mult, cfg.hidden_size
@@ -132,7 +131,7 @@ class Block(Module):
         """Streams ``h [T, hc, D]`` and the previous site's ``pre [T, hc]`` -> this block's output streams and
         its FFN site's ``pre`` (which collapses the next block's attention input)."""
         dense, eps = ops.dense, self.cfg.rms_norm_eps
-        if hasattr(self, "engram"):
+        if self.engram is not None:
             h = self.engram.forward(h, hash_ids, ops)
         a_pre, post, comb = dense.hc_mixes(h, self.hc["hc_attn"])
         x = dense.rms_norm(dense.hc_collapse(h, pre), self.attn_norm.value, eps)
