@@ -54,7 +54,12 @@ class Compressor(Module):
         self.norm = bf16("norm.weight", d)
 
     def latent(
-        self, x: torch.Tensor, comp: Compression, addr: StepAddressing, state: torch.Tensor | None, ops: Backends
+        self,
+        x: torch.Tensor,
+        comp: Compression,
+        addr: StepAddressing,
+        state: torch.Tensor | None,
+        ops: Backends,
     ) -> torch.Tensor:
         """The pre-RoPE latent of every entry that closes in the step, ``[E, head_dim]`` in entry order."""
         dense = ops.dense
@@ -83,8 +88,12 @@ class Indexer(Module):
             self.wk = bf16("wk.weight", di, cfg.head_dim)
             self.k_norm = bf16("k_norm.weight", di)
 
-    def keys(self, latent: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor, ops: Backends) -> torch.Tensor:
-        k = ops.dense.rms_norm(ops.dense.linear(latent, self.wk.value), self.k_norm.value, self.cfg.rms_norm_eps)
+    def keys(
+        self, latent: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor, ops: Backends
+    ) -> torch.Tensor:
+        k = ops.dense.rms_norm(
+            ops.dense.linear(latent, self.wk.value), self.k_norm.value, self.cfg.rms_norm_eps
+        )
         return ops.dense.rope(k[:, None], positions, freq)[:, 0]
 
     def query(
@@ -144,8 +153,16 @@ class Attention(Module):
                           window=r - 1, writer=i)
             )  # fmt: skip
         shared = dict(writer=i, readers=self.readers)
-        specs.append(_spec(f"{self.name}.compressor.kv", "compressed", r, c.head_dim, self.dtype, f.compressed, **shared))
-        specs.append(_spec(f"{self.name}.indexer.keys", "compressed", r, c.index_head_dim, self.dtype, f.keys, **shared))
+        specs.append(
+            _spec(
+                f"{self.name}.compressor.kv", "compressed", r, c.head_dim, self.dtype, f.compressed, **shared
+            )
+        )
+        specs.append(
+            _spec(
+                f"{self.name}.indexer.keys", "compressed", r, c.index_head_dim, self.dtype, f.keys, **shared
+            )
+        )
         return specs
 
     def forward(
@@ -205,7 +222,9 @@ class Attention(Module):
             return
         at = comp.entry_positions  # an entry rotates at its group's first position
         keys = self.indexer.keys(latent, at, self.freq, ops)
-        ops.attention.store_kv(flat(pools[f"{self.name}.indexer.keys"]), comp.entry_slots, keys, self.formats.keys)
+        ops.attention.store_kv(
+            flat(pools[f"{self.name}.indexer.keys"]), comp.entry_slots, keys, self.formats.keys
+        )
         rotated = ops.dense.rope(latent[:, None], at, self.freq)[:, 0]
         ops.attention.store_kv(
             flat(pools[f"{self.name}.compressor.kv"]), comp.entry_slots, rotated, self.formats.compressed

@@ -113,7 +113,9 @@ class Block(Module):
         self.hc = {
             site: HCParams(
                 *(getattr(self, f"{site}_{k}").value for k in ("fn", "base", "scale")),
-                c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps,
+                c.hc_sinkhorn_iters,
+                c.hc_eps,
+                c.rms_norm_eps,
             )  # fmt: skip
             for site in ("hc_attn", "hc_ffn")
         }

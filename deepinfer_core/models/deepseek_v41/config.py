@@ -255,7 +255,10 @@ def _check_shapes(c: DeepseekV41Config, d: dict[str, Any]) -> None:
         ),
         (d.get("num_key_value_heads", 1) == 1, "num_key_value_heads must be 1 (one shared K=V head)"),
         (d.get("hidden_act", "silu") == "silu", f"hidden_act={d.get('hidden_act')!r}: V4.1 uses silu"),
-        (not d.get("tie_word_embeddings", False), "tie_word_embeddings must be false (V4.1 has its own head)"),
+        (
+            not d.get("tie_word_embeddings", False),
+            "tie_word_embeddings must be false (V4.1 has its own head)",
+        ),
         (not d.get("vision_n_layers", 0), "vision is not supported yet (vision_n_layers must be 0)"),
     ]
     for ok, msg in checks:

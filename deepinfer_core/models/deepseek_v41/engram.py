@@ -78,7 +78,9 @@ def multipliers(e: EngramConfig) -> torch.Tensor:
     """``[n engram layers, max_ngram_size]`` odd int64 multipliers."""
     bound = max(1, (np.iinfo(np.int64).max // e.compressed_vocab_size) // 2)
     rows = [
-        np.random.default_rng(SEED_STRIDE * layer).integers(0, bound, size=(e.max_ngram_size,), dtype=np.int64)
+        np.random.default_rng(SEED_STRIDE * layer).integers(
+            0, bound, size=(e.max_ngram_size,), dtype=np.int64
+        )
         for layer in e.layer_ids
     ]
     return torch.from_numpy(np.stack(rows) * 2 + 1)
@@ -162,4 +164,3 @@ class EngramHasher:
             rolling = torch.bitwise_xor(rolling, products[..., i])
             cols.append(rolling[..., None] % self.primes[None, :, i - 1])
         return torch.cat(cols, dim=-1) + self.offsets[None]
-

@@ -97,4 +97,6 @@ def kv_formats(kv_cache_dtype: str, head_dim: int, index_head_dim: int, dtype: t
         )
     if kv_cache_dtype == "unquantized":
         return KVFormats()
-    return KVFormats(window_kv(head_dim, dtype), compressed_kv(head_dim, dtype), index_keys(index_head_dim, dtype))
+    return KVFormats(
+        window_kv(head_dim, dtype), compressed_kv(head_dim, dtype), index_keys(index_head_dim, dtype)
+    )

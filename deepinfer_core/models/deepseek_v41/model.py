@@ -71,7 +71,8 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         self.num_layers = cfg.num_hidden_layers
         roles = cfg.roles
         readers = {
-            r.layer: tuple(x.layer for x in roles if x.kv_source == r.layer and x.layer != r.layer) for r in roles
+            r.layer: tuple(x.layer for x in roles if x.kv_source == r.layer and x.layer != r.layer)
+            for r in roles
         }
         v, d = cfg.vocab_size, cfg.hidden_size
         self.embed = bf16("embed.weight", v, d)
@@ -138,7 +139,9 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             h, pre = block.forward(h, pre, hash_ids, plan.addr, kv, ops, shared)
         return ops.dense.hc_collapse(h, pre)
 
-    def _hash_ids(self, input_ids: torch.Tensor, plan: StepPlan, kv: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    def _hash_ids(
+        self, input_ids: torch.Tensor, plan: StepPlan, kv: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
         """Write the step's compressed ids to the look-back pool, then hash each position's n-grams."""
         if self.hasher is None:
             return None

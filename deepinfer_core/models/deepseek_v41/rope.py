@@ -24,8 +24,10 @@ def inv_freq(dim: int, theta: float, yarn: YarnParams | None) -> torch.Tensor:
         return freqs
 
     def corrected(rotations: float) -> float:
-        return dim * math.log(yarn.original_max_position_embeddings / (rotations * 2 * math.pi)) / (
-            2 * math.log(theta)
+        return (
+            dim
+            * math.log(yarn.original_max_position_embeddings / (rotations * 2 * math.pi))
+            / (2 * math.log(theta))
         )
 
     low = max(math.floor(corrected(yarn.beta_fast)), 0)

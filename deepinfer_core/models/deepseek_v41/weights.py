@@ -57,7 +57,9 @@ class StoredSlot(Slot):
             return self.shape, (rows, dim // BLOCK)
         return self.shape, None
 
-    def load(self, data: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> None:
+    def load(
+        self, data: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+    ) -> None:
         self.value = self._convert(data, scale, dtype, device)
 
     def _convert(self, data, scale, dtype, device) -> Any:
@@ -96,7 +98,9 @@ def _problem(slot: StoredSlot, reader: CheckpointReader, key: str, scale_key: st
             return f"missing: {key[: -len('weight')]}scale (the scale of {key}, {reader.file_of(key)})"
         s_dtype, s_shape = reader.info(scale_key)
         if s_dtype not in SCALE_TYPES:
-            return f"mis-typed: {scale_key} ({reader.file_of(scale_key)}): stored as {s_dtype}, expected F8_E8M0"
+            return (
+                f"mis-typed: {scale_key} ({reader.file_of(scale_key)}): stored as {s_dtype}, expected F8_E8M0"
+            )
         if shape != want or s_shape != want_scale:
             return (
                 f"mis-shaped: {key} ({reader.file_of(key)}): {dtype} data {list(shape)} / scale {list(s_shape)}, "

@@ -34,12 +34,19 @@ def test_root_config_nests_text_settings_and_matches_the_reference_args(name):
     cfg = DeepseekV41Config.from_dict(raw)
     ref = inference_config(name)
     assert "text_config" in raw and "hidden_size" not in raw
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.sliding_window) == (ref["dim"], ref["n_layers"], ref["window_size"])
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.sliding_window) == (
+        ref["dim"],
+        ref["n_layers"],
+        ref["window_size"],
+    )
     assert cfg.compress_ratios == tuple(ref["compress_ratios"])
     assert cfg.kv_source_layers == tuple(ref["kv_source_layers"])
     assert cfg.routed_scaling_factor == ref["route_scale"] and cfg.index_topk == ref["index_topk"]
     # DeepSeek's ModelArgs names read the same (the runtime limit max_seq_len is not in that file)
-    assert DeepseekV41Config.from_dict({**ref, "max_seq_len": cfg.max_position_embeddings, "eos_token_id": 1}) == cfg
+    assert (
+        DeepseekV41Config.from_dict({**ref, "max_seq_len": cfg.max_position_embeddings, "eos_token_id": 1})
+        == cfg
+    )
 
 
 def test_flash_mini_roles_follow_the_published_pattern():
@@ -72,7 +79,9 @@ def test_golden_checkpoint_loads_with_stored_formats():
     s = stored["layers.1.attn.wq_a.scale"].float()
     assert torch.equal(w, stored["layers.1.attn.wq_a.weight"].float() * s)
     e = model.layers[0].ffn.experts[2].w1.value
-    assert e.format == "fp4_e2m1" and torch.equal(e.data, stored["layers.0.ffn.experts.2.w1.weight"].view(torch.uint8))
+    assert e.format == "fp4_e2m1" and torch.equal(
+        e.data, stored["layers.0.ffn.experts.2.w1.weight"].view(torch.uint8)
+    )
     codes, scales = model.layers[0].engram.embed.value
     assert codes.dtype == torch.float8_e4m3fn and scales.shape == (304, 1)
     assert torch.equal(model.head.value, stored["head.weight"].float())
@@ -90,12 +99,16 @@ def _rewrite(path, edit, shard=SHARD):
     edit(tensors)
     save_file(tensors, str(path / shard))
     index = json.loads((path / "model.safetensors.index.json").read_text())
-    index["weight_map"] = {k: f for k, f in index["weight_map"].items() if f != shard} | {k: shard for k in tensors}
+    index["weight_map"] = {k: f for k, f in index["weight_map"].items() if f != shard} | {
+        k: shard for k in tensors
+    }
     (path / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 def _some_key(path, suffix):
-    return next(k for k in sorted(load_file(str(path / SHARD))) if k.endswith(suffix) and not k.startswith("mtp."))
+    return next(
+        k for k in sorted(load_file(str(path / SHARD))) if k.endswith(suffix) and not k.startswith("mtp.")
+    )
 
 
 def test_truncated_shard_names_the_first_tensor_it_lacks(broken):

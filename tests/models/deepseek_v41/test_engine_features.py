@@ -17,7 +17,12 @@ def _prompts() -> list[list[int]]:
     g, idx = prompts("reindex_r2")
     by_len = {len(g[f"prompt.{i}.ids"]): g[f"prompt.{i}.ids"].tolist() for i in idx}
     long, mid = by_len[96], by_len[65]
-    return [by_len[30], mid, long, long[:41] + mid[1:20]]  # the last shares 40 tokens (5 blocks of 8) with long
+    return [
+        by_len[30],
+        mid,
+        long,
+        long[:41] + mid[1:20],
+    ]  # the last shares 40 tokens (5 blocks of 8) with long
 
 
 def _llm(kv: str, **kw) -> LLM:
@@ -64,7 +69,11 @@ def test_chunked_prefill_and_batching_equal_single_passes(kv, single):
 
 def test_preemption_recomputes_the_same_results(kv, single):
     llm = _llm(
-        kv, enable_prefix_caching=False, max_num_batched_tokens=64, kv_cache_memory_bytes=PREEMPT_BYTES[kv], max_model_len=128
+        kv,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=64,
+        kv_cache_memory_bytes=PREEMPT_BYTES[kv],
+        max_model_len=128,
     )
     _same(_run(llm, _prompts(), NO_PROMPT), single[1], prompt_logprobs=False)
     assert llm.get_stats()["num_preemptions"] > 0

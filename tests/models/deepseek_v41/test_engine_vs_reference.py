@@ -16,20 +16,34 @@ import pytest
 import torch
 
 from deepinfer_core import LLM, SamplingParams
-from tests.models.deepseek_v41.goldens import CONFIGS, Agreement, checkpoint, greedy_prefix, prompt_diffs, prompts
+from tests.models.deepseek_v41.goldens import (
+    CONFIGS,
+    Agreement,
+    checkpoint,
+    greedy_prefix,
+    prompt_diffs,
+    prompts,
+)
 
 GREEDY = 16
 #: the quantized engine: mean |logprob diff| over prompt positions and share of greedy tokens equal (from the
 #: start, until a near-tie) against each reference mode; measured values in docs/models.md
-QUANTIZED_BOUNDS = {"kvq_on": {"mean_abs": 0.5, "greedy_share": 0.1}, "exact": {"mean_abs": 0.5, "greedy_share": 0.1}}
+QUANTIZED_BOUNDS = {
+    "kvq_on": {"mean_abs": 0.5, "greedy_share": 0.1},
+    "exact": {"mean_abs": 0.5, "greedy_share": 0.1},
+}
 
 
-def run(name: str, kv_cache_dtype: str, modes: tuple[str, ...], max_len: int = 1 << 30) -> dict[str, Agreement]:
+def run(
+    name: str, kv_cache_dtype: str, modes: tuple[str, ...], max_len: int = 1 << 30
+) -> dict[str, Agreement]:
     g, idx = prompts(name)
     idx = [i for i in idx if len(g[f"prompt.{i}.ids"]) <= max_len]
     llm = LLM(model=str(checkpoint(name)), kv_cache_dtype=kv_cache_dtype, dtype="float32")
     params = SamplingParams(max_tokens=GREEDY, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": g[f"prompt.{i}.ids"].tolist()} for i in idx], params, use_tqdm=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": g[f"prompt.{i}.ids"].tolist()} for i in idx], params, use_tqdm=False
+    )
     return {mode: compare(g, idx, outs, mode) for mode in modes}
 
 
@@ -58,8 +72,10 @@ def compare(g: dict[str, torch.Tensor], idx: list[int], outs: list, mode: str) -
 @pytest.mark.parametrize("name", CONFIGS)
 def test_unquantized_kv_equals_the_exact_reference(name):
     a = run(name, "unquantized", ("exact",))["exact"]
-    print(f"{name}: {a.within_1e3:.4f} within 1e-3, median {a.median:.2e}, max {float(a.diffs.max()):.2e}, "
-          f"greedy {a.greedy_equal}/{a.greedy_compared}, stopped {a.stopped}")
+    print(
+        f"{name}: {a.within_1e3:.4f} within 1e-3, median {a.median:.2e}, max {float(a.diffs.max()):.2e}, "
+        f"greedy {a.greedy_equal}/{a.greedy_compared}, stopped {a.stopped}"
+    )
     assert a.diffs.numel() > 0
     assert a.within_1e3 >= 0.97, f"{name}: only {a.within_1e3:.3f} of positions within 1e-3"
     assert a.median <= 1e-4, f"{name}: median |diff| {a.median:.2e}"
@@ -73,7 +89,9 @@ def test_quantized_kv_on_aggregate():
     on = run("reindex_r2", "auto", ("kvq_on", "exact"), max_len=96)
     for mode, a in on.items():
         mean, share = float(a.diffs.mean()), a.greedy_equal / max(1, a.greedy_compared)
-        print(f"reindex_r2 quantized KV vs {mode}: mean |diff| {mean:.3e}, median {a.median:.3e}, greedy {share:.2f}")
+        print(
+            f"reindex_r2 quantized KV vs {mode}: mean |diff| {mean:.3e}, median {a.median:.3e}, greedy {share:.2f}"
+        )
         bound = QUANTIZED_BOUNDS[mode]
         assert mean <= bound["mean_abs"], f"vs {mode}: mean |logprob diff| {mean:.3e}"
         assert share >= bound["greedy_share"], f"vs {mode}: greedy agreement {share:.2f}"

@@ -34,4 +34,11 @@ def test_primes_are_unique_and_searched_upwards():
     cfg = DeepseekV41Config.from_dict(json.loads((checkpoint("flash_mini") / "config.json").read_text()))
     primes = [p for layer in bucket_primes(cfg.engram) for per_n in layer for p in per_n]
     assert len(set(primes)) == len(primes) and all(is_prime(p) and p >= cfg.engram.vocab_size for p in primes)
-    assert [is_prime(n) for n in (1, 2, 561, 7919, 384_006_167, 2**61 - 1)] == [False, True, False, True, False, True]
+    assert [is_prime(n) for n in (1, 2, 561, 7919, 384_006_167, 2**61 - 1)] == [
+        False,
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
