@@ -55,6 +55,23 @@ def _indexer(g):
     return (randn(g, T, 8, 16), randn(g, T, 8).abs(), randn(g, 30, 16), cand, 5), {}
 
 
+def _indexer_scores(g):
+    args, _ = _indexer(g)
+    return args[:4], {}
+
+
+def _candidate_blocks(g):
+    """Blocks of 4 over 14 entries: a row seeing none, a row whose scores tie, a row where an old block
+    outscores the newest one (which is pinned anyway), and rows with fewer blocks than the pool holds."""
+    visible = torch.tensor([0, 3, 14, 14, 9, 6])
+    scores = randn(g, 6, 14)
+    scores[3, :] = 0.5
+    scores[2, :4] = 9.0
+    cols = torch.arange(14)[None, :]
+    scores = scores.masked_fill(cols >= visible[:, None], float("-inf"))
+    return (scores, visible, 2, 4), {}
+
+
 def _same_topk(actual: torch.Tensor, expected: torch.Tensor, inputs) -> None:
     """Top-k is a set: compare each row's chosen columns, order-free; padding (-1) must match in count."""
     assert actual.shape == expected.shape, f"top-k: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
@@ -108,6 +125,8 @@ CASES = [
     ),
     OpCase("attention", "indexer_topk", "topk_with_short_rows", _indexer, compare=_same_topk),
     OpCase("attention", "encoder_attention", "three_images", _encoder, atol=1e-5, rtol=1e-4),
+    OpCase("attention", "indexer_scores", "short_rows", _indexer_scores, atol=1e-5, rtol=1e-4),
+    OpCase("attention", "candidate_blocks", "pinned_tied_and_empty_rows", _candidate_blocks),
     OpCase("attention", "compress", "csa_overlap_first_window", _compress(True), atol=1e-5, rtol=1e-4),
     OpCase("attention", "compress", "hca", _compress(False), atol=1e-5, rtol=1e-4),
 ]
