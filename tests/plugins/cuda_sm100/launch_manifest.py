@@ -236,7 +236,7 @@ def ptx_summary(compiled) -> dict:
 #: the kernels whose ``tl.dot`` runs on tensor cores, and the constexpr that is the dot's M tile
 DOT_M_TILE = {
     "_grouped_gemm_kernel": "BLOCK_M",
-    "_indexer_score_kernel": "BLOCK_H",
+    "_indexer_score_kernel": "BLOCK_C",
     "_sparse_attn_kernel": "BLOCK_H",
 }
 
