@@ -1,4 +1,4 @@
-"""The core's own plugin: the reference platform and the DeepSeek-V4 architecture.
+"""The core's own plugin: the reference platform and the DeepSeek-V4 and V4.1 architectures.
 
 Registered directly (not through an entry point) so the core works with ``DEEPINFER_PLUGINS=""``.
 """
@@ -20,3 +20,4 @@ def deepinfer_register_platforms(register):
 @hookimpl
 def deepinfer_register_models(register):
     register("DeepseekV4ForCausalLM", "deepinfer_core.models.deepseek_v4:DeepseekV4ForCausalLM")
+    register("DeepseekV41ForCausalLM", "deepinfer_core.models.deepseek_v41:DeepseekV41ForCausalLM")

@@ -72,8 +72,10 @@ class EngineConfig(BaseModel):
     )
     backend: str = Field("auto", description='platform name, or "auto" for the best available')
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = Field(
-        "auto", description='attention KV pools: "auto" (the model dtype) or "fp8" (e4m3, RoPE channels kept)'
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "unquantized"] = Field(
+        "auto",
+        description='attention KV pools: "auto" (the model\'s own: V4 the model dtype, V4.1 its trained FP8 / '
+        'FP4 cache), "fp8" (V4: e4m3, RoPE channels kept) or "unquantized" (the model dtype, no KV rounding)',
     )
     seed: int = 0
     max_model_len: int | None = Field(None, ge=1)

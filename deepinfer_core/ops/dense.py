@@ -1,4 +1,5 @@
-"""Dense ops: linear (plain or quantized), RMSNorm, interleaved partial RoPE, mHC mixing, SwiGLU MLP."""
+"""Dense ops: linear (plain or quantized), RMSNorm, interleaved partial RoPE, mHC mixing, SwiGLU MLP, and
+DeepSeek-V4.1's single-pass mHC and Engram gate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from deepinfer_core.ops.fusions import Fusion
-from deepinfer_core.ops.mhc import HCParams
+from deepinfer_core.ops.mhc import HCParams, collapse, mix_coefficients
 from deepinfer_core.ops.weights import Weight
 
 
@@ -70,3 +71,53 @@ class DenseOps(ABC):
     @abstractmethod
     def swiglu_mlp(self, x: torch.Tensor, w1: Weight, w3: Weight, w2: Weight, limit: float) -> torch.Tensor:
         """``w2(silu(min(w1 x, limit)) * clamp(w3 x, -limit, limit))``; ``limit <= 0`` disables the clamp."""
+
+    # ------------------------------------------------------------------ DeepSeek-V4.1 (optional, with defaults)
+
+    def hc_mixes(self, x: torch.Tensor, hc: HCParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """V4.1's single-pass mHC coefficients of the streams ``x [T, N, D]`` entering a site:
+        ``mixes = (flat(x) @ hc.fn.T) * rsqrt(mean(flat(x)^2) + hc.norm_eps)`` over the ``N * D`` flattened
+        channels, then ``pre``, ``post`` and ``comb`` as in :meth:`hc_pre` -> ``(pre [T, N], post [T, N],
+        comb [T, N, N])``, float32 (:func:`~deepinfer_core.ops.mhc.mix_coefficients`). Unlike :meth:`hc_pre`
+        nothing is collapsed: V4.1 collapses the *next* site's input with this ``pre``. Default: torch."""
+        return per_row_tuple(lambda r: mix_coefficients(r, hc), x)
+
+    def hc_collapse(self, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """``sum_n pre[t, n] * x[t, n]`` over streams ``x [T, N, D]`` with ``pre [T, N]`` float32, computed in
+        float32 and cast to ``x.dtype`` -> ``[T, D]``. Default: torch."""
+        return per_row_tuple(lambda r, p: (collapse(r, p),), x, pre)[0]
+
+    def engram_gate(
+        self, h: torch.Tensor, key: torch.Tensor, value: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """V4.1's Engram injection into the streams ``h [T, N, D]``, per stream ``n`` and token ``t``:
+
+        ``dot = sum_d(h * weight * key) * rsqrt(mean(h^2) + eps) * rsqrt(mean(key^2) + eps) / sqrt(D)``,
+        ``gate = sigmoid(sign(dot) * sqrt(max(|dot|, 1e-6)))`` and ``h + gate * value``, with ``key [T, N, D]``,
+        ``value [T, D]`` (shared by the streams) and ``weight [N, D]``, all in float32 -> ``[T, N, D]`` in
+        ``h.dtype``. Default: torch."""
+        return per_row_tuple(lambda a, b, c: (engram_gate_rows(a, b, c, weight, eps),), h, key, value)[0]
+
+
+def per_row_tuple(fn, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``fn`` (returning a tuple) on each row ``x[t:t+1]`` alone, its outputs concatenated: the defaults
+    above give every row the same arithmetic whatever else is in the batch."""
+    if xs[0].shape[0] == 0:
+        return fn(*xs)
+    outs = [fn(*(x[t : t + 1].clone() for x in xs)) for t in range(xs[0].shape[0])]
+    return tuple(torch.cat(parts) for parts in zip(*outs))
+
+
+#: the smallest ``|dot|`` whose square root V4.1's Engram gate takes
+ENGRAM_GATE_FLOOR = 1e-6
+
+
+def engram_gate_rows(
+    h: torch.Tensor, key: torch.Tensor, value: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """:meth:`DenseOps.engram_gate` on a block of rows."""
+    hf, kf = h.float(), key.float()
+    rstd = torch.rsqrt(hf.square().mean(-1) + eps) * torch.rsqrt(kf.square().mean(-1) + eps)
+    dot = (hf * weight.float() * kf).sum(-1) * rstd * h.shape[-1] ** -0.5
+    gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(ENGRAM_GATE_FLOOR).sqrt(), dot))
+    return (hf + gate.unsqueeze(-1) * value.float().unsqueeze(-2)).to(h.dtype)

@@ -26,7 +26,9 @@ import torch
 
 GROUP = 64  # channels per scale
 E4M3_MAX = 448.0
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # "fp8" is an alias of "fp8_e4m3", as in vLLM
+#: "fp8" is an alias of "fp8_e4m3", as in vLLM; "unquantized": every pool in the model dtype (V4's "auto";
+#: V4.1's "auto" is its trained FP8 / FP4 cache)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "unquantized")
 _MIN_AMAX = 2.0**-100  # an all-zero group still gets a normal scale
 
 
@@ -37,7 +39,7 @@ def _round16(n: int) -> int:
 def is_fp8(kv_cache_dtype: str) -> bool:
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is invalid; allowed: {list(KV_CACHE_DTYPES)}")
-    return kv_cache_dtype != "auto"
+    return kv_cache_dtype in ("fp8", "fp8_e4m3")
 
 
 def power_of_two_scale(amax: torch.Tensor) -> torch.Tensor:

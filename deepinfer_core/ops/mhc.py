@@ -23,3 +23,37 @@ class HCParams:
     sinkhorn_iters: int
     hc_eps: float
     norm_eps: float
+
+
+def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Sinkhorn-Knopp on ``[..., N, N]``: one column normalisation, then ``iters - 1`` (row, column) rounds,
+    every denominator ``+ eps``."""
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return comb
+
+
+def mix_coefficients(x: torch.Tensor, hc: HCParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4.1's single-pass mHC coefficients of streams ``x [R, N, D]``, all float32.
+
+    ``mixes = (flat(x) @ fn.T) * rsqrt(mean(flat(x)^2) + norm_eps)`` over the ``N * D`` flattened channels
+    (the projection first, then the per-token statistic), then ``pre = sigmoid(m * s0 + b) + hc_eps``,
+    ``post = 2 * sigmoid(m * s1 + b)`` and ``comb = sinkhorn(softmax_last(m * s2 + b) + hc_eps)`` ->
+    ``(pre [R, N], post [R, N], comb [R, N, N])``."""
+    n = x.shape[1]
+    flat = x.flatten(1).float()
+    rsqrt = torch.rsqrt(flat.square().mean(-1, keepdim=True) + hc.norm_eps)
+    mixes = torch.nn.functional.linear(flat, hc.fn.float()) * rsqrt
+    scale, base = hc.scale.float(), hc.base.float()
+    pre = torch.sigmoid(mixes[:, :n] * scale[0] + base[:n]) + hc.hc_eps
+    post = 2 * torch.sigmoid(mixes[:, n : 2 * n] * scale[1] + base[n : 2 * n])
+    comb = (mixes[:, 2 * n :] * scale[2] + base[2 * n :]).unflatten(-1, (n, n))
+    comb = sinkhorn(comb.softmax(-1) + hc.hc_eps, hc.sinkhorn_iters, hc.hc_eps)
+    return pre, post, comb
+
+
+def collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """``sum_n pre[:, n] * x[:, n]`` over streams ``x [R, N, D]`` in float32, cast to ``x.dtype`` -> ``[R, D]``."""
+    return (pre.float().unsqueeze(-1) * x.float()).sum(dim=1).to(x.dtype)

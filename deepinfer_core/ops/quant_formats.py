@@ -1,10 +1,12 @@
-"""Tensor-level weight formats: FP8 e4m3 with 128x128 block scales and FP4 e2m1 with a ue8m0 scale per 32.
+"""Tensor-level weight formats: FP8 e4m3 with 128x128 (V4) or 32x32 (V4.1) block scales and FP4 e2m1 with a
+ue8m0 scale per 32.
 
 These are the formats of DeepSeek's published checkpoints (see :class:`deepinfer_core.ops.weights.QuantizedWeight`
 for the in-memory layout). Every function here is pure PyTorch and deterministic.
 
 - ``fp8_block``: ``w ~= data.float() * scale`` broadcast over ``128 x 128`` blocks (the last block row / column
   may be partial). ``scale = amax(block) / 448``, rounded *up* to a power of two when ``scale_fmt == "ue8m0"``.
+- ``fp8_block32``: the same with ``32 x 32`` blocks (DeepSeek-V4.1).
 - ``fp4_e2m1``: ``w ~= e2m1(code) * scale`` with one power-of-two scale per 32 consecutive inputs of a row;
   two 4-bit codes per byte, element ``2j`` in the low nibble. Codes are ``sign << 3 | magnitude`` with
   magnitudes ``0, 0.5, 1, 1.5, 2, 3, 4, 6``.
@@ -19,6 +21,8 @@ import torch
 from deepinfer_core.ops.weights import QuantizedWeight
 
 FP8_BLOCK = 128
+#: block edge of each FP8 format
+FP8_BLOCKS = {"fp8_block": FP8_BLOCK, "fp8_block32": 32}
 FP8_MAX = 448.0
 FP4_BLOCK = 32
 FP4_MAX = 6.0
@@ -40,7 +44,11 @@ def pow2_ceil(x: torch.Tensor) -> torch.Tensor:
 def quantize_fp8_block(
     w: torch.Tensor, scale_fmt: ScaleFmt = None, block: int = FP8_BLOCK
 ) -> QuantizedWeight:
-    """``w [out, in]`` -> FP8 e4m3 data with one float32 scale per ``block x block`` tile."""
+    """``w [out, in]`` -> FP8 e4m3 data with one float32 scale per ``block x block`` tile (``block`` 128:
+    ``fp8_block``, 32: ``fp8_block32``)."""
+    fmt = next((f for f, b in FP8_BLOCKS.items() if b == block), None)
+    if fmt is None:
+        raise ValueError(f"FP8 block size {block} has no format; known: {FP8_BLOCKS}")
     out_f, in_f = w.shape
     rows, cols = -(-out_f // block), -(-in_f // block)
     wf = torch.zeros(rows * block, cols * block, dtype=torch.float32)
@@ -52,7 +60,7 @@ def quantize_fp8_block(
         scale = pow2_ceil(scale)
     q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
     data = q.view(rows * block, cols * block)[:out_f, :in_f].to(torch.float8_e4m3fn).contiguous()
-    return QuantizedWeight(data=data, scale=scale.contiguous(), format="fp8_block", shape=(out_f, in_f))
+    return QuantizedWeight(data=data, scale=scale.contiguous(), format=fmt, shape=(out_f, in_f))
 
 
 def quantize_fp4_e2m1(w: torch.Tensor, block: int = FP4_BLOCK) -> QuantizedWeight:
@@ -75,10 +83,11 @@ def quantize_fp4_e2m1(w: torch.Tensor, block: int = FP4_BLOCK) -> QuantizedWeigh
 
 def dequant_rows(qw: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
     """Rows ``start:stop`` of the dequantized ``[out, in]`` matrix, float32 (one block row at a time)."""
-    if qw.format == "fp8_block":
+    if qw.format in FP8_BLOCKS:
+        block = FP8_BLOCKS[qw.format]
         data = qw.data[start:stop].float()
-        rows = torch.arange(start, stop) // FP8_BLOCK
-        s = qw.scale[rows].repeat_interleave(FP8_BLOCK, dim=1)[:, : qw.in_features]
+        rows = torch.arange(start, stop) // block
+        s = qw.scale[rows].repeat_interleave(block, dim=1)[:, : qw.in_features]
         return data * s
     if qw.format == "fp4_e2m1":
         packed = qw.data[start:stop]

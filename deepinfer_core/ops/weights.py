@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-QuantFormat = Literal["fp8_block", "fp4_e2m1"]
+QuantFormat = Literal["fp8_block", "fp8_block32", "fp4_e2m1"]
 
 
 @dataclass
@@ -21,6 +21,7 @@ class QuantizedWeight:
     - ``fp8_block``: ``data`` is ``float8_e4m3fn [out, in]``; ``scale`` is ``float32 [ceil(out/128), ceil(in/128)]``
       (one dequantization multiplier per 128x128 block; checkpoints with ``scale_fmt: ue8m0`` are
       converted to float32 powers of two at load time).
+    - ``fp8_block32``: the same with one scale per 32x32 block, ``[ceil(out/32), ceil(in/32)]`` (DeepSeek-V4.1).
     - ``fp4_e2m1``: ``data`` is ``uint8 [out, in/2]``, two e2m1 codes per byte, low nibble first
       (element ``2j`` in bits 0-3, ``2j+1`` in bits 4-7); ``scale`` is ``float32 [out, in/32]``
       (ue8m0 powers of two, one per 32 input values).

@@ -1,5 +1,6 @@
 """Conformance cases for the attention ops: sliding window + sinks, CSA (top-k compressed slots), HCA,
-padding (``-1`` slots), a row with nothing to attend, the indexer's top-k and the compressor."""
+padding (``-1`` slots), a row with nothing to attend, the indexer's top-k, the compressor, and the vision
+tower's bidirectional attention within packed images."""
 
 from __future__ import annotations
 
@@ -54,12 +55,35 @@ def _indexer(g):
     return (randn(g, T, 8, 16), randn(g, T, 8).abs(), randn(g, 30, 16), cand, 5), {}
 
 
+def _indexer_scores(g):
+    args, _ = _indexer(g)
+    return args[:4], {}
+
+
+def _candidate_blocks(g):
+    """Blocks of 4 over 14 entries: a row seeing none, a row whose scores tie, a row where an old block
+    outscores the newest one (which is pinned anyway), and rows with fewer blocks than the pool holds."""
+    visible = torch.tensor([0, 3, 14, 14, 9, 6])
+    scores = randn(g, 6, 14)
+    scores[3, :] = 0.5
+    scores[2, :4] = 9.0
+    cols = torch.arange(14)[None, :]
+    scores = scores.masked_fill(cols >= visible[:, None], float("-inf"))
+    return (scores, visible, 2, 4), {}
+
+
 def _same_topk(actual: torch.Tensor, expected: torch.Tensor, inputs) -> None:
     """Top-k is a set: compare each row's chosen columns, order-free; padding (-1) must match in count."""
     assert actual.shape == expected.shape, f"top-k: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     for r in range(expected.shape[0]):
         a, e = sorted(actual[r].tolist()), sorted(expected[r].tolist())
         assert a == e, f"top-k row {r}: {a} != {e}"
+
+
+def _encoder(g):
+    """Three packed images of 1, 5 and 3 patches: each row attends to its own image only."""
+    q, k, v = (randn(g, 9, H, 16) for _ in range(3))
+    return (q, k, v, torch.tensor([0, 1, 6, 9]), 16**-0.5), {}
 
 
 def _compress(overlap: bool):
@@ -100,6 +124,9 @@ CASES = [
         kv_cache_dtype="fp8",
     ),
     OpCase("attention", "indexer_topk", "topk_with_short_rows", _indexer, compare=_same_topk),
+    OpCase("attention", "encoder_attention", "three_images", _encoder, atol=1e-5, rtol=1e-4),
+    OpCase("attention", "indexer_scores", "short_rows", _indexer_scores, atol=1e-5, rtol=1e-4),
+    OpCase("attention", "candidate_blocks", "pinned_tied_and_empty_rows", _candidate_blocks),
     OpCase("attention", "compress", "csa_overlap_first_window", _compress(True), atol=1e-5, rtol=1e-4),
     OpCase("attention", "compress", "hca", _compress(False), atol=1e-5, rtol=1e-4),
 ]

@@ -90,6 +90,25 @@ def _swiglu(quant: bool, limit: float):
     return make
 
 
+def _hc_mixes(g):
+    """V4.1's coefficients of a site (no collapse), values of the size a trained model sees."""
+    return _hc_pre(g)
+
+
+def _hc_collapse(g):
+    n, d = 4, 16
+    return (randn(g, 5, n, d), torch.sigmoid(randn(g, 5, n)) + 1e-6), {}
+
+
+def _engram_gate(g):
+    """Four streams, one row whose dot product is tiny (the gate's ``1e-6`` floor) and one of zeros."""
+    n, d = 4, 32
+    h, key = randn(g, 6, n, d), randn(g, 6, n, d)
+    key[1, 0] = 1e-9
+    h[2] = 0.0
+    return (h, key, randn(g, 6, d), randn(g, n, d), 1e-20), {}
+
+
 CASES = [
     OpCase("dense", "linear", "plain", _linear(None), atol=1e-4, rtol=1e-4),
     OpCase("dense", "linear", "fp8_block_ragged", _linear("fp8", 200, 160), atol=1e-4, rtol=1e-4),
@@ -104,6 +123,9 @@ CASES = [
     OpCase("dense", "hc_pre", "hc4_sinkhorn20", _hc_pre, atol=1e-5, rtol=1e-4),
     OpCase("dense", "hc_post", "hc4", _hc_post),
     OpCase("dense", "hc_head", "hc4", _hc_head),
+    OpCase("dense", "hc_mixes", "hc4_sinkhorn20", _hc_mixes, atol=1e-5, rtol=1e-4),
+    OpCase("dense", "hc_collapse", "hc4", _hc_collapse),
+    OpCase("dense", "engram_gate", "hc4_tiny_and_zero_rows", _engram_gate, atol=1e-5, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "clamped", _swiglu(False, 1.5), atol=1e-4, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "unclamped", _swiglu(False, 0.0), atol=1e-4, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "fp8_clamped", _swiglu(True, 1.5), atol=1e-4, rtol=1e-4),

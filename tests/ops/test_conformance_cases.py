@@ -61,12 +61,18 @@ class _TiltedSinks(ReferenceAttentionOps):
         return super().sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks + 0.01, scale)
 
 
+class _OneImage(ReferenceAttentionOps):
+    def encoder_attention(self, q, k, v, cu_seqlens, scale):
+        return super().encoder_attention(q, k, v, cu_seqlens[[0, -1]], scale)  # images see each other
+
+
 @pytest.mark.parametrize(
     "concern,wrong,case_id",
     [
         ("attention", _OffByOneTopk(), "attention.indexer_topk[topk_with_short_rows]"),
         ("moe", _NoBias(), "moe.route_topk[sqrtsoftplus_bias]"),
         ("attention", _TiltedSinks(), "attention.sparse_attention[sliding_window_sinks]"),
+        ("attention", _OneImage(), "attention.encoder_attention[three_images]"),
     ],
 )
 def test_cases_catch_a_wrong_backend(concern, wrong, case_id):

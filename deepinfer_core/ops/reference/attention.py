@@ -16,7 +16,7 @@ from deepinfer_core.ops.reference.dense import rms_norm_rows, rope_rows
 
 
 def _gather(
-    pool: torch.Tensor | None, slots: torch.Tensor | None, kv_format: Fp8KVFormat | None = None
+    pool: torch.Tensor | None, slots: torch.Tensor | None, kv_format: object | None = None
 ) -> torch.Tensor | None:
     if pool is None or slots is None:
         return None
@@ -29,6 +29,7 @@ def _gather(
 
 class ReferenceAttentionOps(AttentionOps):
     kv_cache_dtypes = KV_CACHE_DTYPES
+    packed_kv = True
 
     def sparse_attention(
         self,
@@ -40,12 +41,14 @@ class ReferenceAttentionOps(AttentionOps):
         sinks: torch.Tensor,
         scale: float,
         kv_format: Fp8KVFormat | None = None,
+        cmp_format: object | None = None,
     ) -> torch.Tensor:
         out = torch.zeros_like(q)
+        cmp_format = kv_format if cmp_format is None else cmp_format
         for t in range(q.shape[0]):
             parts = [_gather(kv_pool, kv_slots[t], kv_format)]
             if cmp_slots is not None:
-                parts.append(_gather(cmp_pool, cmp_slots[t], kv_format))
+                parts.append(_gather(cmp_pool, cmp_slots[t], cmp_format))
             kv = [p for p in parts if p is not None]
             if kv:
                 out[t] = self._attend_row(q[t].clone(), torch.cat(kv), sinks, scale)
@@ -59,6 +62,18 @@ class ReferenceAttentionOps(AttentionOps):
         probs = torch.softmax(logits, dim=-1)[:, :-1]
         return torch.matmul(probs.to(kv.dtype), kv).to(q.dtype)
 
+    def encoder_attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        out = torch.empty_like(q)
+        segment = torch.bucketize(torch.arange(q.shape[0]), cu_seqlens, right=True) - 1
+        for t in range(q.shape[0]):
+            a, b = int(cu_seqlens[segment[t]]), int(cu_seqlens[segment[t] + 1])
+            logits = torch.einsum("hd,khd->hk", q[t].float(), k[a:b].float()) * scale
+            probs = torch.softmax(logits, dim=-1)
+            out[t] = torch.einsum("hk,khd->hd", probs, v[a:b].float()).to(q.dtype)
+        return out
+
     def indexer_topk(
         self,
         q: torch.Tensor,
@@ -66,6 +81,7 @@ class ReferenceAttentionOps(AttentionOps):
         key_pool: torch.Tensor,
         cand_slots: torch.Tensor,
         topk: int,
+        key_format: object | None = None,
     ) -> torch.Tensor:
         k_out = min(topk, cand_slots.shape[1])
         out = torch.full((q.shape[0], k_out), -1, dtype=torch.int64, device=q.device)
@@ -73,7 +89,7 @@ class ReferenceAttentionOps(AttentionOps):
             cols = torch.nonzero(cand_slots[t] >= 0).flatten()
             if cols.numel() == 0:
                 continue
-            keys = key_pool.index_select(0, cand_slots[t, cols]).float()
+            keys = _gather(key_pool, cand_slots[t, cols], key_format).float()
             scores = F.relu(torch.matmul(q[t].float(), keys.t()))  # [Hi, n]
             score = (scores * weights[t].float()[:, None]).sum(dim=0)
             k = min(k_out, cols.numel())

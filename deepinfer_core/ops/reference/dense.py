@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_core.ops.dense import DenseOps
-from deepinfer_core.ops.mhc import HCParams
+from deepinfer_core.ops.mhc import HCParams, sinkhorn
 from deepinfer_core.ops.quant_formats import dequant
 from deepinfer_core.ops.weights import QuantizedWeight, Weight
 
@@ -83,15 +83,6 @@ def swiglu_rows(
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)
     return F.linear(F.silu(gate) * up, w2)
-
-
-def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
-    """Sinkhorn-Knopp on ``[..., N, N]``: one column normalisation, then ``iters - 1`` (row, column) rounds."""
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    for _ in range(iters - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
-    return comb
 
 
 class ReferenceDenseOps(DenseOps):

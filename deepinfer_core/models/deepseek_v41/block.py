@@ -1,0 +1,144 @@
+"""The V4.1 block: optional Engram injection, then attention and MoE, each between single-pass mHC sites
+(``docs/v41_reference.md``, 3.2, 3.3 and 3.6).
+
+Single pass: a site computes ``pre``, ``post`` and ``comb`` from the streams entering it; its ``post`` and
+``comb`` expand its own output, and its ``pre`` collapses the streams for the *next* site. So attention reads
+the streams collapsed by the previous block's FFN ``pre`` (a one-hot on stream 0 before the first block), and
+the FFN reads them collapsed by this block's attention ``pre``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
+from deepinfer_core.models.deepseek_v4.params import Module
+from deepinfer_core.models.deepseek_v41.attention import Attention, Pools, Shared
+from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_core.models.deepseek_v41.roles import LayerRole
+from deepinfer_core.models.deepseek_v41.weights import StoredSlot, bf16, f32, fp8
+from deepinfer_core.ops.backends import Backends
+from deepinfer_core.ops.mhc import HCParams
+from deepinfer_core.ops.weights import ExpertWeights
+
+
+class Expert(Module):
+    """SwiGLU ``w2(silu(min(w1 x, limit)) * clamp(w3 x, +-limit))``: FP4 routed experts, the FP8 shared one."""
+
+    def __init__(self, hidden: int, inter: int, stored: str):
+        self.w1 = StoredSlot("w1.weight", (inter, hidden), stored)
+        self.w2 = StoredSlot("w2.weight", (hidden, inter), stored)
+        self.w3 = StoredSlot("w3.weight", (inter, hidden), stored)
+
+
+class MoE(Module):
+    """``sqrt(softplus(x gate^T)) / gate_temp`` scores; experts chosen by top-k of scores + bias (noaux_tc), weighted
+    by the normalised unbiased scores times ``routed_scaling_factor``; plus one shared expert."""
+
+    def __init__(self, cfg: DeepseekV41Config):
+        self.cfg = cfg
+        e, d, inter = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate = bf16("gate.weight", e, d)
+        self.bias = f32("gate.bias", e)
+        self.experts = [Expert(d, inter, "fp4") for _ in range(e)]
+        self.shared_experts = Expert(d, inter, "fp8")
+        self.routed: ExpertWeights | None = None
+
+    def post_load(self) -> None:
+        ex = self.experts
+        self.routed = ExpertWeights(
+            [x.w1.value for x in ex], [x.w3.value for x in ex], [x.w2.value for x in ex], list(range(len(ex)))
+        )
+
+    def forward(self, x: torch.Tensor, ops: Backends) -> torch.Tensor:
+        c = self.cfg
+        logits = ops.fused.linear_f32(x, self.gate.value)
+        if c.gate_temp != 1.0:
+            logits = logits / c.gate_temp
+        weights, ids = ops.moe.route_topk(
+            logits, self.bias.value, c.num_experts_per_tok, "sqrtsoftplus", c.routed_scaling_factor
+        )
+        routed = ops.moe.experts(x, ids, weights, self.routed, c.swiglu_limit)
+        s = self.shared_experts
+        return routed + ops.dense.swiglu_mlp(x, s.w1.value, s.w3.value, s.w2.value, c.swiglu_limit)
+
+
+class Engram(Module):
+    """Gated injection of hashed n-gram rows: ``kv = wkv(rows)`` gives a key per stream and one shared value."""
+
+    def __init__(self, cfg: DeepseekV41Config, index: int):
+        e = cfg.engram
+        self.cfg, self.index = cfg, index  # index: this layer's rank among the Engram layers
+        d, hc = cfg.hidden_size, cfg.hc_mult
+        self.embed = StoredSlot("embed.weight", (e.num_embeddings[index], e.head_dim), "rows8")
+        self.wkv = fp8("wkv.weight", d * (hc + 1), e.n_cols * e.head_dim)
+        self.q_weight = bf16("q_weight", hc, d)
+        self.k_weight = bf16("k_weight", hc, d)
+
+    def post_load(self) -> None:
+        self.weight = self.q_weight.value.float() * self.k_weight.value.float()  # used only as a product
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Table rows ``ids [T, cols]`` dequantised (FP8 times a ue8m0 scale per 32) -> ``[T, cols * head_dim]``."""
+        codes, scales = self.embed.value
+        v = codes[ids].float().unflatten(-1, (-1, 32)) * scales[ids].unsqueeze(-1)
+        return v.flatten(-3).to(dtype)
+
+    def forward(self, h: torch.Tensor, hash_ids: torch.Tensor, ops: Backends) -> torch.Tensor:
+        """``h [T, hc, D]`` streams, ``hash_ids [T, engram layers, cols]`` -> ``[T, hc, D]``."""
+        t, hc, d = h.shape
+        kv = ops.dense.linear(self.rows(hash_ids[:, self.index], h.dtype), self.wkv.value)
+        key, value = kv[:, : hc * d].reshape(t, hc, d), kv[:, hc * d :]
+        return ops.dense.engram_gate(h, key, value, self.weight, self.cfg.rms_norm_eps)
+
+
+class Block(Module):
+    def __init__(self, cfg: DeepseekV41Config, role: LayerRole, readers: tuple[int, ...], dtype: torch.dtype):
+        self.cfg = cfg
+        self.attn = Attention(cfg, role, readers, dtype)
+        self.ffn = MoE(cfg)
+        e = cfg.engram
+        self.engram = Engram(cfg, e.layer_ids.index(role.layer)) if e and role.layer in e.layer_ids else None
+        self.attn_norm = bf16("attn_norm.weight", cfg.hidden_size)
+        self.ffn_norm = bf16("ffn_norm.weight", cfg.hidden_size)
+        n, d = cfg.hc_mult, cfg.hidden_size
+        for site in ("hc_attn", "hc_ffn"):
+            setattr(self, f"{site}_fn", f32(f"{site}_fn", (2 + n) * n, n * d))
+            setattr(self, f"{site}_base", f32(f"{site}_base", (2 + n) * n))
+            setattr(self, f"{site}_scale", f32(f"{site}_scale", 3))
+        self.hc: dict[str, HCParams] = {}
+
+    def post_load(self) -> None:
+        c = self.cfg
+        self.hc = {
+            site: HCParams(
+                *(getattr(self, f"{site}_{k}").value for k in ("fn", "base", "scale")),
+                c.hc_sinkhorn_iters,
+                c.hc_eps,
+                c.rms_norm_eps,
+            )  # fmt: skip
+            for site in ("hc_attn", "hc_ffn")
+        }
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        pre: torch.Tensor,
+        hash_ids: torch.Tensor | None,
+        addr: StepAddressing,
+        pools: Pools,
+        ops: Backends,
+        shared: Shared,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Streams ``h [T, hc, D]`` and the previous site's ``pre [T, hc]`` -> this block's output streams and
+        its FFN site's ``pre`` (which collapses the next block's attention input)."""
+        dense, eps = ops.dense, self.cfg.rms_norm_eps
+        if self.engram is not None:
+            h = self.engram.forward(h, hash_ids, ops)
+        a_pre, post, comb = dense.hc_mixes(h, self.hc["hc_attn"])
+        x = dense.rms_norm(dense.hc_collapse(h, pre), self.attn_norm.value, eps)
+        h = dense.hc_post(self.attn.forward(x, addr, pools, ops, shared), h, post, comb)
+        f_pre, post, comb = dense.hc_mixes(h, self.hc["hc_ffn"])
+        x = dense.rms_norm(dense.hc_collapse(h, a_pre), self.ffn_norm.value, eps)
+        h = dense.hc_post(self.ffn.forward(x, ops), h, post, comb)
+        return h, f_pre

@@ -1,0 +1,157 @@
+"""DeepseekV41ForCausalLM: embedding -> Engram hashes -> ``hc_mult`` streams -> blocks -> the last FFN site's
+``pre`` collapses the streams -> norm -> head (no ``hc_head``).
+
+The model holds no device code: kernels go through ``backends``; state lives in the engine's paged pools
+(:meth:`cache_specs`): per layer the window KV, the Full layers' compressor state, compressed KV and index
+keys, and the Engram look-back (each token's compressed id, the last ``max_ngram_size - 1`` kept).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from deepinfer_core.kv.spec import CacheSpec
+from deepinfer_core.models.base import CausalLM
+from deepinfer_core.models.batch import ForwardBatch
+from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
+from deepinfer_core.models.deepseek_v4.attention import flat
+from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointError, CheckpointReader
+from deepinfer_core.models.deepseek_v4.params import Module
+from deepinfer_core.models.deepseek_v41.block import Block
+from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_core.models.deepseek_v41.engram import EngramHasher
+from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
+from deepinfer_core.models.deepseek_v41.shards import check_shards
+from deepinfer_core.models.deepseek_v41.weights import bf16, load_weights
+from deepinfer_core.models.weight_checks import LoadOptions
+from deepinfer_core.ops.backends import Backends
+
+ARCHITECTURE = "DeepseekV41ForCausalLM"
+MODEL_TYPE = "deepseek_v41"
+
+
+def read_config(path: Path) -> DeepseekV41Config:
+    """``config.json`` of ``path``, checked to be a DeepSeek-V4.1 causal LM."""
+    file = Path(path) / "config.json"
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file}: cannot read the model config: {e}") from e
+    archs = raw.get("architectures") or []
+    if ARCHITECTURE not in archs and raw.get("model_type") != MODEL_TYPE:
+        raise CheckpointError(
+            f"{file}: architecture {archs or raw.get('model_type')!r} is not {ARCHITECTURE!r} "
+            f"(model_type {MODEL_TYPE!r})"
+        )
+    return DeepseekV41Config.from_dict(raw)
+
+
+@dataclass
+class StepPlan:
+    """The slot tables of one step: V4's addressing (window, compressions) and the Engram look-back slots
+    ``history [T, max_ngram_size]`` (``-1`` before the sequence start)."""
+
+    addr: StepAddressing
+    history: torch.Tensor | None
+
+    def to(self, device: torch.device) -> StepPlan:
+        return StepPlan(self.addr.to(device), None if self.history is None else self.history.to(device))
+
+
+class DeepseekV41ForCausalLM(CausalLM, Module):
+    def __init__(self, cfg: DeepseekV41Config, backends: Backends, dtype: torch.dtype):
+        self.cfg, self.backends, self.dtype = cfg, backends, dtype
+        self.vocab_size = cfg.vocab_size
+        self.max_position_embeddings = cfg.max_position_embeddings
+        self.eos_token_ids = list(cfg.eos_token_ids)
+        self.num_layers = cfg.num_hidden_layers
+        roles = cfg.roles
+        readers = {
+            r.layer: tuple(x.layer for x in roles if x.kv_source == r.layer and x.layer != r.layer)
+            for r in roles
+        }
+        v, d = cfg.vocab_size, cfg.hidden_size
+        self.embed = bf16("embed.weight", v, d)
+        self.layers = [Block(cfg, r, readers[r.layer], dtype) for r in roles]
+        self.norm = bf16("norm.weight", d)
+        self.head = bf16("head.weight", v, d)
+        self.hasher: EngramHasher | None = None
+        self.kinds = tuple(sorted({(r.ratio, False) for r in roles if r.ratio}))
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: Path, backends: Backends, dtype: torch.dtype, options: LoadOptions = LoadOptions()
+    ) -> DeepseekV41ForCausalLM:
+        cfg = read_config(Path(path))
+        model = cls(cfg, backends, dtype)
+        device = backends.memory.device
+        if cfg.engram is not None:
+            model.hasher = EngramHasher.build(cfg.engram, Path(path)).to(device)
+        check_shards(Path(path))
+        reader = CheckpointReader(Path(path), allow_external=options.allow_external_shards)
+        try:
+            load_weights(model, reader, dtype, device, options)
+        finally:
+            reader.close()
+        return model
+
+    def use_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
+        """``"auto"``: V4.1's trained formats (FP8 window KV, FP4 compressed KV and index keys, FP4 index
+        queries); ``"unquantized"``: plain rows in the model dtype and no round trip."""
+        c = self.cfg
+        fmts = kv_formats(kv_cache_dtype, c.head_dim, c.index_head_dim, self.dtype)
+        for block in self.layers:
+            block.attn.formats = fmts
+
+    def cache_specs(self) -> list[CacheSpec]:
+        specs = [s for block in self.layers for s in block.attn.cache_specs()]
+        if self.cfg.engram is not None:
+            n = self.cfg.engram.max_ngram_size
+            specs.append(CacheSpec("engram.tokens", "window", 1, (1,), torch.int64, window=n - 1, writer=0))
+        return specs
+
+    def plan(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepPlan:
+        addr = StepAddressing(batch, self.cfg.sliding_window, self.kinds)
+        history = None
+        if self.cfg.engram is not None:
+            shifts = torch.arange(self.cfg.engram.max_ngram_size, device=addr.positions.device)
+            pos = addr.positions[:, None] - shifts[None, :]
+            history = addr.slots("window", addr.req[:, None].expand_as(pos), pos, 1)
+        return StepPlan(addr, history)
+
+    def forward(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> torch.Tensor:
+        """-> ``[T, hidden]``: the streams after the last block, collapsed by its FFN site's ``pre``."""
+        if batch.layer_range not in (None, (0, len(self.layers))):
+            raise ValueError(f"layer_range={batch.layer_range}: V4.1 runs every layer")
+        plan = batch.plan if batch.plan is not None else self.plan(batch)
+        ops, c = self.backends, self.cfg
+        hash_ids = self._hash_ids(batch.input_ids, plan, kv)
+        x = self.embed.value[batch.input_ids]
+        h = x[:, None, :].expand(-1, c.hc_mult, -1).contiguous()
+        pre = torch.zeros(x.shape[0], c.hc_mult, dtype=torch.float32, device=x.device)
+        pre[:, 0] = 1.0
+        shared: dict[str, torch.Tensor] = {}
+        for block in self.layers:
+            h, pre = block.forward(h, pre, hash_ids, plan.addr, kv, ops, shared)
+        return ops.dense.hc_collapse(h, pre)
+
+    def _hash_ids(
+        self, input_ids: torch.Tensor, plan: StepPlan, kv: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """Write the step's compressed ids to the look-back pool, then hash each position's n-grams."""
+        if self.hasher is None:
+            return None
+        pool = flat(kv["engram.tokens"])
+        ids = self.hasher.token_map[input_ids]
+        self.backends.attention.store_kv(pool, plan.addr.token_slots, ids[:, None], None)
+        history = torch.where(plan.history >= 0, pool[plan.history.clamp(min=0), 0], -1)
+        return self.hasher.hash_ids(history)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        dense = self.backends.dense
+        x = dense.rms_norm(hidden, self.norm.value, self.cfg.rms_norm_eps)
+        return dense.linear(x, self.head.value).float()
