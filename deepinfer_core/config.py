@@ -14,7 +14,7 @@ import difflib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -221,16 +221,22 @@ def _env_value(name: str, raw: str) -> Any:
     return raw  # pydantic coerces "1", "true", "0.5" ...
 
 
-def env_overrides(environ: Mapping[str, str] | None = None, warn: bool = True) -> dict[str, Any]:
+def env_overrides(
+    environ: Mapping[str, str] | None = None, warn: bool = True, ignore: Iterable[str] = ()
+) -> dict[str, Any]:
     """``DEEPINFER_<FIELD>`` variables as config values, ``DEEPINFER_<PLATFORM>__<FIELD>`` as values of platform
     sections (raw strings, which the section's model coerces). ``DEEPINFER_PLUGINS`` is comma-separated. Other
-    ``DEEPINFER_*`` variables that nothing reads are warned about, with the closest field name."""
+    ``DEEPINFER_*`` variables that nothing reads are warned about, with the closest field name, except those in
+    ``ignore`` (another settings model's, read with :func:`env_fields`)."""
     environ = os.environ if environ is None else environ
     out: dict[str, Any] = {}
     sections: dict[str, dict[str, str]] = {}
     known = {ENV_PREFIX + name.upper(): name for name in EngineConfig.model_fields if name != "sections"}
+    skip = set(ignore)
     for key in environ:
         rest = key[len(ENV_PREFIX) :]
+        if key in skip:
+            continue
         if key in known:
             out[known[key]] = _env_value(known[key], environ[key])
         elif key.startswith(ENV_PREFIX) and SECTION_DELIMITER in rest.strip("_"):
@@ -245,6 +251,13 @@ def env_overrides(environ: Mapping[str, str] | None = None, warn: bool = True) -
             )
             log.warning("deepinfer: ignoring unknown environment variable %s; %s", key, hint)
     return merge_sources(out, {"sections": sections}) if sections else out
+
+
+def env_fields(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The raw ``DEEPINFER_<NAME>`` values of ``names``: the fields of a settings model above the engine's (the
+    server's), which that model coerces. Keeps every read of the environment in this module."""
+    environ = os.environ if environ is None else environ
+    return {n: environ[ENV_PREFIX + n.upper()] for n in names if ENV_PREFIX + n.upper() in environ}
 
 
 def split_sections(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,3 +11,11 @@ if platforms != {"reference"} or info["auto"] != "reference" or info["failed"]:
         f"expected only the reference platform, got {sorted(platforms)} (auto={info['auto']}, failed={info['failed']})"
     )
 print("core-only install: platforms = ['reference'], auto -> reference")
+
+# the server is an optional extra: without it, `deepinfer serve` says how to get it
+serve = subprocess.run(["deepinfer", "serve", "--port", "0"], capture_output=True, text=True, timeout=120)
+if serve.returncode == 0 or 'pip install "deepinfer-core[serve]"' not in serve.stderr:
+    sys.exit(
+        f"expected `deepinfer serve` to ask for the serve extra, got rc={serve.returncode}: {serve.stderr}"
+    )
+print('core-only install: `deepinfer serve` asks for pip install "deepinfer-core[serve]"')

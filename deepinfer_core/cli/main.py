@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deepinfer_core.cli import bench_cmd, chat_cmd, generate_cmd, plugins_cmd
+from deepinfer_core.cli import batch_cmd, bench_cmd, chat_cmd, generate_cmd, plugins_cmd, serve_cmd
 from deepinfer_core.cli.args import add_engine_args, add_sampling_args
 from deepinfer_core.version import __version__
 
@@ -68,6 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     add_engine_args(b)
     b.set_defaults(func=bench_cmd.run)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
+    add_engine_args(s)
+    serve_cmd.add_serve_args(s)
+    s.set_defaults(func=serve_cmd.run)
+
+    r = sub.add_parser("run-batch", help="answer an OpenAI batch file (JSONL) (needs the serve extra)")
+    r.add_argument("-i", "--input", required=True, help="requests, one per line (OpenAI batch format)")
+    r.add_argument("-o", "--output", required=True, help="results, one per input line, in order")
+    r.add_argument("--max-concurrency", type=int, default=256, help="requests in flight at once")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument(
+        "--progress", action="store_true", help="show the progress bar even when not on a terminal"
+    )
+    add_engine_args(r)
+    r.set_defaults(func=batch_cmd.run)
     return p
 
 
