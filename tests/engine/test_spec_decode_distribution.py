@@ -150,4 +150,3 @@ def test_drafts_sampled_from_q_end_to_end_match_plain_sampling(plain):
     assert stats["spec_num_draft_tokens"] >= SAMPLES
     assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_draft_tokens"]
     assert _chi2_pvalue(spec, plain) > 1e-3
-
