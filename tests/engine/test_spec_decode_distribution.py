@@ -16,10 +16,11 @@ from scipy.stats import chi2
 import deepinfer_core.spec_decode.verify as verify
 from deepinfer_core import SamplingParams
 from deepinfer_core.config import load_config
+from deepinfer_core.engine.draft_rounds import _draft_probs
 from deepinfer_core.engine.llm import LLM
 from deepinfer_core.engine.llm_engine import LLMEngine
 from deepinfer_core.spec_decode import Draft, Proposer
-from deepinfer_spec_decode.ngram import make_ngram
+from deepinfer_spec_decode.ngram import NgramProposer, make_ngram
 
 from .conftest import toy_backends
 from .toy_model import ToyHybridLM
@@ -150,3 +151,40 @@ def test_drafts_sampled_from_q_end_to_end_match_plain_sampling(plain):
     assert stats["spec_num_draft_tokens"] >= SAMPLES
     assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_draft_tokens"]
     assert _chi2_pvalue(spec, plain) > 1e-3
+
+
+class _OneHotDrafts(NgramProposer):
+    """n-gram drafts handed over as :class:`Draft` objects with an explicit one-hot ``q``."""
+
+    def propose(self, seqs, limits):
+        out = []
+        for d in super().propose(seqs, limits):
+            q = torch.zeros(len(d), VOCAB)
+            q[torch.arange(len(d)), torch.tensor(d, dtype=torch.int64)] = 1.0
+            out.append(Draft(d, q) if d else d)
+        return out
+
+
+def test_a_one_hot_q_gives_exactly_the_tokens_of_list_drafts():
+    """A Draft whose q is one-hot is the deterministic-draft case: seeded output identical to the same drafts
+    given as a plain list (and so to plain sampling)."""
+    params = SamplingParams(max_tokens=6, temperature=TEMPERATURE, seed=5, n=40, ignore_eos=True)
+    lists = _llm(True).generate([PROMPT], params, use_tqdm=False)[0]
+    engine = _llm(True).engine
+    engine.proposer = _OneHotDrafts(2, 1, 3)
+    llm = LLM.from_engine(engine)
+    drafts = llm.generate([PROMPT], params, use_tqdm=False)[0]
+    assert [c.token_ids for c in drafts.outputs] == [c.token_ids for c in lists.outputs]
+    assert llm.get_stats()["spec_num_draft_tokens"] > 0
+
+
+def test_draft_probs_that_cannot_have_produced_the_drafts_are_refused():
+    q = torch.full((2, VOCAB), 1 / VOCAB)
+    assert torch.equal(_draft_probs(Draft([1, 2], q), 2), q)  # q kept as given
+    assert _draft_probs(Draft([1, 2], q), 1).shape == (1, VOCAB)  # cut to the drafts kept
+    with pytest.raises(ValueError, match=r"\[2, V\]"):
+        _draft_probs(Draft([1, 2], q[:1]), 2)
+    zero = q.clone()
+    zero[1, 2] = 0.0
+    with pytest.raises(ValueError, match="probability 0"):
+        _draft_probs(Draft([1, 2], zero), 2)
