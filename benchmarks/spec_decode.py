@@ -10,8 +10,14 @@ Methods: ``ngram`` on repetitive text (code with repeated lines, a repeated list
 ``mtp`` when the checkpoint has MTP modules (``num_nextn_predict_layers > 0``, e.g. a trained demo model).
 Greedy output is checked to equal the plain run for every configuration.
 
+``--temperature T`` (> 0) samples instead (seeded per prompt): then MTP runs twice, with its drafts sampled
+from the MTP head's distribution and verified by rejection sampling on that ``q``
+(``draft_sampling="sample"``, the default) and with argmax drafts verified as one-hot
+(``draft_sampling="greedy"``); sampled output is not compared token for token (only its distribution is
+the plain run's).
+
 Usage: ``python benchmarks/spec_decode.py [--model PATH] [--ks 1 2 4 8] [--max-tokens 96]
-[--methods ngram mtp]``
+[--methods ngram mtp] [--temperature 0]``
 (no ``--model``: the built-in demo checkpoint).
 """
 
@@ -31,7 +37,7 @@ PROMPTS = [
 ]
 
 
-def run(model: str | None, spec: dict | None, max_tokens: int) -> dict:
+def run(model: str | None, spec: dict | None, max_tokens: int, temperature: float = 0.0) -> dict:
     kw = {"max_model_len": 1024, "max_num_batched_tokens": 2048, "enable_prefix_caching": False}
     llm = LLM(model, speculative_config=spec, **kw) if model else LLM(speculative_config=spec, **kw)
     engine, steps = llm.engine, [0]
@@ -42,9 +48,9 @@ def run(model: str | None, spec: dict | None, max_tokens: int) -> dict:
         return inner()
 
     engine.step = counted
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     tokens, t0 = [], time.perf_counter()
-    for p in PROMPTS:
+    for i, p in enumerate(PROMPTS):
+        sp = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, ignore_eos=True)
         tokens.append(llm.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids)
     wall = time.perf_counter() - t0
     stats = llm.get_stats()
@@ -64,30 +70,40 @@ def main() -> None:
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--methods", nargs="+", default=["ngram", "mtp"], help="mtp runs only with MTP weights")
+    ap.add_argument("--temperature", type=float, default=0.0)
     args = ap.parse_args()
 
-    base = run(args.model, None, args.max_tokens)
+    base = run(args.model, None, args.max_tokens, args.temperature)
     probe = LLM(args.model, max_model_len=64) if args.model else LLM(max_model_len=64)
     methods = [m for m in args.methods if m != "mtp" or probe.engine.model.num_mtp_layers]
     del probe
+    how = f"temperature {args.temperature}, seeded" if args.temperature else "greedy"
     print(
-        f"model: {args.model or 'built-in demo'}; {len(PROMPTS)} prompts alone, greedy, {args.max_tokens} tokens"
+        f"model: {args.model or 'built-in demo'}; {len(PROMPTS)} prompts alone, {how}, {args.max_tokens} tokens"
     )
     print(f"plain: {base['steps_per_token']:.3f} target steps/token, wall {base['wall']:.2f}s")
     head = "| method | k | drafted | accepted | mean acceptance length | acceptance per position | steps/token | step speedup | wall (s) |"
     print(head)
     print("|" + "---|" * 9)
+    variants = []
     for method in methods:
+        if method == "mtp" and args.temperature:
+            variants += [("mtp", {"draft_sampling": "sample"}), ("mtp", {"draft_sampling": "greedy"})]
+        elif method == "ngram":
+            variants.append(("ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 4}))
+        else:
+            variants.append((method, {}))
+    for method, extra in variants:
+        name = method + (f" ({extra['draft_sampling']} drafts)" if "draft_sampling" in extra else "")
         for k in args.ks:
-            spec = {"method": method, "num_speculative_tokens": k}
-            if method == "ngram":
-                spec.update(prompt_lookup_min=1, prompt_lookup_max=4)
-            r = run(args.model, spec, args.max_tokens)
-            assert r["tokens"] == base["tokens"], f"{method} k={k}: greedy output changed"
+            spec = {"method": method, "num_speculative_tokens": k, **extra}
+            r = run(args.model, spec, args.max_tokens, args.temperature)
+            if not args.temperature:
+                assert r["tokens"] == base["tokens"], f"{name} k={k}: greedy output changed"
             s = r["stats"]
             per = " ".join(f"{a:.2f}" for a in s["spec_acceptance_per_position"])
             print(
-                f"| {method} | {k} | {s['spec_num_draft_tokens']} | {s['spec_num_accepted_tokens']} | "
+                f"| {name} | {k} | {s['spec_num_draft_tokens']} | {s['spec_num_accepted_tokens']} | "
                 f"{s['spec_mean_acceptance_length']:.2f} | {per} | {r['steps_per_token']:.3f} | "
                 f"{base['steps_per_token'] / r['steps_per_token']:.2f}x | {r['wall']:.2f} |"
             )

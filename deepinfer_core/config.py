@@ -85,6 +85,16 @@ class EngineConfig(BaseModel):
     block_size: int | None = Field(
         None, ge=1, description="tokens per KV block; None picks the smallest valid"
     )
+    quantization: Literal["fp8", "fp4"] | None = Field(
+        None,
+        description='quantize an unquantized DeepSeek-V4 checkpoint on load with the project\'s own tool: "fp8" '
+        '(e4m3, 128x128 block scales, as DeepSeek ships) or "fp4" (FP8, routed experts FP4 e2m1); the copy is '
+        "written once to quantization_cache_dir and reused",
+    )
+    quantization_cache_dir: str | None = Field(
+        None,
+        description="where on-demand quantized copies are kept; None: <system temp dir>/deepinfer-quantized",
+    )
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True

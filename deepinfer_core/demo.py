@@ -2,8 +2,9 @@
 
 ``deepinfer_core/demo_model/`` is a small DeepSeek-V4-architecture model trained on the CPython standard
 library by ``tools/train_demo.py`` (recipe, data split and figures in its ``training.json`` and in
-``docs/models.md``); ``demo_model_fp8/`` is the same weights quantized by the project's own tool. This
-module also holds the tokenizer recipe the training tool uses.
+``docs/models.md``). Its FP8 variant is made on demand by the project's own quantization tool
+(``LLM(quantization="fp8")``, ``deepinfer generate --quantization fp8``), not shipped. This module also holds
+the tokenizer recipe the training tool uses.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"]
 DEMO_DIR = Path(__file__).parent / "demo_model"
-DEMO_FP8_DIR = Path(__file__).parent / "demo_model_fp8"
 
 
 def default_checkpoint() -> Path:

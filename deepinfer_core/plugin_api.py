@@ -67,6 +67,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "ForwardBatch": ("deepinfer_core.models.batch", "ForwardBatch"),
     "TailBatch": ("deepinfer_core.models.batch", "TailBatch"),
     # speculative decoding: proposers
+    "Draft": ("deepinfer_core.spec_decode.context", "Draft"),
     "DraftSequence": ("deepinfer_core.spec_decode.context", "DraftSequence"),
     "Proposer": ("deepinfer_core.spec_decode.proposer", "Proposer"),
     "ProposerContext": ("deepinfer_core.spec_decode.context", "ProposerContext"),
@@ -110,5 +111,10 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from deepinfer_core.ops.moe import MoEOps  # noqa: F401
     from deepinfer_core.ops.sampling import SamplingOps  # noqa: F401
     from deepinfer_core.platforms.base import Availability, Platform  # noqa: F401
-    from deepinfer_core.spec_decode.context import DraftSequence, ProposerContext, VerifiedRows  # noqa: F401
+    from deepinfer_core.spec_decode.context import (  # noqa: F401
+        Draft,
+        DraftSequence,
+        ProposerContext,
+        VerifiedRows,
+    )
     from deepinfer_core.spec_decode.proposer import Proposer  # noqa: F401

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from deepinfer_core import LLM
-from deepinfer_core.demo import DEMO_DIR, DEMO_FP8_DIR
+from deepinfer_core.demo import DEMO_DIR
 from deepinfer_core.evaluation import heldout_score
 from deepinfer_core.models.deepseek_v4.convert import quantize_checkpoint
 
@@ -70,8 +70,9 @@ def main() -> None:
             print(json.dumps(mtp_acceptance(texts, k)))
         return
     with tempfile.TemporaryDirectory() as tmp:
+        fp8 = quantize_checkpoint(DEMO_DIR, Path(tmp) / "fp8", experts="fp8")
         fp4 = quantize_checkpoint(DEMO_DIR, Path(tmp) / "fp4", experts="fp4")
-        for name, path in (("bf16", DEMO_DIR), ("fp8", DEMO_FP8_DIR), ("fp8+fp4 experts", fp4)):
+        for name, path in (("bf16", DEMO_DIR), ("fp8", fp8), ("fp8+fp4 experts", fp4)):
             t0 = time.perf_counter()
             llm = LLM(str(path), kv_cache_memory_bytes=64 << 20)
             s = heldout_score(llm, texts)

@@ -10,6 +10,11 @@ ENGINE_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--backend", dict(help='platform name or "auto" (env DEEPINFER_BACKEND)')),
     ("--dtype", dict(choices=["auto", "float32", "bfloat16", "float16"])),
     ("--kv-cache-dtype", dict(choices=["auto", "fp8", "fp8_e4m3", "unquantized"])),
+    (
+        "--quantization",
+        dict(choices=["fp8", "fp4"], help="quantize the checkpoint's weights on load (cached)"),
+    ),
+    ("--quantization-cache-dir", dict(help="where on-demand quantized copies are kept")),
     ("--max-model-len", dict(type=int)),
     ("--max-num-seqs", dict(type=int)),
     ("--max-num-batched-tokens", dict(type=int)),

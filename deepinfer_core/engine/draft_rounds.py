@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from deepinfer_core.engine.scheduler import SchedulerOutput
 from deepinfer_core.engine.sequence import SeqStatus, Sequence
-from deepinfer_core.spec_decode import Proposer, VerifiedRows
+from deepinfer_core.spec_decode import Draft, Proposer, VerifiedRows
 
 
 def draft_limit(seq: Sequence, k: int, max_model_len: int) -> int:
@@ -38,7 +40,7 @@ def draft_round(
     k = proposer.num_speculative_tokens
     seqs, limits = [], []
     for seq in running:
-        seq.spec_token_ids = []
+        seq.set_drafts([])
         if seq.num_computed == len(seq.token_ids) - 1 and seq.finish_reason is None:
             limit = draft_limit(seq, k, max_model_len)
             if limit > 0:
@@ -46,4 +48,23 @@ def draft_round(
                 limits.append(limit)
     if seqs:
         for seq, limit, drafts in zip(seqs, limits, proposer.propose(seqs, limits)):
-            seq.spec_token_ids = list(drafts[:limit])
+            if isinstance(drafts, Draft):
+                seq.set_drafts(list(drafts.token_ids[:limit]), _draft_probs(drafts, limit))
+            else:
+                seq.set_drafts(list(drafts[:limit]))
+
+
+def _draft_probs(draft: Draft, limit: int) -> torch.Tensor | None:
+    """The proposer's ``q`` for the drafts kept, checked: one row per draft, each draft possible under its
+    row. None when every row is one-hot at its draft, which is the deterministic-draft case exactly
+    (the verifier then draws exactly as plain sampling does)."""
+    ids = list(draft.token_ids[:limit])
+    if draft.probs is None or not ids:
+        return None
+    q = draft.probs[: len(ids)]
+    if q.dim() != 2 or q.shape[0] != len(ids):
+        raise ValueError(f"a Draft's probs must be [{len(ids)}, V] for its tokens, got {tuple(q.shape)}")
+    at = q.gather(1, torch.tensor(ids, dtype=torch.int64, device=q.device)[:, None]).flatten().tolist()
+    if min(at) <= 0:
+        raise ValueError("a Draft's token has probability 0 under its own probs: it was not drawn from them")
+    return None if min(at) == 1.0 else q

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from deepinfer_core.config import ConfigError, EngineConfig
+from deepinfer_core.engine.quantize import quantized_copy
 from deepinfer_core.models.base import CausalLM
 from deepinfer_core.models.weight_checks import LoadOptions
 
@@ -80,6 +81,12 @@ def load_tokenizer(path: Path, skip: bool) -> Any:
 
 def load(config: EngineConfig, runtime: Runtime) -> tuple[CausalLM, Any]:
     path = checkpoint_path(config)
+    if config.quantization is not None:
+        from deepinfer_core.models.deepseek_v4 import DeepseekV4ForCausalLM
+
+        if model_class(path, runtime.registry.models) is not DeepseekV4ForCausalLM:
+            raise ConfigError(f"quantization={config.quantization!r} converts DeepSeek-V4 checkpoints only")
+        path = quantized_copy(path, config.quantization, config.quantization_cache_dir)
     cls = model_class(path, runtime.registry.models)
     dtype = resolve_dtype(config.dtype, runtime.platform.device_type)
     options = LoadOptions(config.check_weights_finite, config.allow_external_shards)

@@ -1,5 +1,6 @@
 """The engine's :class:`~deepinfer_core.spec_decode.ProposerContext`: the runner's tap, KV reservation, the
-pools, and draft batches that run as captured graphs like decode steps."""
+pools, draft batches that run as captured graphs like decode steps, and the sampling transform and draft
+generators a proposer samples its drafts with."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import torch
 
 from deepinfer_core.engine.model_runner import ModelRunner
+from deepinfer_core.engine.sampler import sampling_tensors
 from deepinfer_core.kv.kv_manager import KVCacheManager
 from deepinfer_core.models.batch import ForwardBatch
 from deepinfer_core.spec_decode import DraftFn, DraftSequence, ProposerContext
@@ -44,6 +46,14 @@ class EngineProposerContext(ProposerContext):
     ) -> tuple[torch.Tensor, ...]:
         with torch.inference_mode():
             return self._runner.run_static(("draft", key), fn, batch, *inputs)
+
+    def draft_probs(self, seqs: Sequence[DraftSequence], logits: torch.Tensor) -> torch.Tensor:
+        ops = self._runner.backends.sampling
+        return ops.probs(logits.float(), sampling_tensors(list(seqs), logits.device))
+
+    def draw(self, seqs: Sequence[DraftSequence], probs: torch.Tensor) -> list[int]:
+        gens = [s.draft_generator(probs.device) for s in seqs]  # type: ignore[attr-defined] - engine sequences
+        return self._runner.backends.sampling.sample(probs, gens).tolist()
 
 
 def _dynamic_batch(

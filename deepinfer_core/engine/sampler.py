@@ -72,7 +72,7 @@ def _with_top(lp: torch.Tensor, token: int, k: int) -> RawLogprobs:
     return _ranked(lp, [token] + [t for t in top if t != token])
 
 
-def _tensors(seqs: list[Any], device: torch.device | None = None) -> SamplingTensors:
+def sampling_tensors(seqs: list[Any], device: torch.device | None = None) -> SamplingTensors:
     p = [s.params for s in seqs]
     return SamplingTensors(
         temperature=torch.tensor([q.temperature for q in p], dtype=torch.float32, device=device),
@@ -80,6 +80,16 @@ def _tensors(seqs: list[Any], device: torch.device | None = None) -> SamplingTen
         top_p=torch.tensor([q.top_p for q in p], dtype=torch.float32, device=device),
         min_p=torch.tensor([q.min_p for q in p], dtype=torch.float32, device=device),
     )
+
+
+def _draft_q(seq: Sequence, num_drafts: int, vocab: int) -> torch.Tensor | None:
+    """The ``q`` of the drafts scheduled (a token budget may have cut them), or None for one-hot drafts."""
+    q = seq.spec_token_probs
+    if q is None:
+        return None
+    if q.shape[1] != vocab:
+        raise ValueError(f"draft probs cover {q.shape[1]} tokens, the target's logits {vocab}")
+    return q[:num_drafts]
 
 
 def _rows_of(x: torch.Tensor, offsets: list[int], members: list[int]) -> tuple[torch.Tensor, list[int]]:
@@ -190,11 +200,7 @@ class Sampler:
             for b, t in zip(greedy, verify.verify_greedy(self.ops, part, offs, [drafts[b] for b in greedy])):
                 tokens[b] = t
         if rand:
-            part, offs = _rows_of(x, offsets, rand)
-            rows_params = [views[r] for b in rand for r in range(offsets[b], offsets[b + 1])]
-            p = self.ops.probs(part, _tensors(rows_params, x.device))
-            gens = [seqs[b].generator(x.device) for b in rand]
-            for b, t in zip(rand, verify.verify_sampled(self.ops, p, offs, [drafts[b] for b in rand], gens)):
+            for b, t in zip(rand, self._verify_sampled(x, offsets, views, seqs, drafts, rand)):
                 tokens[b] = t
         for b, ((i, _), seq) in enumerate(zip(items, seqs)):
             if self.spec_stats is not None:
@@ -205,9 +211,44 @@ class Sampler:
                 tops = [_with_top(lp[j], t, seq.params.logprobs) for j, t in enumerate(tokens[b])]
                 out.spec_logprobs[i] = [(top[0][1], top) for top in tops]
 
+    def _verify_sampled(
+        self,
+        x: torch.Tensor,
+        offsets: list[int],
+        views: list[_DraftRow],
+        seqs: list[Sequence],
+        drafts: list[list[int]],
+        rand: list[int],
+    ) -> list[list[int]]:
+        """Sampled rounds of sequences ``rand``: ``p`` is each row's distribution exactly as plain sampling
+        takes it; drafts with a proposer's ``q`` go to rejection sampling on ``q``, the others (one-hot
+        ``q``) to the draws of plain sampling."""
+        from deepinfer_core.spec_decode import verify
+
+        part, offs = _rows_of(x, offsets, rand)
+        rows_params = [views[r] for b in rand for r in range(offsets[b], offsets[b + 1])]
+        p = self.ops.probs(part, sampling_tensors(rows_params, x.device))
+        gens = [seqs[b].generator(x.device) for b in rand]
+        qs = [_draft_q(seqs[b], len(drafts[b]), x.shape[1]) for b in rand]
+        with_q = [a for a, q in enumerate(qs) if q is not None]
+        one_hot = [a for a, q in enumerate(qs) if q is None]
+        out: list[list[int]] = [[] for _ in rand]
+        if one_hot:
+            sub, sub_offs = _rows_of(p, offs, one_hot)
+            d, g = [drafts[rand[a]] for a in one_hot], [gens[a] for a in one_hot]
+            for a, t in zip(one_hot, verify.verify_sampled(self.ops, sub, sub_offs, d, g)):
+                out[a] = t
+        if with_q:
+            sub, sub_offs = _rows_of(p, offs, with_q)
+            d, g = [drafts[rand[a]] for a in with_q], [gens[a] for a in with_q]
+            q = [qs[a] for a in with_q]
+            for a, t in zip(with_q, verify.verify_with_probs(self.ops, sub, sub_offs, d, q, g)):
+                out[a] = t
+        return out
+
     def _random(self, x: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         dev = x.device
-        probs = self.ops.probs(x, _tensors(seqs, dev))
+        probs = self.ops.probs(x, sampling_tensors(seqs, dev))
         return self.ops.sample(probs, [s.generator(dev) for s in seqs]).tolist()
 
     def _process(

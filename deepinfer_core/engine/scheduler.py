@@ -136,7 +136,7 @@ class Scheduler:
     def _reset(self, seq: Sequence) -> None:
         self.kv.free(seq)
         seq.num_computed = 0
-        seq.spec_token_ids = []
+        seq.set_drafts([])
 
     def update(self, out: SchedulerOutput, finished: list[Sequence]) -> None:
         """After the step: advance computed counts, offer new full blocks to the prefix cache, and
@@ -148,7 +148,7 @@ class Scheduler:
             if s.num_drafts:  # verified rows: those whose input tokens were accepted
                 end = min(end, len(seq.token_ids) - 1)
             if s.samples and seq.spec_token_ids:
-                seq.spec_token_ids = []
+                seq.set_drafts([])
             seq.num_computed = end
             if end // bs > seq.num_committed_blocks:  # a block was completed
                 commit(seq)

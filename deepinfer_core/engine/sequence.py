@@ -84,6 +84,9 @@ class Sequence:
         self.grammar_key: str | None = None  # its key in the StructuredOutputManager when constrained
         #: draft tokens to verify in the next step (speculative decoding); never part of ``token_ids``
         self.spec_token_ids: list[int] = []
+        #: ``[len(spec_token_ids), V]``: the distribution each draft was sampled from; None: one-hot drafts
+        self.spec_token_probs: torch.Tensor | None = None
+        self._draft_generator: torch.Generator | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -117,6 +120,19 @@ class Sequence:
         if g is None or g.device != device:
             g = self._generator = torch.Generator(device=device)
             g.manual_seed(self.sampling_seed)
+        return g
+
+    def set_drafts(self, token_ids: list[int], probs: torch.Tensor | None = None) -> None:
+        self.spec_token_ids, self.spec_token_probs = token_ids, probs
+
+    def draft_generator(self, device: torch.device) -> torch.Generator:
+        """The generator a proposer samples this sample's drafts with: seeded from the same seed as
+        :meth:`generator` but a different stream, so the verifier's draws are independent of the drafts
+        (lossless rejection sampling needs that), and a seeded request drafts the same tokens every run."""
+        g = self._draft_generator
+        if g is None or g.device != device:
+            g = self._draft_generator = torch.Generator(device=device)
+            g.manual_seed(self.sampling_seed ^ 0x5DEECE66D)
         return g
 
     def __repr__(self) -> str:

@@ -2,11 +2,12 @@
 (contract 2.0), its resolution from ``speculative_config``, verification and the acceptance counters.
 Proposers come from plugins (``deepinfer_register_proposers``)."""
 
-from deepinfer_core.spec_decode.context import DraftFn, DraftSequence, ProposerContext, VerifiedRows
+from deepinfer_core.spec_decode.context import Draft, DraftFn, DraftSequence, ProposerContext, VerifiedRows
 from deepinfer_core.spec_decode.proposer import Proposer, build_proposer
 from deepinfer_core.spec_decode.stats import SpecStats
 
 __all__ = [
+    "Draft",
     "DraftFn",
     "DraftSequence",
     "Proposer",

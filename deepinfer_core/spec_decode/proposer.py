@@ -7,8 +7,10 @@ The next schedule gives such a sequence ``1 + len(drafts)`` rows, the sampler ve
 token. Drafts are never part of ``token_ids``, so prefix-cache hashes and commits only ever see verified
 tokens. What a proposer may use of the engine is its :class:`~.context.ProposerContext`.
 
-Drafts are deterministic given the context (q is one-hot on the draft), which keeps rejection sampling
-exact for any proposer that honours this contract.
+A proposer returns, per sequence, either a list of tokens (deterministic given the context: ``q`` is one-hot
+on each draft, and the verifier's draws are exactly those of plain sampling) or a :class:`~.context.Draft`
+with the distribution ``q`` each token was sampled from (contract 2.1), which the verifier uses for
+lossless rejection sampling (:mod:`deepinfer_core.spec_decode.verify`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from deepinfer_core.config import ConfigError
 
 if TYPE_CHECKING:
-    from deepinfer_core.spec_decode.context import DraftSequence, ProposerContext, VerifiedRows
+    from deepinfer_core.spec_decode.context import Draft, DraftSequence, ProposerContext, VerifiedRows
 
 MAX_SPECULATIVE_TOKENS = 8
 
@@ -41,10 +43,11 @@ class Proposer(ABC):
         sequence still running (MTP catches its caches up here)."""
 
     @abstractmethod
-    def propose(self, seqs: list[DraftSequence], limits: list[int]) -> list[list[int]]:
-        """Drafts for each sequence in ``seqs``, at most ``limits[i]`` (<= k) tokens for sequence ``i``.
-        A proposer that writes state past the computed length (MTP's chained steps) reserves it with
-        :meth:`ProposerContext.reserve`; the verify step reuses those blocks."""
+    def propose(self, seqs: list[DraftSequence], limits: list[int]) -> list[list[int] | Draft]:
+        """Drafts for each sequence in ``seqs``, at most ``limits[i]`` (<= k) tokens for sequence ``i``:
+        a list of tokens (one-hot ``q``), or a :class:`Draft` with the distribution they were sampled from
+        (2.1). A proposer that writes state past the computed length (MTP's chained steps) reserves it
+        with :meth:`ProposerContext.reserve`; the verify step reuses those blocks."""
 
 
 def build_proposer(

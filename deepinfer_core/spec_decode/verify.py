@@ -2,13 +2,17 @@
 
 Rows ``x [k+1, V]`` are the target's logits after every logits processor, row ``j`` conditioned on the
 drafts ``0..j-1`` (penalties and ``min_tokens`` count earlier drafts as outputs; the grammar mask follows
-the drafts). Drafts are one-hot (``q = 1`` on the draft), so:
+the drafts). The rule is speculative sampling: accept draft ``x`` with probability ``min(1, p(x)/q(x))``,
+at the first rejection draw from ``normalize(max(0, p - q))``, after the last accepted draft draw the
+bonus token from the next row's ``p``.
 
-- greedy: accept drafts while they equal the row's argmax; the first mismatch (or the row after the last
-  draft) contributes the argmax itself;
-- sampling: accept draft ``x`` with probability ``p(x)`` (``min(1, p/q)`` with one-hot ``q``), on
-  rejection draw from ``p`` with ``x`` removed, bonus from the row after the last draft; see
-  :func:`verify_sampled` for how the sequence's generator realises it.
+- greedy: ``p`` is one-hot at the argmax, so whatever ``q`` is: accept drafts while they equal the row's
+  argmax; the first mismatch (or the row after the last draft) contributes the argmax itself;
+- sampling with deterministic drafts (one-hot ``q``): accept ``x`` with probability ``p(x)``, on rejection
+  draw from ``p`` with ``x`` removed; :func:`verify_sampled` realises it so that the draws are exactly
+  those of plain sampling;
+- sampling with drafts drawn from a proposer's ``q`` (:class:`~deepinfer_core.spec_decode.Draft`):
+  :func:`verify_with_probs`, on ``SamplingOps.rejection_sample``.
 """
 
 from __future__ import annotations
@@ -59,4 +63,33 @@ def verify_sampled(
             if j < len(drafts[b]) and t == drafts[b][j]:
                 still.append(b)
         active, j = still, j + 1
+    return out
+
+
+def verify_with_probs(
+    ops: SamplingOps,
+    probs: torch.Tensor,
+    offsets: list[int],
+    drafts: list[list[int]],
+    draft_probs: list[torch.Tensor],
+    generators: list[torch.Generator],
+) -> list[list[int]]:
+    """Rejection sampling for drafts drawn from ``q``: sequence ``b``'s draft ``j`` was sampled from
+    ``draft_probs[b][j]`` (``[len(drafts[b]), V]``), its target rows are ``probs`` rows ``offsets[b] ..
+    offsets[b] + len(drafts[b])`` (laid out as in :func:`verify_greedy`). Sequences with the same number
+    of drafts go to ``ops.rejection_sample`` together; each draws only from its own generator (one
+    uniform per examined draft, then the residual or bonus token), so its tokens do not depend on the
+    batch. Returns each sequence's emitted tokens (accepted drafts, then one)."""
+    out: list[list[int]] = [[] for _ in drafts]
+    by_len: dict[int, list[int]] = {}
+    for b, d in enumerate(drafts):
+        by_len.setdefault(len(d), []).append(b)
+    dev = probs.device
+    for k, members in by_len.items():
+        ids = torch.tensor([drafts[b] for b in members], dtype=torch.int64, device=dev).reshape(-1, k)
+        q = torch.stack([draft_probs[b].to(dev, torch.float32) for b in members])
+        p = torch.stack([probs[offsets[b] : offsets[b] + k + 1] for b in members])
+        tokens, accepted = ops.rejection_sample(ids, q, p, [generators[b] for b in members])
+        for b, row, n in zip(members, tokens.tolist(), accepted.tolist()):
+            out[b] = row[: n + 1]
     return out

@@ -7,13 +7,17 @@ rounds leave exactly the cache state of a run that never drafted."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from deepinfer_core import LLM, SamplingParams
 from deepinfer_core.config import ConfigError
+from deepinfer_core.engine.sampler import sampling_tensors
 from deepinfer_core.kv.budget import group_block_bytes, min_blocks
+from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps
+from deepinfer_core.spec_decode import Draft
 from deepinfer_core.testing.kv_harness import PagedKVHarness
 
 from ..models.deepseek_v4.test_mtp import MTPReference
@@ -36,11 +40,15 @@ def ckpt_no_mtp(tmp_path_factory):
     return str(save_deepseek(hf, tmp_path_factory.mktemp("v4")))
 
 
-def _llm(path: str, k: int | None = None, **kw) -> LLM:
+def _llm(path: str, k: int | None = None, draft_sampling: str = "sample", **kw) -> LLM:
     kw.setdefault("kv_cache_memory_bytes", 64 << 20)
     kw.setdefault("max_model_len", 256)
     if k is not None:
-        kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": k}
+        kw["speculative_config"] = {
+            "method": "mtp",
+            "num_speculative_tokens": k,
+            "draft_sampling": draft_sampling,
+        }
     return LLM(path, **kw)
 
 
@@ -169,7 +177,8 @@ def test_mtp_without_mtp_weights_fails_at_construction(ckpt_no_mtp):
         _llm(ckpt_no_mtp, 2)
 
 
-def test_mtp_seeded_sampling_with_n_samples_and_prefix_cache_emits_the_plain_tokens(ckpt):
+def test_mtp_greedy_drafts_for_seeded_sampling_with_n_samples_and_prefix_cache_emit_the_plain_tokens(ckpt):
+    """``draft_sampling="greedy"``: one-hot drafts, so the verifier draws exactly as plain sampling does."""
     rng = random.Random(5)
     prompts = [{"prompt_token_ids": [rng.randrange(2, VOCAB) for _ in range(n)]} for n in (70, 15, 140)]
     params = [
@@ -178,11 +187,58 @@ def test_mtp_seeded_sampling_with_n_samples_and_prefix_cache_emits_the_plain_tok
         SamplingParams(max_tokens=9, temperature=0.8, top_p=0.9, seed=5, ignore_eos=True),
     ]
     base = _llm(ckpt, enable_prefix_caching=False).generate(prompts, params, use_tqdm=False)
-    llm = _llm(ckpt, 2, max_num_batched_tokens=24)
+    llm = _llm(ckpt, 2, "greedy", max_num_batched_tokens=24)
     outs = llm.generate(prompts, params, use_tqdm=False)
     for a, b in zip(base, outs):
         assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
     assert llm.get_stats()["prefix_cache_hits"] > 0
+    _no_leaks(llm)
+
+
+def test_mtp_samples_the_drafts_of_a_sampling_request_and_returns_their_q(ckpt):
+    """A sampling request's drafts are drawn from the request's distribution over the MTP logits, and that
+    distribution is each draft's q: the first draft's q equals temperature/top-k applied to module 0's
+    logits over the full context (recomputed on fresh pools). Greedy requests in the same batch keep
+    argmax drafts; a seeded request's output is the same run to run."""
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.8, top_k=40, seed=3, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+    ]
+    prompts = _prompts()[2:4]
+    llm = _llm(ckpt, 2, max_num_batched_tokens=64)
+    prop, seen = llm.engine.proposer, []
+    original = prop.propose
+
+    def spy(seqs, limits):
+        drafts = original(seqs, limits)
+        seen.extend((list(s.token_ids), s.params.greedy, d) for s, d in zip(seqs, drafts))
+        return drafts
+
+    prop.propose = spy
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    again = _llm(ckpt, 2, max_num_batched_tokens=64).generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in again]
+    sampled = [(t, d) for t, greedy, d in seen if not greedy]
+    assert all(not isinstance(d, Draft) for _, greedy, d in seen if greedy)
+    assert len(sampled) >= 5 and all(isinstance(d, Draft) and d.probs is not None for _, d in sampled)
+    model = llm.engine.model
+    ids = prompts[0]["prompt_token_ids"] + outs[0].outputs[0].token_ids
+    h = PagedKVHarness(model.cache_specs(), block_size=16, num_blocks=64)
+    s = h.add_sequence()
+    with torch.inference_mode():
+        streams = model.forward(h.step({s: ids}), h.pools)
+        batch = h.step({s: ids[1:]}, positions_from={s: 0})
+        logits = model.mtp_compute_logits(0, model.mtp_forward(0, batch, streams[:-1], h.pools))
+    ref = ReferenceSamplingOps()
+    checked = 0
+    for toks, d in sampled:
+        if ids[: len(toks)] != toks:
+            continue
+        want = ref.probs(logits[len(toks) - 2][None], sampling_tensors([SimpleNamespace(params=params[0])]))
+        torch.testing.assert_close(d.probs[0], want[0], rtol=0, atol=1e-5)
+        assert 0 < float(d.probs[0].max()) < 1 and float(d.probs[0, d.token_ids[0]]) > 0
+        checked += 1
+    assert checked >= 3
     _no_leaks(llm)
 
 

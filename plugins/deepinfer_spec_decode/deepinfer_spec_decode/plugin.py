@@ -9,7 +9,7 @@ from typing import Any
 
 from deepinfer_core.plugin_api import hookimpl
 
-DEEPINFER_PLUGIN_API = "2.0"
+DEEPINFER_PLUGIN_API = "2.1"  # Draft (drafts with their probabilities), ProposerContext.draw
 
 
 @hookimpl
