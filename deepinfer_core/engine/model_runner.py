@@ -147,7 +147,7 @@ class ModelRunner:
     def store_tokens(self, seqs: Sequence, tokens: torch.Tensor) -> None:
         """Keep ``tokens`` (device, one per sequence of ``seqs``, which all have rows) as each sequence's last
         sampled token, where the next step's pending ids are read from."""
-        rows = _ints(self.batch.row_of[s.seq_id] for s in seqs).to(tokens.device)
+        (rows,) = move_together([_ints(self.batch.row_of[s.seq_id] for s in seqs)], tokens.device)
         self.batch.tokens[rows] = tokens
 
     def graph_key(self, num_seqs: int, max_position: int, q: int = 1) -> tuple[int, int, int] | None:

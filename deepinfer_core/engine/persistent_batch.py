@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from deepinfer_core.engine.sequence import SeqStatus
+from deepinfer_core.models.batch import move_together
 from deepinfer_core.ops.sampling import SamplingTensors
 
 
@@ -141,5 +142,5 @@ class PersistentBatch:
         return out
 
     def sampling_tensors(self, rows: list[int], device: torch.device) -> SamplingTensors:
-        p = self.params[:, rows].to(device)
+        (p,) = move_together([self.params[:, rows]], device)
         return SamplingTensors(temperature=p[0], top_k=p[1].to(torch.int64), top_p=p[2], min_p=p[3])

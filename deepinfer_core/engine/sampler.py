@@ -29,6 +29,7 @@ import torch
 
 from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
 from deepinfer_core.engine.sequence import Sequence
+from deepinfer_core.models.batch import move_together
 from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
 
 #: (token id, logprob, rank) triples of one position; the output processor turns them into Logprob
@@ -104,10 +105,6 @@ def _prompt_logprobs(logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, R
         (p + 1, _with_top(lp[j], toks[p + 1], k))
         for j, p in enumerate(range(s.prompt_logprob_start, s.prompt_logprob_end))
     ]
-
-
-def _ints_on(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64).to(device)
 
 
 def _select(p: SamplingTensors, rows: torch.Tensor) -> SamplingTensors:
@@ -199,7 +196,10 @@ class Sampler:
                 row_ids.append(rows)
                 rows += 1
         if idx:
-            x = logits if len(row_ids) == len(logits) else logits[row_ids]
+            if len(row_ids) == len(logits):
+                x = logits
+            else:  # (an index tensor copied without blocking: a list index would wait for the device)
+                x = logits.index_select(0, move_together([torch.tensor(row_ids)], logits.device)[0])
             seqs = [sched.scheduled[i].seq for i in idx]
             pending.idx, pending.seqs = idx, seqs
             pending.tokens = self._sample_rows(x, seqs, idx, out, params)
@@ -231,10 +231,10 @@ class Sampler:
         rand = [i for i, s in enumerate(seqs) if not s.params.greedy]
         dev = x.device
         tokens = torch.empty(len(seqs), dtype=torch.int64, device=dev)
-        g, r = _ints_on(greedy, dev), _ints_on(rand, dev)
-        tokens[g] = self.ops.argmax(x[greedy])
+        g, r = move_together([torch.tensor(greedy), torch.tensor(rand)], dev)
+        tokens[g] = self.ops.argmax(x.index_select(0, g))
         sub = None if params is None else _select(params, r)
-        tokens[r] = self._random(x[rand], [seqs[i] for i in rand], sub)
+        tokens[r] = self._random(x.index_select(0, r), [seqs[i] for i in rand], sub)
         return tokens
 
     def _verify(
