@@ -21,8 +21,8 @@ whose every part, ``model.plan`` and the copies included, still runs for real).
 With ``--async`` the engine overlaps (``async_scheduling=True``); on the CPU nothing runs at the same time,
 so the host time is what would be hidden behind a device step.
 
-Usage: ``python benchmarks/engine_overhead.py [--seqs 1 16 64 256] [--steps 20] [--greedy] [--async]
-[--real-forward]``
+Usage: ``python benchmarks/engine_overhead.py [--seqs 1 16 64 256 1024] [--steps 20] [--greedy] [--async]
+[--real-forward] [--prompt-len 64]``
 """
 
 from __future__ import annotations
@@ -78,12 +78,15 @@ def stub_forward(model) -> None:
     model.compute_logits = lambda h: torch.randn(h.shape[0], model.vocab_size, generator=gen)
 
 
+PROMPT_LEN = 64
+
+
 def build(num_seqs: int, greedy: bool, async_: bool, real: bool, seed: int = 0) -> tuple[LLM, Clock]:
     llm = LLM(
         max_num_seqs=num_seqs,
         max_num_batched_tokens=max(2048, num_seqs),
-        max_model_len=1024,
-        kv_cache_memory_bytes=1 << 30,
+        max_model_len=PROMPT_LEN + 960,
+        kv_cache_memory_bytes=max(1 << 30, num_seqs * (PROMPT_LEN + 64) * 4096),
         enforce_eager=True,
         **({"async_scheduling": True} if async_ else {}),  # (so the script also runs on older revisions)
     )
@@ -93,9 +96,9 @@ def build(num_seqs: int, greedy: bool, async_: bool, real: bool, seed: int = 0) 
     rng = random.Random(seed)
     for i in range(num_seqs):
         sp = SamplingParams(
-            max_tokens=900, ignore_eos=True, temperature=0.0 if greedy else 0.8, top_p=0.95, seed=i
+            max_tokens=950, ignore_eos=True, temperature=0.0 if greedy else 0.8, top_p=0.95, seed=i
         )
-        e.add_request(ProcessedPrompt(None, [rng.randrange(2, 8000) for _ in range(64)], sp))
+        e.add_request(ProcessedPrompt(None, [rng.randrange(2, 8000) for _ in range(PROMPT_LEN)], sp))
     while any(s.is_prefill for s in e.scheduler.running) or e.scheduler.waiting:
         e.step()
     for _ in range(2):  # settle into decode (and, with overlap, a step in flight)
@@ -145,12 +148,14 @@ def main() -> None:
     ap.add_argument("--greedy", action="store_true")
     ap.add_argument("--async", dest="async_", action="store_true", help="async_scheduling=True")
     ap.add_argument("--real-forward", action="store_true", help="run the model's forward pass too")
+    ap.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="prompt tokens (the context)")
     args = ap.parse_args()
+    globals()["PROMPT_LEN"] = args.prompt_len
     torch.set_num_threads(1)
     print(
         f"demo DeepSeek-V4 (reference backend); sampling: {'greedy' if args.greedy else 'top-p 0.95, seeded'}; "
         f"async_scheduling={args.async_}; forward: {'real' if args.real_forward else 'random logits'}; "
-        f"{args.steps} decode steps, best of {args.repeats}"
+        f"{args.prompt_len}-token prompts; {args.steps} decode steps, best of {args.repeats}"
     )
     cols = ["schedule", "prepare", "rest", "host", "forward", "sampling_ops"]
     print(f"{'seqs':>6} " + " ".join(f"{c:>12}" for c in cols) + "  (ms/step, CPU time)")
