@@ -11,7 +11,9 @@ tokens each (seeded top-p 0.95, temperature 0.6, EOS ignored). Reported:
 - ``engine_tok_s`` (``B / engine_step_ms``) and ``pct_of_forward`` (``forward_ms / engine_step_ms``), the
   issue's target being at least 90%; ``generate_tok_s``: output tokens over the whole ``generate`` call
   (prefill included);
-- ``greedy_equal``: greedy tokens with overlap equal those without, at every batch.
+- ``greedy_equal``: greedy tokens with overlap equal those without, at every batch;
+- ``launch_sync_free``: on the GPU, every overlapped launch of a decode step (prepare, the forward pass,
+  sampling) ran under ``torch.cuda.set_sync_debug_mode("error")``, i.e. without waiting for the device.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def section_engine(args) -> None:
         llm = LLM.from_engine(engine)
         steps = _timed_steps(engine)
         tag = "overlap" if overlap else "sync"
+        if overlap and not SMOKE:
+            rows_sync = _check_launches(engine, llm, prompts[: max(batches)], t_len)
         for b in batches:
             params = [
                 SamplingParams(temperature=0.6, top_p=0.95, seed=i, max_tokens=t_len, ignore_eos=True)
@@ -99,8 +103,41 @@ def section_engine(args) -> None:
     for b in batches:
         rows[b]["greedy_equal"] = greedy[(False, b)] == greedy[(True, b)]
     out = {"prompt": p_len, "tokens": t_len, "layers": args.layers, "rows": list(rows.values())}
+    if not SMOKE:
+        out["launch_sync_free"] = rows_sync
     log("engine", out)
     RESULTS["engine"] = out
+
+
+def _check_launches(engine, llm, prompts, t_len: int) -> str:
+    """Generate once with every overlapped decode launch under ``set_sync_debug_mode("error")``."""
+    from deepinfer_core import SamplingParams
+
+    loop = engine.overlap
+    launch, seen = loop.launch, {"checked": 0}
+
+    def checked(sched):
+        if any(s.num_tokens != 1 or not s.samples for s in sched.scheduled) or loop.inflight is None:
+            return launch(sched)  # prefill, or nothing in flight: not the steady state
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(sched)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            seen["checked"] += 1
+
+    loop.launch = checked
+    sp = [
+        SamplingParams(temperature=0.6, top_p=0.95, seed=i, max_tokens=min(t_len, 16))
+        for i in range(len(prompts))
+    ]
+    try:
+        llm.generate(prompts, sp, use_tqdm=False)
+    except RuntimeError as e:
+        return f"FAILED after {seen['checked']} launches: {e}"[:400]
+    finally:
+        loop.launch = launch
+    return f"ok: {seen['checked']} overlapped decode launches without a host synchronisation"
 
 
 def _timed_steps(engine) -> list[tuple[int, int, float]]:
