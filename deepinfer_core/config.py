@@ -121,6 +121,12 @@ class EngineConfig(BaseModel):
         description="let checkpoint shards (or their symlinks) resolve outside the checkpoint directory",
     )
     enforce_eager: bool = Field(False, description="never capture decode steps as graphs")
+    async_scheduling: bool | None = Field(
+        None,
+        description="overlap scheduling: prepare step N+1 and process step N-1's tokens while the device runs "
+        "step N (exact: the same tokens as without); None: the platform's default (on where the device runs "
+        "queued work on its own, e.g. CUDA; off on the CPU reference platform)",
+    )
     swa_bounded_replay: bool = Field(
         False,
         description="run the layers a model declares (V4.1: its decoder) on only the last window of each "

@@ -14,6 +14,8 @@
 #                                    checkdense check.py's dense section only (the fused mHC checks among them)
 #                                    nohc     the slice at batch 1/2 with DEEPINFER_CUDA_SM100__HC_FUSED=0 (A/B)
 #                                    greedyhc greedy equality with DEEPINFER_CUDA_SM100__HC_FUSED=1
+#                                    engine   greedy equality (overlap on by default) + LLM.generate on the slice vs
+#                                             forward-only at batch 1/16/64/256, overlap off and on
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
 set -u
@@ -45,6 +47,8 @@ for part in "${@:-check slice gemm}"; do
                    echo "-- DEEPINFER_CUDA_SM100__HC_FUSED=$v run $r"; DEEPINFER_CUDA_SM100__HC_FUSED=$v timeout 45 python3 benchmarks/gpu/v4_slice.py \
                    --sections slice --batches 1 2 --contexts 4096 --prefill 0 "${prof[@]}" --out "$0/hc_${v/:/x}_$r"; done; done
                    ' "$OUT/abhc") ;;
+      engine) cmd=(timeout 560 python3 benchmarks/gpu/v4_slice.py --sections greedy engine --batches 1 16 64 256
+                   --engine-prompt 64 --engine-tokens 128 --out "$OUT/engine") ;;
       splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
       checkfin) cmd=(env DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1
@@ -54,6 +58,6 @@ for part in "${@:-check slice gemm}"; do
     start=$(date +%s)
     "${cmd[@]}" > "$OUT/$p.log" 2>&1
     echo "== $p: rc $? in $(( $(date +%s) - start )) s"
-    grep -h "^-- DEEPINFER\|tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$OUT/$p.log" | cut -c1-240 | head -30
+    grep -h "^engine\|^-- DEEPINFER\|tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$OUT/$p.log" | cut -c1-240 | head -30
   done
 done

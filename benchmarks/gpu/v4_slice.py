@@ -46,6 +46,7 @@ import traceback
 import torch
 from bench_common import RESULTS, SMOKE, ceilings, cuda_runtime, log, make_llm, profile_step, sync, time_call
 from cuda_settings import cuda_env
+from engine_sections import section_engine  # noqa: F401 - a section, called by name
 from mask_sections import section_engine_mask, section_mask  # noqa: F401 - sections, called by name
 from slice_model import (
     FLASH,
@@ -337,6 +338,11 @@ def main() -> None:
     )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--engine-batch", type=int, default=32)
+    ap.add_argument("--engine-prompt", type=int, default=64, help="engine section: prompt tokens")
+    ap.add_argument(
+        "--engine-tokens", type=int, default=128, help="engine section: sampled tokens per request"
+    )
+    ap.add_argument("--engine-kv-bytes", type=int, default=16 << 30, help="engine section: KV budget")
     ap.add_argument("--profile", type=int, nargs="*", default=[], help="batches to profile per kernel")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (slice section only)")
     ap.add_argument("--fp4-tiles", default="", help="bm,bn,bk,warps,stages or best:gemm_kernels.json")

@@ -23,6 +23,10 @@ ENGINE_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--gpu-memory-utilization", dict(type=float)),
     ("--data-parallel-size", dict(type=int)),
     ("--structured-outputs-backend", dict(help="grammar backend: xgrammar, llguidance, auto, or a plugin's")),
+    (
+        "--async-scheduling",
+        dict(action=argparse.BooleanOptionalAction, help="overlap scheduling (default: the platform's)"),
+    ),
 ]
 BOOL_FLAGS = ["--expert-parallel", "--enforce-eager", "--strict-plugins", "--skip-tokenizer-init"]
 

@@ -60,6 +60,7 @@ class RankEngine:
         )
         # a step retried one sequence at a time would run MoE all-to-alls the other ranks do not join
         self.engine.isolate_failures = self.ep is None
+        self.engine.async_scheduling = False  # every rank runs the step it voted for, now
         self.voter = DPVoter(store=ctx.store)
         self.idle_steps = 0  # empty batches run so the MoE collectives meet
 

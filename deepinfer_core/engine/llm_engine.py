@@ -1,7 +1,10 @@
 """The engine: requests in, one step at a time, ``RequestOutput``s out.
 
-``step()`` is the whole loop: schedule -> execute -> sample -> update -> outputs. See
-:mod:`deepinfer_core.engine.scheduler` for the overlap-scheduling seam.
+``step()`` is the whole loop: schedule -> execute -> sample -> update -> outputs. With
+``async_scheduling`` the loop overlaps (:mod:`deepinfer_core.engine.overlap`): it launches step N+1
+before it processes step N's tokens, unless a live sequence needs its last token on the host first
+(structured output, penalties, speculative decoding): then the step in flight lands and the step runs
+synchronously.
 
 One request never takes the others down. Whatever fails for one request (its grammar allows no token,
 its grammar library raises, its output processing raises, or the step raises and the same request fails
@@ -19,6 +22,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from deepinfer_core.config import ConfigError, EngineConfig
 from deepinfer_core.engine.draft_rounds import draft_round
 from deepinfer_core.engine.input_processor import InputProcessor, ProcessedPrompt
@@ -27,6 +32,7 @@ from deepinfer_core.engine.loader import model_bytes
 from deepinfer_core.engine.model_runner import ModelRunner
 from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.engine.outputs import RequestMetrics, RequestOutput
+from deepinfer_core.engine.overlap import OverlapLoop
 from deepinfer_core.engine.proposer_context import EngineProposerContext
 from deepinfer_core.engine.sampler import Sampler
 from deepinfer_core.engine.scheduler import Scheduler, SchedulerOutput
@@ -94,6 +100,7 @@ class LLMEngine:
         self.sampler = Sampler(
             backends.sampling, model.eos_token_ids, model.vocab_size, self.structured, self.spec_stats
         )
+        self.sampler.host_buffer = lambda n: backends.memory.pinned_host_buffer((n,), torch.int64)
         self.inputs = InputProcessor(
             tokenizer, model.vocab_size, self.max_model_len, self.structured, config.max_n
         )
@@ -105,6 +112,13 @@ class LLMEngine:
         self.num_prompt_tokens = self.num_generation_tokens = self.num_requests = 0
         #: retry a failed step one sequence at a time (off where ranks must run the same steps: EP)
         self.isolate_failures = True
+        #: overlap scheduling (config, else the platform's default; off where ranks vote on each step: DP)
+        self.async_scheduling = (
+            backends.memory.overlaps_host if config.async_scheduling is None else config.async_scheduling
+        )
+        self.overlap = OverlapLoop(self)
+        #: live sequences whose next step needs their last token on the host (grammar, penalties)
+        self._host_bound: set[Sequence] = set()
         if self.proposer is not None:
             self.runner.tap_hidden = self.proposer.needs_hidden
             self.proposer.bind(EngineProposerContext(self.runner, self.kv))
@@ -163,7 +177,9 @@ class LLMEngine:
 
     def _new_seq(self, req: Request, index: int, front: bool) -> None:
         max_tokens = req.params.max_tokens or self.max_model_len - len(req.prompt_token_ids)
-        seq = Sequence(req, index, self.config.seed, max_tokens)
+        seq = Sequence(req, index, self.config.seed, max_tokens, self.max_model_len)
+        if req.params.structured_outputs is not None or req.params.has_penalties:
+            self._host_bound.add(seq)
         if req.params.structured_outputs is not None:
             seq.grammar_key = f"{req.request_id}/{index}"
             self.structured.validate_and_compile(
@@ -184,6 +200,19 @@ class LLMEngine:
     # ------------------------------------------------------------------ the step loop
 
     def step(self) -> list[RequestOutput]:
+        if self.async_scheduling and self._may_overlap():
+            return self.overlap.step()
+        return self.overlap.land() + self._sync_step()
+
+    def _may_overlap(self) -> bool:
+        """No live sequence needs its last token on the host before its next step can run."""
+        if self.proposer is not None:
+            return False
+        if self._host_bound:
+            self._host_bound = {s for s in self._host_bound if s.status is not SeqStatus.FINISHED}
+        return not self._host_bound
+
+    def _sync_step(self) -> list[RequestOutput]:
         aborted = self.apply_aborts()
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -279,10 +308,11 @@ class LLMEngine:
         return outs
 
     def apply_aborts(self) -> list[RequestOutput]:
-        """Carry out pending aborts now; returns the aborted requests' outputs."""
+        """Carry out pending aborts now; returns the aborted requests' outputs (and those of the step in
+        flight, which lands first, so an abort sees the same tokens as without overlap)."""
         with self._lock:
             ids, self._pending_aborts = self._pending_aborts, set()
-        outs = []
+        outs = self.overlap.land() if ids else []
         for rid in ids:
             req = self.requests.pop(rid, None)
             if req is not None:

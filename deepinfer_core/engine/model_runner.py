@@ -19,6 +19,12 @@ The tap. With ``tap_hidden`` set (a proposer needs the target's hidden states), 
 hidden rows in :attr:`last_hidden`, a graph output when the step was replayed, and :attr:`last_rows`
 (the first row of each scheduled sequence), so speculative decoding never turns graphs off.
 
+The persistent batch (:mod:`.persistent_batch`) keeps each running sequence's block tables and its last
+sampled token in rows that are updated when they change. A step's input id at a sequence's pending
+position (overlap scheduling: sampled by the step before, not yet known to the host) is taken from that
+row's token on the device, after the batch is copied there and before the forward pass, so building the
+next step never waits for the current one.
+
 Logit rows, per scheduled sequence in order: its prompt-logprob positions, then its last row (and its
 draft rows) if it samples. :class:`~deepinfer_core.engine.sampler.Sampler` walks them in the same order.
 """
@@ -31,10 +37,11 @@ import torch
 
 from deepinfer_core.engine.graphs import GraphCache
 from deepinfer_core.engine.layer_range import BoundedReplay, tail_batch
+from deepinfer_core.engine.persistent_batch import PersistentBatch
 from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
 from deepinfer_core.kv.budget import KVLayout
 from deepinfer_core.models.base import CausalLM
-from deepinfer_core.models.batch import ForwardBatch
+from deepinfer_core.models.batch import ForwardBatch, move_together
 from deepinfer_core.ops.backends import Backends
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 384, 512)
@@ -63,6 +70,7 @@ class ModelRunner:
         }
         self.groups = sorted(layout.num_blocks)
         self.max_model_len = max_model_len or model.max_position_embeddings
+        self.batch = PersistentBatch(self.groups, -(-self.max_model_len // self.block_size) + 1, self.device)
         self.graphs = GraphCache(backends.memory)
         self.graph_batch_sizes: tuple[int, ...] = ()
         self.capture = False
@@ -88,38 +96,59 @@ class ModelRunner:
     # ------------------------------------------------------------------ building the batch
 
     def prepare(self, sched: SchedulerOutput) -> ForwardBatch:
+        """The step's batch on the device: built on the host from token counts, known token ids and the
+        persistent batch's rows, copied once, then the pending ids filled in from the device."""
         scheduled = sched.scheduled
+        seqs = [s.seq for s in scheduled]
+        rows = self.batch.rows(seqs)
         q = _uniform_rows(scheduled)
         key = self.graph_key(len(scheduled), max(s.start for s in scheduled), q) if q else None
         if key is not None:
-            batch = self._static_batch(
-                [s.seq for s in scheduled],
-                [s.start for s in scheduled],
-                [
-                    s.seq.token_ids[s.start : s.start + 1] + s.seq.spec_token_ids[: s.num_drafts]
-                    for s in scheduled
-                ],
-                key,
-            )
+            ids = [
+                s.seq.token_ids[s.start : s.start + 1] + s.seq.spec_token_ids[: s.num_drafts]
+                for s in scheduled
+            ]
+            pending = [b for b, x in enumerate(ids) if not x]  # the last token is pending: q = 1
+            for b in pending:
+                ids[b] = [0]
+            batch = self._static_batch(seqs, [s.start for s in scheduled], ids, key, rows)
             batch.plan = self.model.plan(batch, key[1])  # host-side tables and checks
             self.last_rows = [b * q for b in range(len(scheduled))]
-            return batch.to(self.device)
-        ids, positions, qsl, ctx, rows = _mixed_vectors(scheduled)
+            return self._fill_pending(
+                batch.to(self.device), [b * q for b in pending], [rows[b] for b in pending]
+            )
+        ids, positions, qsl, ctx, logit_rows, pending = _mixed_vectors(scheduled)
         batch = ForwardBatch(
             input_ids=_ints(ids),
             positions=_ints(positions),
             query_start_loc=_ints(qsl),
             context_lens=_ints(ctx),
-            block_tables={
-                g: self.block_table([s.seq for s in scheduled], g, len(scheduled)) for g in self.groups
-            },
+            block_tables=self.batch.block_tables(rows, len(rows)),
             block_size=self.block_size,
-            logits_indices=_ints(rows),
+            logits_indices=_ints(logit_rows),
         )
         batch.tail = tail_batch(batch, self.bounded_replay)
         batch.plan = self.model.plan(batch, None)
         self.last_rows = qsl[:-1]
-        return batch.to(self.device)
+        return self._fill_pending(
+            batch.to(self.device), [qsl[b + 1] - 1 for b in pending], [rows[b] for b in pending]
+        )
+
+    def _fill_pending(self, batch: ForwardBatch, flat_rows: list[int], rows: list[int]) -> ForwardBatch:
+        """Write the pending token ids (``tokens[rows]`` of the persistent batch) into the device batch at
+        ``flat_rows``: device work queued after the step that sampled them, no host sync."""
+        if flat_rows:
+            dst, src = move_together([_ints(flat_rows), _ints(rows)], self.device)
+            batch.input_ids[dst] = self.batch.tokens[src]
+            if batch.tail is not None:
+                batch.tail.batch.input_ids = batch.input_ids[batch.tail.rows]
+        return batch
+
+    def store_tokens(self, seqs: Sequence, tokens: torch.Tensor) -> None:
+        """Keep ``tokens`` (device, one per sequence of ``seqs``, which all have rows) as each sequence's last
+        sampled token, where the next step's pending ids are read from."""
+        (rows,) = move_together([_ints(self.batch.row_of[s.seq_id] for s in seqs)], tokens.device)
+        self.batch.tokens[rows] = tokens
 
     def graph_key(self, num_seqs: int, max_position: int, q: int = 1) -> tuple[int, int, int] | None:
         """``(batch bucket, context bucket, q)`` of a static step of ``num_seqs`` sequences of ``q`` rows
@@ -146,7 +175,12 @@ class ModelRunner:
         return self._static_batch(seqs, starts, ids, key) if key is not None else None
 
     def _static_batch(
-        self, seqs: Sequence, starts: Sequence[int], ids: Sequence[Sequence[int]], key: tuple[int, int, int]
+        self,
+        seqs: Sequence,
+        starts: Sequence[int],
+        ids: Sequence[Sequence[int]],
+        key: tuple[int, int, int],
+        rows: list[int] | None = None,
     ) -> ForwardBatch:
         """Sequence ``b`` owns rows ``b*q .. b*q+q-1``: its ids at consecutive positions from ``starts[b]``,
         then padding rows (id 0, position -1: every slot is the scratch slot); padding sequences are all
@@ -165,7 +199,11 @@ class ModelRunner:
             positions=_ints(pos),
             query_start_loc=_ints(range(0, (bucket + 1) * q, q)),
             context_lens=_ints(ctx),
-            block_tables={g: self.block_table(seqs, g, bucket) for g in self.groups},
+            block_tables=(
+                self.batch.block_tables(rows, bucket)
+                if rows is not None
+                else {g: self.block_table(seqs, g, bucket) for g in self.groups}
+            ),
             block_size=self.block_size,
             logits_indices=_ints(range(bucket * q)),
         )
@@ -229,7 +267,7 @@ def _uniform_rows(scheduled: list[ScheduledSeq]) -> int:
     for s in scheduled:
         if (
             not s.samples
-            or s.start + 1 != len(s.seq.token_ids)
+            or s.start + 1 != s.seq.num_scheduled_tokens
             or s.prompt_logprob_end > s.prompt_logprob_start
         ):
             return 0
@@ -238,14 +276,20 @@ def _uniform_rows(scheduled: list[ScheduledSeq]) -> int:
 
 
 def _mixed_vectors(scheduled: list[ScheduledSeq]) -> tuple[list[int], ...]:
+    """Flat ids, positions, query starts, context lengths, logit rows, and the sequences whose last row's id
+    is pending (a placeholder 0 here)."""
     ids: list[int] = []
+    pending: list[int] = []
     positions: list[int] = []
     qsl = [0]
     ctx: list[int] = []
     rows: list[int] = []
-    for s in scheduled:
+    for b, s in enumerate(scheduled):
         base, start, end = qsl[-1], s.start, s.start + s.num_tokens
         ids.extend(s.seq.token_ids[start:end])
+        if end > len(s.seq.token_ids) and not s.num_drafts:  # at most the last one (overlap scheduling)
+            ids.append(0)
+            pending.append(b)
         if s.num_drafts:
             ids.extend(s.seq.spec_token_ids[: s.num_drafts])
         positions.extend(range(start, end))
@@ -254,7 +298,7 @@ def _mixed_vectors(scheduled: list[ScheduledSeq]) -> tuple[list[int], ...]:
         rows.extend(range(base + s.prompt_logprob_start - start, base + s.prompt_logprob_end - start))
         if s.samples:
             rows.extend(range(base + s.num_tokens - 1 - s.num_drafts, base + s.num_tokens))
-    return ids, positions, qsl, ctx, rows
+    return ids, positions, qsl, ctx, rows, pending
 
 
 def _ints(values) -> torch.Tensor:

@@ -6,6 +6,13 @@ greedy rows take the argmax and the others draw from ``ops.probs`` with the sequ
 (seeded from its seed and output position; see :meth:`Sequence.generator`). Reported logprobs are
 the log-softmax of the *raw* logits, before any of that processing.
 
+Two phases, so an overlapping engine never waits for the device inside a step: :meth:`Sampler.launch`
+queues everything on the device (the tokens stay there, and a copy to the host is started) and returns
+:class:`PendingSamples`; :meth:`PendingSamples.result` waits for that copy and builds the
+:class:`SamplerOutput` (token ids, logprobs, prompt logprobs) on the host. :meth:`Sampler.sample` is both
+at once. Draft verification and grammar checks read values on the host inside :meth:`launch`; the engine
+runs those steps without overlap.
+
 A constrained row whose grammar allows no token at all (an empty language, a dead end, or a grammar
 backend that failed on it) cannot be sampled: its sequence is reported in :attr:`SamplerOutput.failed`
 and whatever was drawn for it is discarded, so that request alone ends with an error.
@@ -22,6 +29,7 @@ import torch
 
 from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
 from deepinfer_core.engine.sequence import Sequence
+from deepinfer_core.models.batch import move_together
 from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
 
 #: (token id, logprob, rank) triples of one position; the output processor turns them into Logprob
@@ -45,6 +53,64 @@ class SamplerOutput:
     failed: dict[int, str] = field(default_factory=dict)
 
 
+class PendingSamples:
+    """A launched step's samples: the tokens on the device (``tokens[j]`` for scheduled sequence
+    ``idx[j]``), their copy to the host under way, and what the host builds from them later."""
+
+    def __init__(self, out: SamplerOutput):
+        self.out = out
+        self.idx: list[int] = []
+        self.seqs: list[Sequence] = []
+        self.tokens: torch.Tensor | None = None
+        self.logprobs: tuple[list[int], torch.Tensor] | None = None  # (rows j, raw log-softmax rows)
+        self.prompt: list[tuple[int, torch.Tensor, ScheduledSeq]] = []  # (i, logits rows, its step)
+        self._host: torch.Tensor | None = None
+        self._event: Any = None
+
+    def start_copy(self, host_buffer: Any) -> None:
+        """Queue the tokens' copy into a host buffer (``host_buffer(n)``: pinned where that matters)."""
+        t = self.tokens
+        if t.device.type == "cpu":
+            self._host = t
+            return
+        self._host = host_buffer(t.shape[0])
+        self._host.copy_(t, non_blocking=True)
+        self._event = torch.Event(device=t.device)
+        self._event.record()
+
+    def result(self) -> SamplerOutput:
+        """Wait for the copy (only) and fill in the tokens, logprobs and prompt logprobs."""
+        out = self.out
+        for i, rows, s in self.prompt:
+            out.prompt[i] = _prompt_logprobs(rows, s)
+        if self.tokens is None:
+            return out
+        if self._event is not None:
+            self._event.synchronize()
+        tokens = self._host.tolist()
+        for i, t in zip(self.idx, tokens):
+            out.tokens[i] = t
+        if self.logprobs is not None:
+            want, lp = self.logprobs
+            for j, r in enumerate(want):
+                top = _with_top(lp[j], tokens[r], self.seqs[r].params.logprobs)
+                out.logprobs[self.idx[r]] = (top[0][1], top)
+        return out
+
+
+def _prompt_logprobs(logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, RawLogprobs]]:
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    k, toks = s.seq.params.prompt_logprobs, s.seq.token_ids
+    return [
+        (p + 1, _with_top(lp[j], toks[p + 1], k))
+        for j, p in enumerate(range(s.prompt_logprob_start, s.prompt_logprob_end))
+    ]
+
+
+def _select(p: SamplingTensors, rows: torch.Tensor) -> SamplingTensors:
+    return SamplingTensors(p.temperature[rows], p.top_k[rows], p.top_p[rows], p.min_p[rows])
+
+
 class _DraftRow:
     """A sequence as seen at draft position ``j``: the earlier drafts count as outputs (penalties,
     ``min_tokens``)."""
@@ -57,7 +123,7 @@ class _DraftRow:
         self.output_token_ids = seq.output_token_ids + drafts
 
     @property
-    def num_output_tokens(self) -> int:
+    def num_sampled_outputs(self) -> int:
         return len(self.output_token_ids)
 
 
@@ -113,14 +179,24 @@ class Sampler:
         self.structured = structured  # StructuredOutputManager: grammar bitmasks
         self.eos = list(eos_token_ids)
         self.vocab_size = vocab_size
+        #: ``n -> [n] int64`` host buffer the tokens are copied into (a platform's pinned buffer)
+        self.host_buffer = lambda n: torch.empty(n, dtype=torch.int64)
 
     def sample(self, logits: torch.Tensor, sched: SchedulerOutput) -> SamplerOutput:
+        return self.launch(logits, sched).result()
+
+    def launch(
+        self, logits: torch.Tensor, sched: SchedulerOutput, params: SamplingTensors | None = None
+    ) -> PendingSamples:
+        """Queue the step's sampling on the device. ``params``: the sampling parameters of the rows that
+        sample (the persistent batch's), else built from the sequences."""
         out = SamplerOutput([None] * len(sched.scheduled))
+        pending = PendingSamples(out)
         rows, idx, row_ids, spec = 0, [], [], []
         for i, s in enumerate(sched.scheduled):
             n = s.prompt_logprob_end - s.prompt_logprob_start
             if n:
-                out.prompt[i] = self._prompt_logprobs(logits[rows : rows + n], s)
+                pending.prompt.append((i, logits[rows : rows + n], s))
                 rows += n
             if s.samples and s.num_drafts:
                 spec.append((i, rows))
@@ -130,46 +206,46 @@ class Sampler:
                 row_ids.append(rows)
                 rows += 1
         if idx:
-            x = logits if len(row_ids) == len(logits) else logits[row_ids]
-            self._sample_rows(x, [sched.scheduled[i].seq for i in idx], idx, out)
+            if len(row_ids) == len(logits):
+                x = logits
+            else:  # (an index tensor copied without blocking: a list index would wait for the device)
+                x = logits.index_select(0, move_together([torch.tensor(row_ids)], logits.device)[0])
+            seqs = [sched.scheduled[i].seq for i in idx]
+            pending.idx, pending.seqs = idx, seqs
+            pending.tokens = self._sample_rows(x, seqs, idx, out, params)
+            want = [j for j, s in enumerate(seqs) if s.params.logprobs is not None]
+            if want:
+                pending.logprobs = (want, torch.log_softmax(x[want].float(), dim=-1))
+            pending.start_copy(self.host_buffer)
         if spec:
             self._verify(logits, spec, sched, out)
-        return out
-
-    def _prompt_logprobs(self, logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, RawLogprobs]]:
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        k, toks = s.seq.params.prompt_logprobs, s.seq.token_ids
-        return [
-            (p + 1, _with_top(lp[j], toks[p + 1], k))
-            for j, p in enumerate(range(s.prompt_logprob_start, s.prompt_logprob_end))
-        ]
+        return pending
 
     def _sample_rows(
-        self, logits: torch.Tensor, seqs: list[Sequence], idx: list[int], out: SamplerOutput
-    ) -> None:
+        self,
+        logits: torch.Tensor,
+        seqs: list[Sequence],
+        idx: list[int],
+        out: SamplerOutput,
+        params: SamplingTensors | None = None,
+    ) -> torch.Tensor:
+        """The sampled token of each row, ``[len(seqs)]`` int64 on the device (nothing read back)."""
         x, dead = self._process(logits, seqs)
         for r, why in dead.items():
             out.failed[idx[r]] = why
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         if len(greedy) == len(seqs):
-            tokens = self.ops.argmax(x).tolist()
-        elif not greedy:
-            tokens = self._random(x, seqs)
-        else:
-            tokens = [0] * len(seqs)
-            rand = [i for i, s in enumerate(seqs) if not s.params.greedy]
-            for i, t in zip(greedy, self.ops.argmax(x[greedy]).tolist()):
-                tokens[i] = t
-            for i, t in zip(rand, self._random(x[rand], [seqs[i] for i in rand])):
-                tokens[i] = t
-        want = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        if want:
-            lp = torch.log_softmax(logits[want].float(), dim=-1)
-            for j, i in enumerate(want):
-                top = _with_top(lp[j], tokens[i], seqs[i].params.logprobs)
-                out.logprobs[idx[i]] = (top[0][1], top)
-        for i, t in zip(idx, tokens):
-            out.tokens[i] = t
+            return self.ops.argmax(x)
+        if not greedy:
+            return self._random(x, seqs, params)
+        rand = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        dev = x.device
+        tokens = torch.empty(len(seqs), dtype=torch.int64, device=dev)
+        g, r = move_together([torch.tensor(greedy), torch.tensor(rand)], dev)
+        tokens[g] = self.ops.argmax(x.index_select(0, g))
+        sub = None if params is None else _select(params, r)
+        tokens[r] = self._random(x.index_select(0, r), [seqs[i] for i in rand], sub)
+        return tokens
 
     def _verify(
         self, logits: torch.Tensor, items: list[tuple[int, int]], sched: SchedulerOutput, out
@@ -246,10 +322,12 @@ class Sampler:
                 out[a] = t
         return out
 
-    def _random(self, x: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    def _random(
+        self, x: torch.Tensor, seqs: list[Sequence], params: SamplingTensors | None = None
+    ) -> torch.Tensor:
         dev = x.device
-        probs = self.ops.probs(x, sampling_tensors(seqs, dev))
-        return self.ops.sample(probs, [s.generator(dev) for s in seqs]).tolist()
+        probs = self.ops.probs(x, params if params is not None else sampling_tensors(seqs, dev))
+        return self.ops.sample(probs, [s.generator(dev) for s in seqs])
 
     def _process(
         self,
@@ -265,13 +343,13 @@ class Sampler:
         touched = False
         for i, s in enumerate(seqs):
             prm = s.params
-            if prm.logit_bias or s.num_output_tokens < prm.min_tokens:
+            if prm.logit_bias or s.num_sampled_outputs < prm.min_tokens:
                 if not touched:
                     x, touched = x.clone(), True
                 if prm.logit_bias:
                     ids = torch.tensor(list(prm.logit_bias), device=x.device)
                     x[i, ids] += torch.tensor(list(prm.logit_bias.values()), device=x.device)
-                if s.num_output_tokens < prm.min_tokens:
+                if s.num_sampled_outputs < prm.min_tokens:
                     banned = set(prm.stop_token_ids) | (set() if prm.ignore_eos else set(self.eos))
                     if banned:
                         x[i, list(banned)] = float("-inf")

@@ -7,11 +7,16 @@ preempted: its blocks are dropped (the hashed ones stay cached) and it goes back
 queue to be recomputed; its sampled tokens are kept, so its output does not change. Waiting sequences
 are admitted in order while budget and blocks last; a waiting sequence never preempts a running one.
 
-Overlap seam. :meth:`schedule` only reads token *counts*, never token values, and :meth:`update` is the
-only place that advances them. A device backend can therefore call :meth:`schedule` for step N+1 while
-step N runs, counting each running sequence's pending sample as one more token (its id is filled in on
-the device from step N's output) and discarding samples of sequences that step N finished. The
-reference engine runs the steps synchronously.
+Overlap scheduling. :meth:`schedule` only reads token *counts*, never token values. With overlap
+(:mod:`deepinfer_core.engine.overlap`) it runs for step N+1 while step N is on the device: a running
+sequence's token sampled by step N is *pending* (``Sequence.num_pending``) and counted as one more token,
+whose id the runner takes from the device; a sequence whose pending tokens reach its length limit is not
+scheduled (it finishes when they land); a waiting sequence (preempted with a token pending) computes only
+the tokens the host knows, and samples again only once that token has landed. The overlapped engine
+advances the computed counts at launch (:meth:`advance`) and commits blocks and drops finished
+sequences when the step's tokens land (:meth:`retire`); the synchronous engine does both in
+:meth:`update`. A sequence that stopped at step N may already be in step N+1: it was counted, its blocks
+were allocated, and its extra token is discarded when step N+1 lands.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        #: preempted while a token was pending: may finish (when it lands) while waiting
+        self._waiting_pending: set[int] = set()
 
     def add(self, seq: Sequence, front: bool = False) -> None:
         seq.status = SeqStatus.WAITING
@@ -85,7 +92,10 @@ class Scheduler:
         i, allocate = 0, self.kv.allocate
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(len(seq.token_ids) + len(seq.spec_token_ids) - seq.num_computed, budget)
+            if seq.num_pending and seq.ends_with_pending:
+                i += 1
+                continue
+            n = min(seq.num_scheduled_tokens + len(seq.spec_token_ids) - seq.num_computed, budget)
             while not allocate(seq, n):
                 victim = self.running.pop()
                 self._preempt(victim, out)
@@ -117,9 +127,9 @@ class Scheduler:
             budget -= n
 
     def _scheduled(self, seq: Sequence, n: int) -> ScheduledSeq:
-        start = seq.num_computed
-        drafts = max(0, start + n - len(seq.token_ids))
-        s = ScheduledSeq(seq, start, n, start + n - drafts == len(seq.token_ids), num_drafts=drafts)
+        start, total = seq.num_computed, seq.num_scheduled_tokens
+        drafts = max(0, start + n - total)
+        s = ScheduledSeq(seq, start, n, start + n - drafts == total, num_drafts=drafts)
         if seq.params.prompt_logprobs is not None and seq.wants_prompt_logprobs:
             # position p's logits give prompt token p+1's logprob; skip positions already collected
             done = len(seq.request.prompt_logprobs or ()) - 1
@@ -128,6 +138,8 @@ class Scheduler:
         return s
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        if seq.num_pending:
+            self._waiting_pending.add(seq.seq_id)
         self._reset(seq)
         self.add(seq, front=True)
         out.preempted.append(seq)
@@ -139,9 +151,8 @@ class Scheduler:
         seq.set_drafts([])
 
     def update(self, out: SchedulerOutput, finished: list[Sequence]) -> None:
-        """After the step: advance computed counts, offer new full blocks to the prefix cache, and
-        drop the sequences that finished."""
-        bs, commit = self.kv.block_size, self.kv.commit
+        """After the step (synchronous engine): advance computed counts, offer new full blocks to the
+        prefix cache, and drop the sequences that finished."""
         for s in out.scheduled:
             seq = s.seq
             end = s.start + s.num_tokens
@@ -150,17 +161,39 @@ class Scheduler:
             if s.samples and seq.spec_token_ids:
                 seq.set_drafts([])
             seq.num_computed = end
-            if end // bs > seq.num_committed_blocks:  # a block was completed
-                commit(seq)
+        self.retire(out, finished)
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """At launch (overlapped engine, no drafts): the step's tokens count as computed, and each
+        sequence that samples has one more pending token."""
+        for s in out.scheduled:
+            s.seq.num_computed = s.start + s.num_tokens
+            if s.samples:
+                s.seq.num_pending += 1
+
+    def retire(self, out: SchedulerOutput, finished: list[Sequence]) -> None:
+        """Once the step's tokens are known: offer new full blocks to the prefix cache, and drop the
+        sequences that finished (wherever they are) and free their blocks."""
+        bs, commit = self.kv.block_size, self.kv.commit
+        for s in out.scheduled:
+            seq = s.seq
+            if min(seq.num_computed, len(seq.token_ids)) // bs > seq.num_committed_blocks:
+                commit(seq)  # a block was completed
         if finished:
             done = {id(seq) for seq in finished}
             self.running = [s for s in self.running if id(s) not in done]
+            if self._waiting_pending:
+                ids = {seq.seq_id for seq in finished} & self._waiting_pending
+                if ids:
+                    self.waiting = deque(s for s in self.waiting if s.seq_id not in ids)
+                    self._waiting_pending -= ids
             for seq in finished:
                 self.kv.free(seq)
 
     def abort(self, seqs: list[Sequence]) -> None:
         """Remove ``seqs`` wherever they are and free their blocks."""
         ids = {id(s) for s in seqs}
+        self._waiting_pending.difference_update(s.seq_id for s in seqs)
         self.waiting = deque(s for s in self.waiting if id(s) not in ids)
         self.running = [s for s in self.running if id(s) not in ids]
         for s in seqs:

@@ -4,6 +4,11 @@ A :class:`Request` is what the user submitted (one prompt, one :class:`SamplingP
 ``n`` :class:`Sequence` objects, one per sample. Sample 0 (the *leader*) is created with the request;
 samples ``1..n-1`` are created when the leader's prompt is computed, so they can reuse its KV blocks
 through the prefix cache instead of recomputing the prompt.
+
+Overlap scheduling (see :mod:`deepinfer_core.engine.overlap`): a token a launched step sampled stays on the
+device until the host processes that step, one step later. Until then it is *pending*: counted in
+:attr:`Sequence.num_pending`, not yet in ``token_ids``. The scheduler counts it (``num_scheduled_tokens``),
+the runner reads its id from the device token buffer, and nothing on the host reads its value.
 """
 
 from __future__ import annotations
@@ -53,7 +58,14 @@ _seq_ids = itertools.count()
 class Sequence:
     """One sample of a request: its tokens, how many of them are in the KV cache, and its blocks."""
 
-    def __init__(self, request: Request, sample_index: int, engine_seed: int, max_tokens: int):
+    def __init__(
+        self,
+        request: Request,
+        sample_index: int,
+        engine_seed: int,
+        max_tokens: int,
+        max_model_len: int | None = None,
+    ):
         self.seq_id = next(_seq_ids)
         self.request = request
         self.params = request.params
@@ -61,6 +73,14 @@ class Sequence:
         self.token_ids: list[int] = list(request.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.max_tokens = max_tokens
+        #: the length at which it ends with ``"length"`` (``max_tokens`` outputs or ``max_model_len``)
+        self.length_limit = self.num_prompt_tokens + max_tokens
+        if max_model_len is not None:
+            self.length_limit = min(self.length_limit, max_model_len)
+        #: tokens sampled by launched steps whose values the host has not learned yet (overlap scheduling)
+        self.num_pending = 0
+        #: bumped by the KV manager whenever ``block_tables`` change (the persistent batch rewrites the row)
+        self.tables_version = 0
         self.num_computed = 0  # tokens whose state is in the KV pools
         self.status = SeqStatus.WAITING
         #: group name -> physical block ids, ``-1`` where a window block was released
@@ -91,6 +111,22 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens known to the host plus the pending ones: what the scheduler counts."""
+        return len(self.token_ids) + self.num_pending
+
+    @property
+    def num_sampled_outputs(self) -> int:
+        """Output tokens sampled so far, pending ones included (``min_tokens`` counts these)."""
+        return len(self.token_ids) + self.num_pending - self.num_prompt_tokens
+
+    @property
+    def ends_with_pending(self) -> bool:
+        """Its pending tokens reach its length limit: it finishes when the host learns them, so it is not
+        scheduled again (nothing could be computed past ``max_model_len``)."""
+        return self.num_pending > 0 and len(self.token_ids) + self.num_pending >= self.length_limit
 
     @property
     def text(self) -> str:

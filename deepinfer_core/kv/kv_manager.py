@@ -99,6 +99,7 @@ class KVCacheManager:
                 pool.acquire(b)
                 table.append(b)
             seq.block_tables[g] = table
+        seq.tables_version += 1
         seq.num_computed = k * self.block_size
         seq.num_committed_blocks = k
         self.stats.hits += seq.num_computed
@@ -133,6 +134,7 @@ class KVCacheManager:
             t = tables.get(g)
             if stop > 0 and t and t[min(stop, len(t)) - 1] >= 0:
                 _release_prefix(t, min(stop, len(t)), pool)
+                seq.tables_version += 1
         end_blocks = (seq.num_computed + num_new_tokens + bs - 1) // bs
         short = None
         for g, pool in self._pool_items:  # the hot path (decode inside a block) allocates nothing
@@ -143,15 +145,19 @@ class KVCacheManager:
                     return False
                 short = short or []
                 short.append((g, pool, need))
-        for g, pool, need in short or ():
-            tables.setdefault(g, []).extend(pool.allocate() for _ in range(need))
+        if short:
+            for g, pool, need in short:
+                tables.setdefault(g, []).extend(pool.allocate() for _ in range(need))
+            seq.tables_version += 1
         return True
 
     def commit(self, seq: KVRequest) -> None:
-        """Register the full blocks ``seq`` has computed so far in the prefix cache."""
+        """Register the full blocks ``seq`` has computed so far in the prefix cache. Only blocks whose tokens
+        are all known count: with overlap scheduling a step may have computed a token whose id is still
+        pending on the device (``num_computed > num_tokens``), and a block is keyed by its tokens."""
         if not self.enable_caching:
             return
-        num_full = seq.num_computed // self.block_size
+        num_full = min(seq.num_computed, seq.num_tokens) // self.block_size
         first = seq.num_committed_blocks
         if num_full <= first:
             return
@@ -172,6 +178,7 @@ class KVCacheManager:
                     pool.release(b)
         seq.block_tables = {}
         seq.num_committed_blocks = 0
+        seq.tables_version += 1
 
     def check(self, seqs: list[KVRequest]) -> None:
         """Assert pool invariants and that references equal the live table entries (tests)."""

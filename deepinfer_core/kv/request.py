@@ -17,6 +17,9 @@ class KVRequest(Protocol):
     #: chain hashes of the leading full blocks of ``token_ids`` (filled in by the KV manager)
     block_hashes: list[int]
     num_committed_blocks: int  # leading full blocks already offered to the prefix cache
+    #: bumped by the KV manager whenever it changes ``block_tables`` (a copy of them, such as the engine's
+    #: persistent batch, rewrites a request's rows only when this moved)
+    tables_version: int
 
     @property
     def num_tokens(self) -> int: ...

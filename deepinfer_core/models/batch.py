@@ -113,13 +113,23 @@ class TailBatch:
 
 def move_together(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """``tensors`` on ``device`` through a single host-to-device copy when they share a dtype (the
-    per-step index vectors and tables are all int64); tensors already there are returned as they are."""
+    per-step index vectors and tables are all int64); tensors already there are returned as they are.
+
+    To a CUDA device the copy goes from pinned memory without blocking: a pageable copy would wait for
+    every step queued on the stream, and the overlapped engine builds step N+1 while step N runs (the
+    pinned staging buffer is not reused before the copy is done: torch's host allocator tracks it)."""
     device = torch.device(device)
     if all(t.device == device for t in tensors):
         return list(tensors)
     if len({t.dtype for t in tensors}) != 1:
-        return [t.to(device) for t in tensors]
-    flat = torch.cat([t.reshape(-1) for t in tensors]).to(device)
+        return [_to(t, device) for t in tensors]
+    flat = _to(torch.cat([t.reshape(-1) for t in tensors]), device)
     return [
         part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors, strict=True)
     ]
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

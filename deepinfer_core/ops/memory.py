@@ -12,6 +12,9 @@ class MemoryOps(ABC):
     device: torch.device
     #: :meth:`capture_graph` captures (the engine then runs decode steps with static shapes and replays)
     supports_graphs: bool = False
+    #: queued device work runs while the host goes on (a stream), so overlap scheduling pays: the engine's
+    #: ``async_scheduling`` defaults to this
+    overlaps_host: bool = False
 
     @abstractmethod
     def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:

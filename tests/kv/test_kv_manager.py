@@ -22,6 +22,7 @@ class Req:
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     block_hashes: list[int] = field(default_factory=list)
     num_committed_blocks: int = 0
+    tables_version: int = 0
     wants_prompt_logprobs: bool = False
 
     @property

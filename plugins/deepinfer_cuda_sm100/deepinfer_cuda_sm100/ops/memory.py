@@ -21,6 +21,7 @@ def kv_budget(free: int, total: int, gpu_memory_utilization: float, model_bytes:
 
 class CudaMemoryOps(MemoryOps):
     supports_graphs = True
+    overlaps_host = True  # kernels run on a stream: the engine overlaps scheduling by default
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
