@@ -45,9 +45,11 @@ class MoE(Module):
         self.routed: ExpertWeights | None = None
 
     def post_load(self) -> None:
-        ex = self.experts
+        """The routed experts this rank loaded (all of them without expert parallelism), by expert id."""
+        held = [i for i, x in enumerate(self.experts) if x.w1.value is not None]
+        ex = [self.experts[i] for i in held]
         self.routed = ExpertWeights(
-            [x.w1.value for x in ex], [x.w3.value for x in ex], [x.w2.value for x in ex], list(range(len(ex)))
+            [x.w1.value for x in ex], [x.w3.value for x in ex], [x.w2.value for x in ex], held
         )
 
     def forward(self, x: torch.Tensor, ops: Backends) -> torch.Tensor:

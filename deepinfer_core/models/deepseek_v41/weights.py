@@ -14,12 +14,16 @@ The loader streams: every shard is opened memory-mapped (``safe_open``) and tens
 into their slot, so host memory never holds more than one tensor beyond the weights kept. Before anything is
 read, every missing, unexpected, mis-shaped and mis-typed tensor is collected and reported in one
 :class:`CheckpointError` naming the tensor and its file. ``mtp.*`` (the DSpark draft stages) are read for
-their names only: the engine does not run them yet.
+their names only: the engine does not run them yet. With expert parallelism, ``owns_expert(layer, expert)``
+says which routed experts this rank holds: the others' tensors are checked (headers only) and never read.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,6 +39,22 @@ SCALED = {"fp8": ("F8_E4M3",), "fp4": ("I8", "U8"), "rows8": ("F8_E4M3",)}
 SCALE_TYPES = ("F8_E8M0", "F32", "BF16")
 #: checkpoint prefixes the engine does not load yet (their tensors are accepted and skipped)
 SKIPPED_PREFIXES = ("mtp.",)
+#: a routed expert's tensors: ``layers.<layer>.ffn.experts.<expert>.``
+EXPERT_KEY = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.")
+#: ``(layer, expert) -> bool``: whether this rank holds that routed expert
+OwnsExpert = Callable[[int, int], bool]
+
+
+@dataclass
+class LoadedTensors:
+    """What a load read from the checkpoint: tensor names (weights and scales) and their bytes."""
+
+    names: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+
+    def add(self, key: str, t: torch.Tensor) -> None:
+        self.names.append(key)
+        self.bytes_read += t.numel() * t.element_size()
 
 
 class StoredSlot(Slot):
@@ -141,11 +161,26 @@ def plan_load(model: Module, reader: CheckpointReader) -> dict[str, tuple[Stored
     return plan
 
 
+def owned(key: str, owns_expert: OwnsExpert | None) -> bool:
+    """Whether this rank reads ``key``: every tensor but the routed experts it does not hold."""
+    m = EXPERT_KEY.match(key) if owns_expert is not None else None
+    return m is None or owns_expert(int(m[1]), int(m[2]))
+
+
 def load_weights(
-    model: Module, reader: CheckpointReader, dtype: torch.dtype, device: torch.device, options: LoadOptions
-) -> None:
-    """Fill every slot of ``model`` from ``reader``, one tensor at a time, then call ``post_load``."""
+    model: Module,
+    reader: CheckpointReader,
+    dtype: torch.dtype,
+    device: torch.device,
+    options: LoadOptions,
+    owns_expert: OwnsExpert | None = None,
+) -> LoadedTensors:
+    """Fill every slot of ``model`` from ``reader``, one tensor at a time, then call ``post_load``. Routed
+    experts that ``owns_expert`` refuses stay unread (their slots keep ``None``)."""
+    read = LoadedTensors()
     for key, (slot, scale_key) in plan_load(model, reader).items():
+        if not owned(key, owns_expert):
+            continue
         data = reader.get(key)
         scale = reader.get(scale_key) if scale_key else None
         if options.check_weights_finite:
@@ -157,7 +192,11 @@ def load_weights(
                         "values (NaN or Inf); a trusted checkpoint can skip this check with "
                         "check_weights_finite=False"
                     )
+        read.add(key, data)
+        if scale is not None:
+            read.add(scale_key, scale)
         slot.load(data, scale, dtype, device)
         del data, scale
     for m in model.modules():
         m.post_load()
+    return read
