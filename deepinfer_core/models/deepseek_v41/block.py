@@ -82,9 +82,8 @@ class Engram(Module):
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Table rows ``ids [T, cols]`` dequantised (FP8 times a ue8m0 scale per 32) -> ``[T, cols * head_dim]``."""
-        codes, scales = self.embed.value
-        v = codes[ids].float().unflatten(-1, (-1, 32)) * scales[ids].unsqueeze(-1)
-        return v.flatten(-3).to(dtype)
+        rows = self.embed.value.rows(ids, dtype)  # the memory-mapped table (engram_tier.py)
+        return rows.flatten(-2)
 
     def forward(self, h: torch.Tensor, hash_ids: torch.Tensor, ops: Backends) -> torch.Tensor:
         """``h [T, hc, D]`` streams, ``hash_ids [T, engram layers, cols]`` -> ``[T, hc, D]``."""

@@ -107,6 +107,11 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             reader.close()
         return model
 
+    @property
+    def host_tier_bytes(self) -> int:
+        """Bytes of the Engram tables: memory-mapped on the host, outside the weights and the KV budget."""
+        return sum(b.engram.embed.value.nbytes for b in self.layers if b.engram is not None)
+
     def use_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
         """``"auto"``: V4.1's trained formats (FP8 window KV, FP4 compressed KV and index keys, FP4 index
         queries); ``"unquantized"``: plain rows in the model dtype and no round trip."""

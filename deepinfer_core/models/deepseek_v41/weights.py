@@ -6,7 +6,7 @@ Each slot says how its tensor is *stored*, and that decides what the loader acce
 |---|---|---|
 | ``fp8`` | F8_E4M3 ``[out, in]`` + ``.scale`` F8_E8M0 ``[ceil(out/32), ceil(in/32)]`` | ``QuantizedWeight`` ``fp8_block32`` |
 | ``fp4`` | I8 / U8 ``[out, in/2]`` (packed e2m1) + ``.scale`` ``[out, in/32]`` | ``QuantizedWeight`` ``fp4_e2m1`` |
-| ``rows8`` | F8_E4M3 ``[rows, dim]`` + ``.scale`` ``[rows, dim/32]`` (Engram tables) | ``(codes, float32 scales)`` |
+| ``rows8`` | F8_E4M3 ``[rows, dim]`` + ``.scale`` ``[rows, dim/32]`` (Engram tables) | ``EngramTable`` (memory-mapped) |
 | ``bf16`` | BF16 (any floating dtype) | the model dtype (``float32`` on the CPU: exact) |
 | ``f32`` | F32 (any floating dtype) | float32 |
 
@@ -16,6 +16,8 @@ read, every missing, unexpected, mis-shaped and mis-typed tensor is collected an
 :class:`CheckpointError` naming the tensor and its file. ``mtp.*`` (the DSpark draft stages) are read for
 their names only: the engine does not run them yet. With expert parallelism, ``owns_expert(layer, expert)``
 says which routed experts this rank holds: the others' tensors are checked (headers only) and never read.
+Engram tables (``rows8``) are memory-mapped, not read (:mod:`.engram_tier`), so the finite-value check does
+not scan them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointError, CheckpointReader, problem_list
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
+from deepinfer_core.models.deepseek_v41.engram_tier import map_table
 from deepinfer_core.models.weight_checks import FLOAT_DTYPES, LoadOptions, nonfinite_count
 from deepinfer_core.ops.quant_formats import fp4_data_to_uint8, scale_to_float32
 from deepinfer_core.ops.weights import QuantizedWeight
@@ -51,6 +54,7 @@ class LoadedTensors:
 
     names: list[str] = field(default_factory=list)
     bytes_read: int = 0
+    mapped: list[str] = field(default_factory=list)  # Engram tables: memory-mapped, not read
 
     def add(self, key: str, t: torch.Tensor) -> None:
         self.names.append(key)
@@ -180,6 +184,10 @@ def load_weights(
     read = LoadedTensors()
     for key, (slot, scale_key) in plan_load(model, reader).items():
         if not owned(key, owns_expert):
+            continue
+        if slot.stored == "rows8":  # an Engram table: memory-mapped, read by row at run time
+            slot.value = map_table(reader, key, scale_key, device)
+            read.mapped.append(key)
             continue
         data = reader.get(key)
         scale = reader.get(scale_key) if scale_key else None
