@@ -338,6 +338,7 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": self.kv.stats.queries,
             "prefix_cache_hits": self.kv.stats.hits,
+            "host_tier_bytes": int(getattr(self.model, "host_tier_bytes", 0)),
             **self.spec_stats.as_dict(),
         }
 

@@ -45,9 +45,11 @@ class MoE(Module):
         self.routed: ExpertWeights | None = None
 
     def post_load(self) -> None:
-        ex = self.experts
+        """The routed experts this rank loaded (all of them without expert parallelism), by expert id."""
+        held = [i for i, x in enumerate(self.experts) if x.w1.value is not None]
+        ex = [self.experts[i] for i in held]
         self.routed = ExpertWeights(
-            [x.w1.value for x in ex], [x.w3.value for x in ex], [x.w2.value for x in ex], list(range(len(ex)))
+            [x.w1.value for x in ex], [x.w3.value for x in ex], [x.w2.value for x in ex], held
         )
 
     def forward(self, x: torch.Tensor, ops: Backends) -> torch.Tensor:
@@ -80,9 +82,8 @@ class Engram(Module):
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Table rows ``ids [T, cols]`` dequantised (FP8 times a ue8m0 scale per 32) -> ``[T, cols * head_dim]``."""
-        codes, scales = self.embed.value
-        v = codes[ids].float().unflatten(-1, (-1, 32)) * scales[ids].unsqueeze(-1)
-        return v.flatten(-3).to(dtype)
+        rows = self.embed.value.rows(ids, dtype)  # the memory-mapped table (engram_tier.py)
+        return rows.flatten(-2)
 
     def forward(self, h: torch.Tensor, hash_ids: torch.Tensor, ops: Backends) -> torch.Tensor:
         """``h [T, hc, D]`` streams, ``hash_ids [T, engram layers, cols]`` -> ``[T, hc, D]``."""

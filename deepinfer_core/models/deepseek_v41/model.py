@@ -26,7 +26,7 @@ from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_core.models.deepseek_v41.engram import EngramHasher
 from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
 from deepinfer_core.models.deepseek_v41.shards import check_shards
-from deepinfer_core.models.deepseek_v41.weights import bf16, load_weights
+from deepinfer_core.models.deepseek_v41.weights import LoadedTensors, OwnsExpert, bf16, load_weights
 from deepinfer_core.models.weight_checks import LoadOptions
 from deepinfer_core.ops.backends import Backends
 
@@ -80,12 +80,20 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         self.norm = bf16("norm.weight", d)
         self.head = bf16("head.weight", v, d)
         self.hasher: EngramHasher | None = None
+        self.loaded: LoadedTensors | None = None
         self.kinds = tuple(sorted({(r.ratio, False) for r in roles if r.ratio}))
 
     @classmethod
     def from_checkpoint(
-        cls, path: Path, backends: Backends, dtype: torch.dtype, options: LoadOptions = LoadOptions()
+        cls,
+        path: Path,
+        backends: Backends,
+        dtype: torch.dtype,
+        options: LoadOptions = LoadOptions(),
+        owns_expert: OwnsExpert | None = None,
     ) -> DeepseekV41ForCausalLM:
+        """Stream the checkpoint in; ``owns_expert(layer, expert)`` (expert parallelism) limits the routed
+        experts read to this rank's. What was read is kept in :attr:`loaded`."""
         cfg = read_config(Path(path))
         model = cls(cfg, backends, dtype)
         device = backends.memory.device
@@ -94,10 +102,15 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         check_shards(Path(path))
         reader = CheckpointReader(Path(path), allow_external=options.allow_external_shards)
         try:
-            load_weights(model, reader, dtype, device, options)
+            model.loaded = load_weights(model, reader, dtype, device, options, owns_expert)
         finally:
             reader.close()
         return model
+
+    @property
+    def host_tier_bytes(self) -> int:
+        """Bytes of the Engram tables: memory-mapped on the host, outside the weights and the KV budget."""
+        return sum(b.engram.embed.value.nbytes for b in self.layers if b.engram is not None)
 
     def use_kv_cache_dtype(self, kv_cache_dtype: str) -> None:
         """``"auto"``: V4.1's trained formats (FP8 window KV, FP4 compressed KV and index keys, FP4 index

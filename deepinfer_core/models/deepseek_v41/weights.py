@@ -6,7 +6,7 @@ Each slot says how its tensor is *stored*, and that decides what the loader acce
 |---|---|---|
 | ``fp8`` | F8_E4M3 ``[out, in]`` + ``.scale`` F8_E8M0 ``[ceil(out/32), ceil(in/32)]`` | ``QuantizedWeight`` ``fp8_block32`` |
 | ``fp4`` | I8 / U8 ``[out, in/2]`` (packed e2m1) + ``.scale`` ``[out, in/32]`` | ``QuantizedWeight`` ``fp4_e2m1`` |
-| ``rows8`` | F8_E4M3 ``[rows, dim]`` + ``.scale`` ``[rows, dim/32]`` (Engram tables) | ``(codes, float32 scales)`` |
+| ``rows8`` | F8_E4M3 ``[rows, dim]`` + ``.scale`` ``[rows, dim/32]`` (Engram tables) | ``EngramTable`` (memory-mapped) |
 | ``bf16`` | BF16 (any floating dtype) | the model dtype (``float32`` on the CPU: exact) |
 | ``f32`` | F32 (any floating dtype) | float32 |
 
@@ -14,18 +14,25 @@ The loader streams: every shard is opened memory-mapped (``safe_open``) and tens
 into their slot, so host memory never holds more than one tensor beyond the weights kept. Before anything is
 read, every missing, unexpected, mis-shaped and mis-typed tensor is collected and reported in one
 :class:`CheckpointError` naming the tensor and its file. ``mtp.*`` (the DSpark draft stages) are read for
-their names only: the engine does not run them yet.
+their names only: the engine does not run them yet. With expert parallelism, ``owns_expert(layer, expert)``
+says which routed experts this rank holds: the others' tensors are checked (headers only) and never read.
+Engram tables (``rows8``) are memory-mapped, not read (:mod:`.engram_tier`), so the finite-value check does
+not scan them.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointError, CheckpointReader, problem_list
 from deepinfer_core.models.deepseek_v4.params import Module, Slot
+from deepinfer_core.models.deepseek_v41.engram_tier import map_table
 from deepinfer_core.models.weight_checks import FLOAT_DTYPES, LoadOptions, nonfinite_count
 from deepinfer_core.ops.quant_formats import fp4_data_to_uint8, scale_to_float32
 from deepinfer_core.ops.weights import QuantizedWeight
@@ -35,6 +42,23 @@ SCALED = {"fp8": ("F8_E4M3",), "fp4": ("I8", "U8"), "rows8": ("F8_E4M3",)}
 SCALE_TYPES = ("F8_E8M0", "F32", "BF16")
 #: checkpoint prefixes the engine does not load yet (their tensors are accepted and skipped)
 SKIPPED_PREFIXES = ("mtp.",)
+#: a routed expert's tensors: ``layers.<layer>.ffn.experts.<expert>.``
+EXPERT_KEY = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.")
+#: ``(layer, expert) -> bool``: whether this rank holds that routed expert
+OwnsExpert = Callable[[int, int], bool]
+
+
+@dataclass
+class LoadedTensors:
+    """What a load read from the checkpoint: tensor names (weights and scales) and their bytes."""
+
+    names: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+    mapped: list[str] = field(default_factory=list)  # Engram tables: memory-mapped, not read
+
+    def add(self, key: str, t: torch.Tensor) -> None:
+        self.names.append(key)
+        self.bytes_read += t.numel() * t.element_size()
 
 
 class StoredSlot(Slot):
@@ -141,11 +165,30 @@ def plan_load(model: Module, reader: CheckpointReader) -> dict[str, tuple[Stored
     return plan
 
 
+def owned(key: str, owns_expert: OwnsExpert | None) -> bool:
+    """Whether this rank reads ``key``: every tensor but the routed experts it does not hold."""
+    m = EXPERT_KEY.match(key) if owns_expert is not None else None
+    return m is None or owns_expert(int(m[1]), int(m[2]))
+
+
 def load_weights(
-    model: Module, reader: CheckpointReader, dtype: torch.dtype, device: torch.device, options: LoadOptions
-) -> None:
-    """Fill every slot of ``model`` from ``reader``, one tensor at a time, then call ``post_load``."""
+    model: Module,
+    reader: CheckpointReader,
+    dtype: torch.dtype,
+    device: torch.device,
+    options: LoadOptions,
+    owns_expert: OwnsExpert | None = None,
+) -> LoadedTensors:
+    """Fill every slot of ``model`` from ``reader``, one tensor at a time, then call ``post_load``. Routed
+    experts that ``owns_expert`` refuses stay unread (their slots keep ``None``)."""
+    read = LoadedTensors()
     for key, (slot, scale_key) in plan_load(model, reader).items():
+        if not owned(key, owns_expert):
+            continue
+        if slot.stored == "rows8":  # an Engram table: memory-mapped, read by row at run time
+            slot.value = map_table(reader, key, scale_key, device)
+            read.mapped.append(key)
+            continue
         data = reader.get(key)
         scale = reader.get(scale_key) if scale_key else None
         if options.check_weights_finite:
@@ -157,7 +200,11 @@ def load_weights(
                         "values (NaN or Inf); a trusted checkpoint can skip this check with "
                         "check_weights_finite=False"
                     )
+        read.add(key, data)
+        if scale is not None:
+            read.add(scale_key, scale)
         slot.load(data, scale, dtype, device)
         del data, scale
     for m in model.modules():
         m.post_load()
+    return read

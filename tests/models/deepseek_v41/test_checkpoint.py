@@ -82,8 +82,11 @@ def test_golden_checkpoint_loads_with_stored_formats():
     assert e.format == "fp4_e2m1" and torch.equal(
         e.data, stored["layers.0.ffn.experts.2.w1.weight"].view(torch.uint8)
     )
-    codes, scales = model.layers[0].engram.embed.value
-    assert codes.dtype == torch.float8_e4m3fn and scales.shape == (304, 1)
+    table = model.layers[0].engram.embed.value
+    assert table.codes.dtype == torch.float8_e4m3fn and table.scales.shape == (304, 1)
+    assert torch.equal(
+        table.codes.view(torch.uint8), stored["layers.0.engram.embed.weight"].view(torch.uint8)
+    )
     assert torch.equal(model.head.value, stored["head.weight"].float())
 
 

@@ -1,0 +1,74 @@
+"""The Engram tables are a host memory tier: memory-mapped from the checkpoint's shard (the table tensors
+live inside the file's mapping, nothing of them is read at load time), read by row with the stored values,
+and reported apart from the KV budget (``host_tier_bytes``). That the model's outputs stay exact with the
+mapped tables is what ``test_engine_vs_reference.py`` checks on every golden config."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from deepinfer_core import LLM
+from deepinfer_core.models.deepseek_v41 import DeepseekV41ForCausalLM
+from deepinfer_core.ops.backends import CONCERNS, Backends
+from deepinfer_core.ops.quant_formats import scale_to_float32
+from deepinfer_core.ops.reference import reference_op
+from tests.models.deepseek_v41.goldens import checkpoint
+
+BACKENDS = Backends("reference", **{c: reference_op(c) for c in CONCERNS})
+
+
+def mapping_of(t: torch.Tensor) -> str | None:
+    """The file backing the memory mapping that holds ``t``'s data, from ``/proc/self/maps``."""
+    ptr = t.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= ptr < hi:
+                return parts[5] if len(parts) > 5 else None
+    return None
+
+
+@pytest.fixture(scope="module")
+def model():
+    return DeepseekV41ForCausalLM.from_checkpoint(checkpoint("flash_mini"), BACKENDS, torch.float32)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+def test_tables_are_views_of_the_shard_mapping_and_not_read_at_load(model):
+    weight_map = json.loads((checkpoint("flash_mini") / "model.safetensors.index.json").read_text())[
+        "weight_map"
+    ]
+    engram_layers = [i for i, b in enumerate(model.layers) if b.engram is not None]
+    assert engram_layers == [0, 3]
+    for i in engram_layers:
+        key = f"layers.{i}.engram.embed.weight"
+        table = model.layers[i].engram.embed.value
+        scale_key = key.replace(".weight", ".scale")
+        for t, k in ((table.codes, key), (table.scales, scale_key)):
+            assert mapping_of(t) == os.path.realpath(checkpoint("flash_mini") / weight_map[k]), k
+        assert key in model.loaded.mapped and key not in model.loaded.names
+
+
+def test_rows_are_the_stored_rows_dequantised(model):
+    stored = {}
+    for f in sorted(checkpoint("flash_mini").glob("*.safetensors")):
+        stored |= load_file(str(f))
+    ids = torch.tensor([[0, 303, 5], [17, 17, 250]])
+    table = model.layers[0].engram.embed.value
+    codes, scales = stored["layers.0.engram.embed.weight"], stored["layers.0.engram.embed.scale"]
+    want = (codes.float().unflatten(-1, (-1, 32)) * scale_to_float32(scales).unsqueeze(-1)).flatten(-2)
+    assert torch.equal(table.rows(ids, torch.float32), want[ids])
+
+
+def test_table_bytes_are_reported_apart_from_the_kv_budget(model):
+    cfg = model.cfg.engram
+    want = sum(rows * (cfg.head_dim + cfg.head_dim // 32) for rows in cfg.num_embeddings)
+    assert model.host_tier_bytes == want == (304 + 462) * 33
+    llm = LLM(model=str(checkpoint("flash_mini")), kv_cache_dtype="unquantized", dtype="float32")
+    assert llm.get_stats()["host_tier_bytes"] == want
