@@ -23,7 +23,7 @@ OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 fi
-export PYTHONPATH=/tmp/site:.:plugins/deepinfer_cuda_sm100:plugins/deepinfer_structured
+export PYTHONPATH=/tmp/site:.:plugins/deepinfer_cuda_sm100:plugins/deepinfer_structured:plugins/deepinfer_spec_decode
 slice_args=(--batches 1 16 64 256 --contexts 4096 --prefill 0)
 for part in "${@:-check slice gemm}"; do
   for p in $part; do
