@@ -94,9 +94,16 @@ class Engram(Module):
 
 
 class Block(Module):
-    def __init__(self, cfg: DeepseekV41Config, role: LayerRole, readers: tuple[int, ...], dtype: torch.dtype):
+    def __init__(
+        self,
+        cfg: DeepseekV41Config,
+        role: LayerRole,
+        readers: tuple[int, ...],
+        dtype: torch.dtype,
+        decoder: bool = False,
+    ):
         self.cfg = cfg
-        self.attn = Attention(cfg, role, readers, dtype)
+        self.attn = Attention(cfg, role, readers, dtype, decoder)
         self.ffn = MoE(cfg)
         e = cfg.engram
         self.engram = Engram(cfg, e.layer_ids.index(role.layer)) if e and role.layer in e.layer_ids else None
