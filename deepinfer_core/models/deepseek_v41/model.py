@@ -21,7 +21,7 @@ from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.attention import flat
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointError, CheckpointReader
 from deepinfer_core.models.deepseek_v4.params import Module
-from deepinfer_core.models.deepseek_v41.block import Block
+from deepinfer_core.models.deepseek_v41.block import Block, EngramRows
 from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_core.models.deepseek_v41.engram import EngramHasher
 from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
@@ -173,7 +173,7 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             raise ValueError(f"layer_range={batch.layer_range}: V4.1 runs every layer")
         plan = batch.plan if batch.plan is not None else self.plan(batch)
         ops, c = self.backends, self.cfg
-        hash_ids = self._hash_ids(batch.input_ids, plan, kv)
+        engram = self._fetch_engram(batch.input_ids, plan, kv)
         x = self.embed.value[batch.input_ids]
         h = x[:, None, :].expand(-1, c.hc_mult, -1).contiguous()
         pre = torch.zeros(x.shape[0], c.hc_mult, dtype=torch.float32, device=x.device)
@@ -186,23 +186,27 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
                 if tail is not None:  # bounded replay: the decoder runs on the tail's rows only
                     early, rows = ops.dense.hc_collapse(h, pre), tail.rows
                     h, pre = h[rows], pre[rows]
-                    hash_ids = None if hash_ids is None else hash_ids[rows]
+                    if engram is not None:
+                        engram.select = rows
                     shared = {k: v[rows] for k, v in shared.items()}
-            h, pre = block.forward(h, pre, hash_ids, addr, kv, ops, shared)
+            h, pre = block.forward(h, pre, engram, addr, kv, ops, shared)
         out = ops.dense.hc_collapse(h, pre)
         return out if early is None else early.index_copy(0, tail.rows, out)
 
-    def _hash_ids(
+    def _fetch_engram(
         self, input_ids: torch.Tensor, plan: StepPlan, kv: dict[str, torch.Tensor]
-    ) -> torch.Tensor | None:
-        """Write the step's compressed ids to the look-back pool, then hash each position's n-grams."""
+    ) -> EngramRows | None:
+        """Write the step's compressed ids to the look-back pool, hash each position's n-grams, and start
+        reading every Engram layer's rows (:mod:`.engram_tier`)."""
         if self.hasher is None:
             return None
         pool = flat(kv["engram.tokens"])
         ids = self.hasher.token_map[input_ids]
         self.backends.attention.store_kv(pool, plan.addr.token_slots, ids[:, None], None)
         history = torch.where(plan.history >= 0, pool[plan.history.clamp(min=0), 0], -1)
-        return self.hasher.hash_ids(history)
+        hash_ids = self.hasher.hash_ids(history)
+        layers = sorted((b.engram for b in self.layers if b.engram is not None), key=lambda e: e.index)
+        return EngramRows([e.fetch(hash_ids) for e in layers])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         dense = self.backends.dense
