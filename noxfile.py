@@ -36,9 +36,13 @@ def install_all(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite, with every plugin and the example backend installed."""
+    """The whole test suite, with every plugin and the example backend installed. It runs in
+    ``DEEPINFER_TEST_WORKERS`` processes (pytest-xdist, default 2: the reference platform computes on one
+    thread, and CI has two cores), a test file per worker; ``DEEPINFER_TEST_WORKERS=0`` runs it in one."""
     install_all(session)
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *session.posargs)
+    workers = os.environ.get("DEEPINFER_TEST_WORKERS", "2")
+    spread = ["-n", workers, "--dist", "loadfile"] if workers not in ("0", "1") else []
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *spread, *session.posargs)
 
 
 @nox.session

@@ -10,7 +10,9 @@ Static steps (decode and verify) never get one: each of their rows is sampled.
 The state those layers keep is then written only on the rows they ran on, so it is not what another
 request resuming from the same prefix would need. :class:`BoundedReplay` names its groups: the KV manager
 keeps them out of the prefix cache, and a cache hit leaves at least ``window`` tokens to compute, which
-rebuilds them (the window is replayed on a hit).
+rebuilds them (the window is replayed on a hit). Reads of late state that was never written (rows dropped
+earlier in the chunk, or positions before a cache hit) are the model's to mask, below
+:attr:`TailBatch.state_from`; a model whose late layers depend on fewer rows than ``window`` never needs to.
 """
 
 from __future__ import annotations
@@ -74,23 +76,36 @@ def _misfits(specs: list[CacheSpec], first_layer: int, window: int) -> list[str]
     return out
 
 
-def tail_batch(batch: ForwardBatch, replay: BoundedReplay | None) -> TailBatch | None:
+def tail_batch(
+    batch: ForwardBatch, replay: BoundedReplay | None, resumed_at: list[int] | None = None
+) -> TailBatch | None:
     """For ``batch`` (on the host): the rows layers ``>= replay.first_layer`` run on, or ``None`` when that
-    is every row (or ``replay`` is ``None``)."""
+    is every row and nothing they read is missing (or ``replay`` is ``None``).
+
+    ``resumed_at[b]``: the tokens request ``b`` took from the prefix cache (its late state below them was
+    never written). :attr:`TailBatch.state_from` gives, per request, the first position whose late state
+    exists: the first row kept when rows are dropped, else ``resumed_at``."""
     if replay is None or batch.num_requests == 0:
         return None
     first_layer, window = replay.first_layer, replay.window
+    resumed_at = resumed_at or [0] * batch.num_requests
     qsl = batch.query_start_loc.tolist()
+    pos = batch.positions.tolist()
     wanted = batch.logits_indices.tolist()
     owner = [bisect.bisect_right(qsl, r) - 1 for r in wanted]
     first_wanted = qsl[1:]  # per request: its first logits row (its end when it has none)
     for r, b in zip(wanted, owner):
         first_wanted[b] = min(first_wanted[b], r)
-    starts = []
+    starts, state_from = [], []
     for b in range(batch.num_requests):
         start = max(qsl[b], qsl[b + 1] - window)
-        starts.append(start if first_wanted[b] >= start else qsl[b])
-    if starts == qsl[:-1]:
+        start = start if first_wanted[b] >= start else qsl[b]
+        starts.append(start)
+        state_from.append(pos[start] if start > qsl[b] else resumed_at[b])
+    reads_missing = any(
+        f > 0 and qsl[b] < qsl[b + 1] and pos[qsl[b]] - f < window for b, f in enumerate(state_from)
+    )
+    if starts == qsl[:-1] and not reads_missing:
         return None
     rows, sub_qsl = [], [0]
     for b, start in enumerate(starts):
@@ -107,7 +122,7 @@ def tail_batch(batch: ForwardBatch, replay: BoundedReplay | None) -> TailBatch |
         block_size=batch.block_size,
         logits_indices=_ints(logits),
     )
-    return TailBatch(first_layer, index, sub)
+    return TailBatch(first_layer, index, sub, _ints(state_from))
 
 
 def _ints(values: list[int]) -> torch.Tensor:

@@ -127,7 +127,7 @@ class ModelRunner:
             block_size=self.block_size,
             logits_indices=_ints(logit_rows),
         )
-        batch.tail = tail_batch(batch, self.bounded_replay)
+        batch.tail = tail_batch(batch, self.bounded_replay, [s.seq.resumed_at for s in scheduled])
         batch.plan = self.model.plan(batch, None)
         self.last_rows = qsl[:-1]
         return self._fill_pending(

@@ -111,7 +111,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_computed == 0:
-                cached = self.kv.match_prefix(seq)
+                cached = seq.resumed_at = self.kv.match_prefix(seq)
                 if seq.sample_index == 0 and seq.request.metrics.first_scheduled_time is None:
                     seq.request.num_cached_tokens = cached
             n = min(seq.num_tokens - seq.num_computed, budget)

@@ -82,6 +82,9 @@ class Sequence:
         #: bumped by the KV manager whenever ``block_tables`` change (the persistent batch rewrites the row)
         self.tables_version = 0
         self.num_computed = 0  # tokens whose state is in the KV pools
+        #: tokens taken from the prefix cache when last (re)admitted: state of bounded-replay layers before
+        #: them was never written for this request (see :mod:`.layer_range`)
+        self.resumed_at = 0
         self.status = SeqStatus.WAITING
         #: group name -> physical block ids, ``-1`` where a window block was released
         self.block_tables: dict[str, list[int]] = {}

@@ -97,18 +97,24 @@ class TailBatch:
     first_layer: int
     rows: torch.Tensor  # [T'] int64
     batch: ForwardBatch
+    #: [B] int64: per request, the first position whose late-layer state was written (rows of this chunk
+    #: before its first kept row were not run; positions before a prefix-cache hit were never run)
+    state_from: torch.Tensor | None = None
 
     def to(self, device: torch.device, step: ForwardBatch) -> TailBatch:
         """A copy on ``device`` that shares ``context_lens`` and ``block_tables`` with its (moved) step."""
         b = self.batch
-        rows, ids, pos, qsl, logits = move_together(
-            [self.rows, b.input_ids, b.positions, b.query_start_loc, b.logits_indices], device
+        state_from = (
+            self.state_from if self.state_from is not None else torch.zeros_like(b.query_start_loc[1:])
+        )
+        rows, ids, pos, qsl, logits, state_from = move_together(
+            [self.rows, b.input_ids, b.positions, b.query_start_loc, b.logits_indices, state_from], device
         )
         plan = None if b.plan is None else b.plan.to(device)
         sub = ForwardBatch(
             ids, pos, qsl, step.context_lens, step.block_tables, b.block_size, logits, plan=plan
         )
-        return TailBatch(self.first_layer, rows, sub)
+        return TailBatch(self.first_layer, rows, sub, state_from)
 
 
 def move_together(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:

@@ -106,7 +106,9 @@ def _fail_rank_1_at_step_3(llm, sig: int) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "hangs"])
 def test_a_failed_rank_is_named_by_the_others_within_the_timeout(ckpt, monkeypatch, sig):
-    monkeypatch.setenv("DEEPINFER_DIST_TIMEOUT_S", "5")
+    # 10 s: long enough that a healthy rank's step never times out on a loaded two-core machine running
+    # another test file beside this one
+    monkeypatch.setenv("DEEPINFER_DIST_TIMEOUT_S", "10")
     llm = LLM(ckpt, data_parallel_size=3, expert_parallel=True, eplb={"num_redundant_experts": 1}, **KW)
     eng = llm.engine
     _fail_rank_1_at_step_3(llm, sig)
@@ -119,7 +121,7 @@ def test_a_failed_rank_is_named_by_the_others_within_the_timeout(ckpt, monkeypat
     assert survivor.exitcode == 1
     assert "failed rank(s): [1]" in eng.ctx.store.get("deepinfer/diagnosis/2").decode()
     assert not eng.ctx.procs[0].is_alive()
-    assert time.monotonic() - t0 < 30  # timeout 5 s + grace 3 s + exits
+    assert time.monotonic() - t0 < 40  # timeout 10 s + grace 3 s + exits
     with pytest.raises(RuntimeError, match="closed"):
         llm.generate(_prompts()[:1], _params()[:1], use_tqdm=False)
 

@@ -112,6 +112,20 @@ def test_the_tail_is_the_last_rows_of_each_request_with_its_metadata():
     assert sub.context_lens is batch.context_lens and sub.block_tables is batch.block_tables
     assert sub.logits_indices.tolist() == [7, 8, 11, 12, 38]
     assert [rows[i] for i in sub.logits_indices.tolist()] == batch.logits_indices.tolist()
+    # late state exists from the first kept row (request 0: position 12), else from the start
+    assert tail.state_from.tolist() == [12, 0, 0]
+
+
+def test_state_from_marks_what_a_cache_hit_left_unwritten():
+    replay = BoundedReplay(3, 8, frozenset())
+    # positions 200..204 of request 2 resumed at 196: its window (8) reaches below the hit -> a tail of every row
+    tail = tail_batch(_batch([8, 1, 5], [7, 8, 13]), replay, [0, 0, 196])
+    assert tail.rows.tolist() == list(range(14)) and tail.state_from.tolist() == [0, 0, 196]
+    # a hit further back than the window: nothing to mask, nothing dropped
+    assert tail_batch(_batch([8, 1, 5], [7, 8, 13]), replay, [0, 0, 192]) is None
+    # rows dropped: the first kept row, not the hit
+    tail = tail_batch(_batch([20], [19]), replay, [0])
+    assert tail.state_from.tolist() == [12]
 
 
 def test_no_tail_when_nothing_is_dropped():
@@ -128,6 +142,7 @@ def test_the_tail_moves_with_its_batch():
     assert moved.tail.rows.tolist() == [16, 17, 18, 19, 20, 21, 22]
     assert moved.tail.batch.block_tables is moved.block_tables
     assert moved.tail.batch.context_lens is moved.context_lens
+    assert moved.tail.state_from.tolist() == [16, 0]
 
 
 def _engine(model, **cfg) -> LLMEngine:

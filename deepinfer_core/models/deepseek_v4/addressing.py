@@ -46,7 +46,8 @@ class StepAddressing:
 
     ``kinds``: the ``(ratio, overlap)`` compressions to build now (the rest are built on first use);
     ``context_bucket``: static mode, candidate tables ``context_bucket // ratio`` wide and one entry row
-    per token (see the module docstring)."""
+    per token (see the module docstring). :meth:`with_window_group` gives the same tables with the window
+    slots of another window group (V4.1's decoder layers keep their window KV in a group of their own)."""
 
     def __init__(
         self,
@@ -60,19 +61,48 @@ class StepAddressing:
         self.context_bucket = context_bucket
         self.req = batch.request_index()
         self.positions = batch.positions.long()
-        self.token_slots = self.slots("window", self.req, self.positions, 1)
-        offsets = torch.arange(sliding_window, dtype=torch.int64, device=self.positions.device) - (
-            sliding_window - 1
-        )
-        win_pos = self.positions[:, None] + offsets[None, :]
-        self.window_slots = self.slots("window", self.req[:, None].expand_as(win_pos), win_pos, 1)
+        self.sliding_window = sliding_window
+        self.token_slots, self.window_slots = self._window("window")
         self._compressions: dict[tuple[int, bool], Compression] = {k: self._build(*k) for k in kinds}
+
+    def window_positions(self) -> torch.Tensor:
+        """``[T, W]``: the position each column of :attr:`window_slots` holds (negative: before the start)."""
+        w = self.sliding_window
+        offsets = torch.arange(w, dtype=torch.int64, device=self.positions.device) - (w - 1)
+        return self.positions[:, None] + offsets[None, :]
+
+    def _window(
+        self, group: str, state_from: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        win_pos = self.window_positions()
+        if state_from is not None:  # never written: read nothing (and need no block)
+            win_pos = torch.where(win_pos < state_from[self.req][:, None], -1, win_pos)
+        token = self.slots(group, self.req, self.positions, 1)
+        return token, self.slots(group, self.req[:, None].expand_as(win_pos), win_pos, 1)
+
+    def with_window_group(self, group: str, state_from: torch.Tensor | None = None) -> StepAddressing:
+        """(On the host.) These tables, sharing the compressions, with ``token_slots`` and ``window_slots`` in
+        window group ``group``; window columns below ``state_from[request]`` (state never written) read
+        nothing (``-1``)."""
+        out = object.__new__(StepAddressing)
+        out.__dict__.update(self.__dict__)
+        out.token_slots, out.window_slots = out._window(group, state_from)
+        return out
+
+    def window_to(self, device: torch.device, moved: StepAddressing) -> StepAddressing:
+        """This view (from :meth:`with_window_group` of the addressing ``moved`` is a device copy of) on
+        ``device``: ``moved``'s tables with this view's window slots."""
+        out = object.__new__(StepAddressing)
+        out.__dict__.update(moved.__dict__)
+        out.token_slots, out.window_slots = move_together([self.token_slots, self.window_slots], device)
+        return out
 
     def to(self, device: torch.device) -> StepAddressing:
         """A copy with every table on ``device`` (all compressions must be built already); deferred
         candidate tables are built there."""
         out = object.__new__(StepAddressing)
         out.batch, out.block_size, out.context_bucket = None, self.block_size, self.context_bucket
+        out.sliding_window = self.sliding_window
         kinds = list(self._compressions.items())
         host = [self.req, self.positions, self.token_slots, self.window_slots]
         for _, c in kinds:

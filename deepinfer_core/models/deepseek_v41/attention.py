@@ -1,7 +1,8 @@
 """V4.1 attention (CSA2): shared-KV MQA over a sliding window plus, on compressed layers, the entries an
 indexer picks from the compressed KV that a Full layer publishes (``docs/v41_reference.md``, 3.4-3.5).
 
-State per layer ``p = layers.{i}.attn``, as cache specs: ``{p}.swa_kv`` (window group, every layer), and on Full
+State per layer ``p = layers.{i}.attn``, as cache specs: ``{p}.swa_kv`` (every layer; in the ``window`` group, and
+for the decoder layers in a ``decoder`` window group of their own, which SWA bounded replay needs), and on Full
 layers ``{p}.compressor.state`` (window group, ratio 2: each token's pooling ``kv`` and ``score``),
 ``{p}.compressor.kv`` (compressed KV, one entry per ``ratio`` tokens) and ``{p}.indexer.keys`` (index keys),
 both in the ``compressed`` group and read by the Reindex and Reuse layers after it. Under
@@ -110,8 +111,16 @@ class Indexer(Module):
 
 
 class Attention(Module):
-    def __init__(self, cfg: DeepseekV41Config, role: LayerRole, readers: tuple[int, ...], dtype: torch.dtype):
+    def __init__(
+        self,
+        cfg: DeepseekV41Config,
+        role: LayerRole,
+        readers: tuple[int, ...],
+        dtype: torch.dtype,
+        decoder: bool = False,
+    ):
         self.cfg, self.role, self.readers, self.dtype = cfg, role, readers, dtype
+        self.window_group = "decoder" if decoder else "window"
         self.name = f"layers.{role.layer}.attn"
         h, d, hidden = cfg.num_attention_heads, cfg.head_dim, cfg.hidden_size
         g, rank = cfg.o_groups, cfg.o_lora_rank
@@ -142,7 +151,7 @@ class Attention(Module):
     def cache_specs(self) -> list[CacheSpec]:
         c, f, i, r = self.cfg, self.formats, self.role.layer, self.role.ratio
         specs = [
-            _spec(f"{self.name}.swa_kv", "window", 1, c.head_dim, self.dtype, f.window,
+            _spec(f"{self.name}.swa_kv", self.window_group, 1, c.head_dim, self.dtype, f.window,
                   window=c.sliding_window - 1, writer=i)
         ]  # fmt: skip
         if self.role.kind != FULL:

@@ -15,6 +15,7 @@ from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.params import Module
 from deepinfer_core.models.deepseek_v41.attention import Attention, Pools, Shared
 from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_core.models.deepseek_v41.engram_tier import PendingRows
 from deepinfer_core.models.deepseek_v41.roles import LayerRole
 from deepinfer_core.models.deepseek_v41.weights import StoredSlot, bf16, f32, fp8
 from deepinfer_core.ops.backends import Backends
@@ -80,23 +81,43 @@ class Engram(Module):
     def post_load(self) -> None:
         self.weight = self.q_weight.value.float() * self.k_weight.value.float()  # used only as a product
 
-    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Table rows ``ids [T, cols]`` dequantised (FP8 times a ue8m0 scale per 32) -> ``[T, cols * head_dim]``."""
-        rows = self.embed.value.rows(ids, dtype)  # the memory-mapped table (engram_tier.py)
-        return rows.flatten(-2)
+    def fetch(self, hash_ids: torch.Tensor) -> PendingRows:
+        """Start reading this layer's table rows ``hash_ids [T, engram layers, cols]`` (the memory-mapped
+        table, :mod:`.engram_tier`); FP8 rows times a ue8m0 scale per 32 once they are waited for."""
+        return self.embed.value.fetch(hash_ids[:, self.index])
 
-    def forward(self, h: torch.Tensor, hash_ids: torch.Tensor, ops: Backends) -> torch.Tensor:
-        """``h [T, hc, D]`` streams, ``hash_ids [T, engram layers, cols]`` -> ``[T, hc, D]``."""
+    def forward(self, h: torch.Tensor, rows: torch.Tensor, ops: Backends) -> torch.Tensor:
+        """``h [T, hc, D]`` streams, ``rows [T, cols, head_dim]`` this layer's fetched rows -> ``[T, hc, D]``."""
         t, hc, d = h.shape
-        kv = ops.dense.linear(self.rows(hash_ids[:, self.index], h.dtype), self.wkv.value)
+        kv = ops.dense.linear(rows.flatten(-2), self.wkv.value)
         key, value = kv[:, : hc * d].reshape(t, hc, d), kv[:, hc * d :]
         return ops.dense.engram_gate(h, key, value, self.weight, self.cfg.rms_norm_eps)
 
 
+class EngramRows:
+    """A step's Engram rows, fetched for every Engram layer when the step starts (so each layer's read overlaps
+    the layers before it); ``select``: the step rows the blocks now run on (bounded replay's tail)."""
+
+    def __init__(self, pending: list[PendingRows]):
+        self.pending, self.select = pending, None
+
+    def rows(self, index: int, dtype: torch.dtype) -> torch.Tensor:
+        """Engram layer ``index``'s rows ``[T, cols, head_dim]`` (waits for its read)."""
+        rows = self.pending[index].wait(dtype)
+        return rows if self.select is None else rows[self.select]
+
+
 class Block(Module):
-    def __init__(self, cfg: DeepseekV41Config, role: LayerRole, readers: tuple[int, ...], dtype: torch.dtype):
+    def __init__(
+        self,
+        cfg: DeepseekV41Config,
+        role: LayerRole,
+        readers: tuple[int, ...],
+        dtype: torch.dtype,
+        decoder: bool = False,
+    ):
         self.cfg = cfg
-        self.attn = Attention(cfg, role, readers, dtype)
+        self.attn = Attention(cfg, role, readers, dtype, decoder)
         self.ffn = MoE(cfg)
         e = cfg.engram
         self.engram = Engram(cfg, e.layer_ids.index(role.layer)) if e and role.layer in e.layer_ids else None
@@ -125,7 +146,7 @@ class Block(Module):
         self,
         h: torch.Tensor,
         pre: torch.Tensor,
-        hash_ids: torch.Tensor | None,
+        engram: EngramRows | None,
         addr: StepAddressing,
         pools: Pools,
         ops: Backends,
@@ -135,7 +156,7 @@ class Block(Module):
         its FFN site's ``pre`` (which collapses the next block's attention input)."""
         dense, eps = ops.dense, self.cfg.rms_norm_eps
         if self.engram is not None:
-            h = self.engram.forward(h, hash_ids, ops)
+            h = self.engram.forward(h, engram.rows(self.engram.index, h.dtype), ops)
         a_pre, post, comb = dense.hc_mixes(h, self.hc["hc_attn"])
         x = dense.rms_norm(dense.hc_collapse(h, pre), self.attn_norm.value, eps)
         h = dense.hc_post(self.attn.forward(x, addr, pools, ops, shared), h, post, comb)

@@ -3,9 +3,18 @@
 V4.1-Flash's two tables are 768M rows x (256 B of FP8 codes + 8 B of ue8m0 scales), ~203 GB: they never
 enter device memory and are never read whole. :func:`map_table` maps the shard file (``MAP_PRIVATE``: pages
 are read on first touch and never written back) and views the stored bytes in place, so a table costs
-address space, not RSS. :meth:`EngramTable.rows` gathers one step's rows on the host and dequantises them on
-the device; on a GPU the gathered rows go through a pinned staging buffer (a copy the size of the step's
-rows). Table bytes are reported apart from the weights and the KV budget (``host_tier_bytes``).
+address space, not RSS. Table bytes are reported apart from the weights and the KV budget (``host_tier_bytes``).
+
+**Prefetch.** :meth:`EngramTable.fetch` starts reading a step's rows and returns at once; the model calls it
+for every Engram layer as soon as the step's hash ids exist (before its first block), and each Engram layer
+waits (:meth:`PendingRows.wait`) only when it needs its rows, so the reads overlap the layers before it (in
+V4.1-Flash: layer 14's rows load during layers 0-13). The reads run on one background thread
+(``engram-fetch``), in the order they were started. On a GPU the step's ids are copied to pinned host memory
+without blocking; the thread waits for that copy (an event), gathers the rows from the memory map into a
+pinned staging buffer and copies them to the device on a side stream, and the layer's stream waits for that
+copy (an event), so neither the host loop nor the GPU's compute stream waits for the host tier unless the
+rows are late. The rows of a step cannot be read before its hash ids exist: a decode step's ids hash the
+token the previous step samples, so there is nothing to fetch a whole step ahead.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,13 +70,88 @@ class EngramTable:
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids [...]`` dequantised (code times the scale of its 32) -> ``[..., dim]`` in ``dtype``."""
-        flat = ids.reshape(-1).cpu()
-        codes, scales = _gather(self.codes, flat), _gather(self.scales, flat)
+        return self.fetch(ids).wait(dtype)
+
+    def fetch(self, ids: torch.Tensor) -> PendingRows:
+        """Start reading rows ``ids [...]`` (on the table's device) in the background; returns at once."""
+        flat = ids.reshape(-1)
+        ready = None
         if self.device.type == "cuda":
-            codes = _staged(codes).to(self.device, non_blocking=True)
-            scales = _staged(scales).to(self.device, non_blocking=True)
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            flat = host
+        else:
+            flat = flat.cpu()
+        return PendingRows(_fetcher().submit(self._read, flat, ready), tuple(ids.shape))
+
+    def _read(self, ids: torch.Tensor, ready) -> tuple[torch.Tensor, torch.Tensor, object]:
+        """(On the fetch thread.) The rows' codes and scales, on the device; with the copy's event on a GPU."""
+        if ready is not None:
+            ready.synchronize()  # the step's ids have reached the pinned buffer
+        codes, scales = _gather(self.codes, ids), _gather(self.scales, ids)
+        if self.device.type != "cuda":
+            return codes, scales, None
+        codes, scales = _staged(codes), _staged(scales)
+        stream = _copy_stream(self.device)
+        with torch.cuda.stream(stream):
+            codes = codes.to(self.device, non_blocking=True)
+            scales = scales.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return codes, scales, done
+
+
+@dataclass
+class PendingRows:
+    """Rows an :meth:`EngramTable.fetch` is reading."""
+
+    future: Future
+    shape: tuple[int, ...]
+
+    def wait(self, dtype: torch.dtype) -> torch.Tensor:
+        """The rows dequantised -> ``[*shape, dim]`` in ``dtype``; on a GPU the current stream waits for their
+        copy (the host does not). Errors of the read are raised here."""
+        codes, scales, done = self.future.result()
+        if done is not None:
+            current = torch.cuda.current_stream(codes.device)
+            current.wait_event(done)
+            codes.record_stream(current)  # allocated on the copy stream, used on this one
+            scales.record_stream(current)
         v = codes.float().unflatten(-1, (-1, BLOCK)) * scale_to_float32(scales).unsqueeze(-1)
-        return v.flatten(-2).reshape(*ids.shape, -1).to(dtype)
+        return v.flatten(-2).reshape(*self.shape, -1).to(dtype)
+
+
+_FETCHER: ThreadPoolExecutor | None = None
+_STREAMS: dict[torch.device, object] = {}
+_LOCK = threading.Lock()
+
+
+def _fetcher() -> ThreadPoolExecutor:
+    """The one background thread that reads Engram rows (reads run in the order they are started)."""
+    global _FETCHER
+    with _LOCK:
+        if _FETCHER is None:
+            _FETCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engram-fetch")
+        return _FETCHER
+
+
+def _forget_fetcher() -> None:
+    """In a forked child: the parent's fetch thread does not exist there."""
+    global _FETCHER
+    _FETCHER = None
+    _STREAMS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_fetcher)
+
+
+def _copy_stream(device: torch.device):
+    """(On the fetch thread.) The side stream the rows are copied to ``device`` on."""
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    return _STREAMS[device]
 
 
 def _gather(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

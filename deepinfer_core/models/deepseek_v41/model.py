@@ -21,10 +21,11 @@ from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.attention import flat
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointError, CheckpointReader
 from deepinfer_core.models.deepseek_v4.params import Module
-from deepinfer_core.models.deepseek_v41.block import Block
+from deepinfer_core.models.deepseek_v41.block import Block, EngramRows
 from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_core.models.deepseek_v41.engram import EngramHasher
 from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
+from deepinfer_core.models.deepseek_v41.roles import decoder_start
 from deepinfer_core.models.deepseek_v41.shards import check_shards
 from deepinfer_core.models.deepseek_v41.weights import LoadedTensors, OwnsExpert, bf16, load_weights
 from deepinfer_core.models.weight_checks import LoadOptions
@@ -53,13 +54,23 @@ def read_config(path: Path) -> DeepseekV41Config:
 @dataclass
 class StepPlan:
     """The slot tables of one step: V4's addressing (window, compressions) and the Engram look-back slots
-    ``history [T, max_ngram_size]`` (``-1`` before the sequence start)."""
+    ``history [T, max_ngram_size]`` (``-1`` before the sequence start); for a model with a decoder, the
+    decoder layers' addressing ``late`` (their own window group; with bounded replay, over the tail's rows
+    only, reading no window position below the tail's ``state_from``). ``late_shares``: ``late`` is ``addr``
+    with other window slots."""
 
     addr: StepAddressing
     history: torch.Tensor | None
+    late: StepAddressing | None = None
+    late_shares: bool = False
 
     def to(self, device: torch.device) -> StepPlan:
-        return StepPlan(self.addr.to(device), None if self.history is None else self.history.to(device))
+        addr = self.addr.to(device)
+        late = self.late
+        if late is not None:
+            late = late.window_to(device, addr) if self.late_shares else late.to(device)
+        history = None if self.history is None else self.history.to(device)
+        return StepPlan(addr, history, late, self.late_shares)
 
 
 class DeepseekV41ForCausalLM(CausalLM, Module):
@@ -76,7 +87,11 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         }
         v, d = cfg.vocab_size, cfg.hidden_size
         self.embed = bf16("embed.weight", v, d)
-        self.layers = [Block(cfg, r, readers[r.layer], dtype) for r in roles]
+        #: the first decoder layer (after the last Full layer: it keeps nothing but its window), or None
+        self.decoder_start = dec = decoder_start(roles)
+        self.layers = [
+            Block(cfg, r, readers[r.layer], dtype, dec is not None and r.layer >= dec) for r in roles
+        ]
         self.norm = bf16("norm.weight", d)
         self.head = bf16("head.weight", v, d)
         self.hasher: EngramHasher | None = None
@@ -127,14 +142,30 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             specs.append(CacheSpec("engram.tokens", "window", 1, (1,), torch.int64, window=n - 1, writer=0))
         return specs
 
+    def bounded_replay(self) -> tuple[int, int] | None:
+        """The decoder layers (after the last Full layer) over the last ``sliding_window`` rows of a chunk:
+        they keep only their window KV (``decoder`` group). Not exact: a decoder row depends on every earlier
+        row of the chunk through the stacked windows; rows dropped earlier in a chunk, and positions before a
+        prefix-cache hit, are not attended (``docs/models.md``)."""
+        if self.decoder_start is None:
+            return None
+        return self.decoder_start, self.cfg.sliding_window
+
     def plan(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepPlan:
-        addr = StepAddressing(batch, self.cfg.sliding_window, self.kinds)
+        window = self.cfg.sliding_window
+        addr = StepAddressing(batch, window, self.kinds)
         history = None
         if self.cfg.engram is not None:
             shifts = torch.arange(self.cfg.engram.max_ngram_size, device=addr.positions.device)
             pos = addr.positions[:, None] - shifts[None, :]
             history = addr.slots("window", addr.req[:, None].expand_as(pos), pos, 1)
-        return StepPlan(addr, history)
+        if self.decoder_start is None:
+            return StepPlan(addr, history)
+        tail = batch.tail
+        if tail is None:
+            return StepPlan(addr, history, addr.with_window_group("decoder"), late_shares=True)
+        late = StepAddressing(tail.batch, window, self.kinds).with_window_group("decoder", tail.state_from)
+        return StepPlan(addr, history, late)
 
     def forward(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> torch.Tensor:
         """-> ``[T, hidden]``: the streams after the last block, collapsed by its FFN site's ``pre``."""
@@ -142,27 +173,40 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             raise ValueError(f"layer_range={batch.layer_range}: V4.1 runs every layer")
         plan = batch.plan if batch.plan is not None else self.plan(batch)
         ops, c = self.backends, self.cfg
-        hash_ids = self._hash_ids(batch.input_ids, plan, kv)
+        engram = self._fetch_engram(batch.input_ids, plan, kv)
         x = self.embed.value[batch.input_ids]
         h = x[:, None, :].expand(-1, c.hc_mult, -1).contiguous()
         pre = torch.zeros(x.shape[0], c.hc_mult, dtype=torch.float32, device=x.device)
         pre[:, 0] = 1.0
         shared: dict[str, torch.Tensor] = {}
-        for block in self.layers:
-            h, pre = block.forward(h, pre, hash_ids, plan.addr, kv, ops, shared)
-        return ops.dense.hc_collapse(h, pre)
+        addr, tail, early = plan.addr, batch.tail, None
+        for i, block in enumerate(self.layers):
+            if i == self.decoder_start:
+                addr = plan.late
+                if tail is not None:  # bounded replay: the decoder runs on the tail's rows only
+                    early, rows = ops.dense.hc_collapse(h, pre), tail.rows
+                    h, pre = h[rows], pre[rows]
+                    if engram is not None:
+                        engram.select = rows
+                    shared = {k: v[rows] for k, v in shared.items()}
+            h, pre = block.forward(h, pre, engram, addr, kv, ops, shared)
+        out = ops.dense.hc_collapse(h, pre)
+        return out if early is None else early.index_copy(0, tail.rows, out)
 
-    def _hash_ids(
+    def _fetch_engram(
         self, input_ids: torch.Tensor, plan: StepPlan, kv: dict[str, torch.Tensor]
-    ) -> torch.Tensor | None:
-        """Write the step's compressed ids to the look-back pool, then hash each position's n-grams."""
+    ) -> EngramRows | None:
+        """Write the step's compressed ids to the look-back pool, hash each position's n-grams, and start
+        reading every Engram layer's rows (:mod:`.engram_tier`)."""
         if self.hasher is None:
             return None
         pool = flat(kv["engram.tokens"])
         ids = self.hasher.token_map[input_ids]
         self.backends.attention.store_kv(pool, plan.addr.token_slots, ids[:, None], None)
         history = torch.where(plan.history >= 0, pool[plan.history.clamp(min=0), 0], -1)
-        return self.hasher.hash_ids(history)
+        hash_ids = self.hasher.hash_ids(history)
+        layers = sorted((b.engram for b in self.layers if b.engram is not None), key=lambda e: e.index)
+        return EngramRows([e.fetch(hash_ids) for e in layers])
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         dense = self.backends.dense

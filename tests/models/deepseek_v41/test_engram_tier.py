@@ -72,3 +72,49 @@ def test_table_bytes_are_reported_apart_from_the_kv_budget(model):
     assert model.host_tier_bytes == want == (304 + 462) * 33
     llm = LLM(model=str(checkpoint("flash_mini")), kv_cache_dtype="unquantized", dtype="float32")
     assert llm.get_stats()["host_tier_bytes"] == want
+
+
+def test_every_layer_s_rows_are_read_in_the_background_before_the_first_block_runs(monkeypatch):
+    """The step starts reading both Engram layers' rows (layers 0 and 3) before block 0 runs; the reads run
+    on the ``engram-fetch`` thread, and layer 3 waits only when it needs its rows."""
+    import threading
+
+    from deepinfer_core import SamplingParams
+    from deepinfer_core.models.deepseek_v41 import block as block_mod
+    from deepinfer_core.models.deepseek_v41 import engram_tier
+
+    events: list[tuple[str, str]] = []
+    gather, block_forward, wait = engram_tier._gather, block_mod.Block.forward, engram_tier.PendingRows.wait
+
+    def gathering(table, ids):
+        events.append(("gather", threading.current_thread().name))
+        return gather(table, ids)
+
+    def forwarding(self, h, *args):
+        events.append(("block", str(self.attn.role.layer)))
+        return block_forward(self, h, *args)
+
+    def waiting(self, dtype):
+        events.append(("wait", ""))
+        return wait(self, dtype)
+
+    monkeypatch.setattr(engram_tier, "_gather", gathering)
+    monkeypatch.setattr(block_mod.Block, "forward", forwarding)
+    monkeypatch.setattr(engram_tier.PendingRows, "wait", waiting)
+    llm = LLM(model=str(checkpoint("flash_mini")), kv_cache_dtype="unquantized", dtype="float32")
+    events.clear()
+    llm.generate([{"prompt_token_ids": list(range(5, 40))}], SamplingParams(max_tokens=1), use_tqdm=False)
+    threads = {name for kind, name in events if kind == "gather"}
+    assert threads and all(name.startswith("engram-fetch") for name in threads), threads
+    first_block = events.index(("block", "0"))
+    # codes and scales of two layers were started (submitted) before block 0; block 3 waits after block 2 ran
+    assert sum(1 for kind, _ in events[:first_block] if kind == "wait") == 0
+    assert events.index(("block", "2")) < [i for i, e in enumerate(events) if e[0] == "wait"][1]
+
+
+def test_a_failed_read_is_raised_where_the_layer_waits(model):
+    table = model.layers[0].engram.embed.value
+    pending = table.fetch(torch.tensor([[0, table.codes.shape[0] + 5]]))  # a row past the table's end
+    with pytest.raises(IndexError):
+        pending.wait(torch.float32)
+    assert table.rows(torch.tensor([[1, 2]]), torch.float32).shape[:2] == (1, 2)  # the thread goes on
