@@ -39,8 +39,9 @@ KVQ_ONLY_FLOOR = {"mean_abs": 1.8e-3, "greedy_share": 107 / 128}
 #: the quantized engine: mean |logprob diff| over prompt positions and share of greedy tokens equal (from the
 #: start, until a near-tie) against each reference mode. ``kvq_only``: 3x the floor's mean (the worst seed,
 #: 5.2e-3, fits) and the floor's worst greedy share less 0.05; measured 6.5e-7 and 128/128, while leaving out
-#: any one round trip (index queries, index keys, window KV) gives 0.2-0.4. ``kvq_on``: loose, because the
-#: engine does not quantise GEMM inputs to FP8 (measured 0.36 and 27/128); docs/models.md has the numbers.
+#: the window KV, the index query, or the index keys and query round trips gives 0.21, 0.38 or 0.41.
+#: ``kvq_on``: loose, because the engine does not quantise GEMM inputs to FP8 (measured 0.36 and 27/128);
+#: docs/models.md has the numbers.
 QUANTIZED_BOUNDS = {
     "kvq_only": {
         "mean_abs": 3 * KVQ_ONLY_FLOOR["mean_abs"],
