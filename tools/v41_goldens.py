@@ -42,6 +42,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="print the sensitivity and decode-fix measurements "
         "on a LEN-token prompt of each config instead of writing goldens",
     )
+    ap.add_argument(
+        "--floor",
+        type=int,
+        metavar="LEN",
+        help="print the reference's 1e-6 sensitivity on each config's golden prompts of up to LEN tokens, "
+        "pooled as the engine's aggregate test pools them, instead of writing goldens",
+    )
+    ap.add_argument("--floor-modes", nargs="*", default=["kvq_only"], help="modes for --floor")
     return ap.parse_args(argv)
 
 
@@ -75,6 +83,13 @@ def print_measurements(ref, names: list[str], length: int) -> None:
         print(json.dumps({name: result}, indent=1))
 
 
+def print_floors(ref, names: list[str], max_len: int, modes: list[str]) -> None:
+    for name in names:
+        p = config_goldens.prepare(ref, configs.by_name(name))
+        result = {mode: measure.golden_floor(ref, p, mode, max_len) for mode in modes}
+        print(json.dumps({name: result}, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     torch.set_num_threads(1)
@@ -82,6 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     ref = load_reference(args.reference, args.allow_other_reference)
     if args.measure:
         print_measurements(ref, args.configs, args.measure)
+        return
+    if args.floor:
+        print_floors(ref, args.configs, args.floor, args.floor_modes)
         return
     parts = set(args.parts)
     if "quantisers" in parts:

@@ -16,9 +16,14 @@
 - :func:`capture_logits`: the head normally returns the last position only; this also keeps every position's.
 - :func:`gemm_exact`: FP8/FP4 linears as float32 products with the exactly dequantised weights, without the
   FP8 quantisation of their input.
-- :func:`numerics`: one of the three modes of :data:`MODES` (the decode fix is on in all of them).
+- :func:`numerics`: one of the four modes of :data:`MODES` (the decode fix is on in all of them).
 
-Why three modes: with the release's numerics, a 1e-6 relative change of the float weights moves prompt
+The two patches that change numerics touch disjoint calls: :func:`gemm_exact` replaces ``linear`` (the only
+caller of ``act_quant`` without ``inplace``), and :func:`kv_quant_off` skips only the ``inplace=True`` calls.
+So ``kvq_only`` (:func:`gemm_exact` alone) keeps exactly the five KV / index round trips and nothing else of
+the release's quantisation of activations.
+
+Why these modes: with the release's numerics, a 1e-6 relative change of the float weights moves prompt
 logprobs by up to about a nat (medians up to 1e-1) on the tiny configs once a value crosses an FP8/FP4
 rounding boundary. That holds with the KV round trips off too (the FP8 quantisation of every GEMM input is
 just as sensitive); ``exact`` moves by at most ~5e-5. docs/v41_reference.md has the measurements.
@@ -144,6 +149,9 @@ MODES = {
     "kvq_off": "the release's GEMM numerics (FP8 activations, 32 per ue8m0 scale) without the KV / index round "
     "trips",
     "kvq_on": "the release's numerics: FP8 activations in the GEMMs and the KV / index round trips",
+    "kvq_only": "float32 GEMMs as in exact, with the release's KV / index round trips (FP8 window KV, FP4 "
+    "compressed KV, index keys and queries): the storage formats alone, what an engine with float32 GEMMs "
+    "and quantised KV computes",
 }
 
 
@@ -159,6 +167,6 @@ def numerics(ref, mode: str, fix: bool = True):
         stack.enter_context(engram_rows_default_dtype(ref))
         if mode in ("exact", "kvq_off"):
             stack.enter_context(kv_quant_off(ref))
-        if mode == "exact":
+        if mode in ("exact", "kvq_only"):
             stack.enter_context(gemm_exact(ref))
         yield

@@ -2,7 +2,7 @@
 
 Each tensor draws from its own generator, seeded by ``seed`` and the CRC-32 of its name, so adding a tensor
 never changes another's values. FP8 and FP4 use the project's own quantisers
-(:mod:`deepinfer_core.quant.formats`) with 32-wide blocks and power-of-two (ue8m0) scales; the Engram tables'
+(:mod:`deepinfer_core.ops.quant_formats`) with 32-wide blocks and power-of-two (ue8m0) scales; the Engram tables'
 row-wise scales are computed here. Any correctly formatted values serve: the reference consumes them as stored.
 """
 
@@ -12,7 +12,7 @@ import zlib
 
 import torch
 
-from deepinfer_core.quant.formats import FP8_MAX, pow2_ceil, quantize_fp4_e2m1, quantize_fp8_block
+from deepinfer_core.ops.quant_formats import FP8_MAX, pow2_ceil, quantize_fp4_e2m1, quantize_fp8_block
 
 from .layout import TensorSpec
 
