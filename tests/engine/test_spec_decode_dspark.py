@@ -11,12 +11,16 @@ window 16, three DSpark stages, block 5), float32 with unquantized KV.
   runs its stages and writes its windows): output unchanged, acceptances beyond the first position, and after
   every partly accepted round every cache entry a next step may read, the stages' windows included, equals
   bit for bit that of a run that only ever saw the accepted tokens.
+- Also: q of sampled drafts equals the request's distribution over the head's recomputed logits; greedy equality
+  under preemption, prefix caching and the trained FP8 KV; seeded n > 1 sampling with greedy drafts emits the
+  plain tokens.
 - Bad configs fail at construction naming the parameter.
 """
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,6 +29,9 @@ from deepinfer_core import LLM, SamplingParams
 from deepinfer_core.config import ConfigError, load_config
 from deepinfer_core.engine.llm_engine import LLMEngine
 from deepinfer_core.engine.loader import load
+from deepinfer_core.engine.sampler import sampling_tensors
+from deepinfer_core.kv.budget import group_block_bytes, min_blocks
+from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps
 from deepinfer_core.runtime import build_runtime
 from deepinfer_core.testing.kv_harness import PagedKVHarness
 from deepinfer_spec_decode.dspark import DSparkProposer
@@ -39,9 +46,8 @@ MAX_TOKENS = 24
 def _engine(spec: dict | None = None, extra: dict | None = None, **kw) -> LLM:
     kw.setdefault("kv_cache_memory_bytes", 32 << 20)
     kw.setdefault("max_model_len", 128)
-    config = load_config(
-        environ={}, model=CKPT, dtype="float32", kv_cache_dtype="unquantized", speculative_config=spec, **kw
-    )
+    kw.setdefault("kv_cache_dtype", "unquantized")
+    config = load_config(environ={}, model=CKPT, dtype="float32", speculative_config=spec, **kw)
     rt = build_runtime(config)
     model, tok = load(config, rt)
     reg = rt.registry.proposers  # resolves its "module:attr" entries on lookup
@@ -71,19 +77,25 @@ def plain():
     return {tuple(o.prompt_token_ids): o.prompt_token_ids + o.outputs[0].token_ids for o in outs}, outs
 
 
-def _head_drafts(model, ids: list[int], n: int) -> list[int]:
-    """The greedy DSpark block after ``ids`` (the last token not computed), recomputed on fresh pools."""
+def _head_logits(model, ids: list[int], drafts: list[int]) -> torch.Tensor:
+    """The DSpark head's logits ``[len(drafts), V]`` (Markov bias of the token before each slot included) after
+    ``ids`` (the last token not computed), recomputed on fresh pools."""
     h = PagedKVHarness(model.cache_specs(), num_blocks=64)
     s = h.add_sequence()
     with torch.inference_mode():
         batch = h.step({s: ids[:-1]}, logits="all")
         model.dspark_context(batch, model.forward(batch, h.pools), h.pools)
         x = model.dspark_block(h.step({s: ids[-1:]}, positions_from={s: len(ids) - 2}), h.pools)[0]
-        base, out = model.dspark_logits(x), [ids[-1]]
-        for i in range(n):
-            bias, _ = model.dspark_markov(torch.tensor(out[-1:]))
-            out.append(int(torch.argmax(base[i] + bias[0])))
-    return out[1:]
+        bias, _ = model.dspark_markov(torch.tensor(ids[-1:] + drafts[:-1]))
+        return model.dspark_logits(x)[: len(drafts)] + bias
+
+
+def _head_drafts(model, ids: list[int], n: int) -> list[int]:
+    """The greedy DSpark block after ``ids``, recomputed: each slot's argmax given the drafts before it."""
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(torch.argmax(_head_logits(model, ids, out + [0])[-1])))
+    return out
 
 
 @pytest.mark.parametrize("k,budget", [(5, 16), (2, 64)])
@@ -105,8 +117,18 @@ def test_dspark_greedy_output_is_unchanged_and_drafts_are_the_heads(plain, k, bu
     model = llm.engine.model
     for toks, drafts in seen[:: max(1, len(seen) // 8)]:  # a spread of rounds, every prompt's
         assert drafts == _head_drafts(model, toks, len(drafts))
-    for pool in llm.engine.kv.pools.values():
-        assert pool.num_in_use == 0
+    _no_leaks(llm)
+
+
+def test_dspark_with_the_trained_fp8_kv_keeps_greedy_output():
+    """``kv_cache_dtype="auto"``: the stages' windows and the block's own KV go through the FP8 window format."""
+    kw = dict(kv_cache_dtype="auto", max_num_batched_tokens=16)
+    base = _engine(enable_prefix_caching=False, **kw).generate(
+        _prompts(), _params(logprobs=2), use_tqdm=False
+    )
+    llm = _engine(_dspark(5), **kw)
+    assert_same_outputs(base, llm.generate(_prompts(), _params(logprobs=2), use_tqdm=False))
+    assert any(s.name.startswith("mtp.") and s.dtype == torch.uint8 for s in llm.engine.model.cache_specs())
 
 
 def test_dspark_samples_its_drafts_and_reports_acceptance():
@@ -132,6 +154,75 @@ def test_dspark_samples_its_drafts_and_reports_acceptance():
         torch.testing.assert_close(q.sum(-1), torch.ones(len(d.token_ids)), rtol=0, atol=1e-5)
         assert bool((q[torch.arange(len(d.token_ids)), torch.tensor(d.token_ids)] > 0).all())
         assert int((q > 0).sum(-1).max()) <= 50  # the request's top-k shapes q
+
+
+def _no_leaks(llm: LLM) -> None:
+    for pool in llm.engine.kv.pools.values():
+        assert pool.num_in_use == 0
+
+
+def test_dspark_q_is_the_requests_distribution_over_the_heads_logits():
+    """A sampling request's first draft's q equals temperature / top-k applied to the head's logits recomputed
+    over the full context; greedy requests in the same batch keep argmax drafts (plain lists)."""
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.8, top_k=40, seed=3, ignore_eos=True),
+        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+    ]
+    llm = _engine(_dspark(3))
+    seen = []
+    original = llm.engine.proposer.propose
+
+    def spy(seqs, limits):
+        drafts = original(seqs, limits)
+        seen.extend((list(s.token_ids), s.params.greedy, d) for s, d in zip(seqs, drafts))
+        return drafts
+
+    llm.engine.proposer.propose = spy
+    llm.generate(_prompts()[1:], params, use_tqdm=False)
+    assert all(isinstance(d, list) for _, greedy, d in seen if greedy)
+    sampled = [(t, d) for t, greedy, d in seen if not greedy]
+    assert len(sampled) >= 5
+    ref = ReferenceSamplingOps()
+    for toks, d in sampled[:4]:
+        logits = _head_logits(llm.engine.model, toks, list(d.token_ids))
+        tensors = sampling_tensors([SimpleNamespace(params=params[0])] * len(d.token_ids))
+        torch.testing.assert_close(d.probs, ref.probs(logits, tensors), rtol=0, atol=1e-5)
+        assert 0 < float(d.probs[0].max()) < 1
+    _no_leaks(llm)
+
+
+def test_dspark_under_preemption_and_prefix_caching_keeps_greedy_output(plain):
+    """A KV budget of the minimum blocks forces preemption (recompute, so the stage windows are rewritten);
+    then repeated prompts hit the prefix cache, whose blocks carry the stages' windows too."""
+    _, outs = plain
+    probe = _engine(_dspark(4), max_num_batched_tokens=16)
+    specs, bs = probe.engine.model.cache_specs(), probe.engine.kv_layout.block_size
+    need = min_blocks(specs, bs, 128, 16)
+    budget = sum(need[g] * b for g, b in group_block_bytes(specs, bs).items())
+    llm = _engine(_dspark(4), max_num_batched_tokens=16, kv_cache_memory_bytes=budget)
+    assert_same_outputs(outs, llm.generate(_prompts(), _params(logprobs=2), use_tqdm=False))
+    assert llm.get_stats()["num_preemptions"] > 0
+    _no_leaks(llm)
+    cached = _engine(_dspark(4), max_num_batched_tokens=24)
+    cached.generate(_prompts(), _params(), use_tqdm=False)
+    assert_same_outputs(outs, cached.generate(_prompts(), _params(logprobs=2), use_tqdm=False))
+    assert cached.get_stats()["prefix_cache_hits"] > 0
+    _no_leaks(cached)
+
+
+def test_dspark_greedy_drafts_for_seeded_sampling_with_n_samples_emit_the_plain_tokens():
+    """``draft_sampling="greedy"``: one-hot drafts, so the verifier draws exactly as plain sampling does."""
+    params = [
+        SamplingParams(max_tokens=8, temperature=0.9, top_k=40, seed=3, n=2, ignore_eos=True, logprobs=1),
+        SamplingParams(max_tokens=6, temperature=1.0, seed=4, n=3, ignore_eos=True, repetition_penalty=1.2),
+    ]
+    base = _engine(enable_prefix_caching=False).generate(_prompts()[1:], params, use_tqdm=False)
+    llm = _engine(_dspark(3, draft_sampling="greedy"), max_num_batched_tokens=24)
+    outs = llm.generate(_prompts()[1:], params, use_tqdm=False)
+    for a, b in zip(base, outs):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert llm.get_stats()["spec_num_draft_tokens"] > 0
+    _no_leaks(llm)
 
 
 def _oracle(full: dict, ids: list[int], j: int) -> int:
