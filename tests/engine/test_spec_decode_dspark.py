@@ -210,6 +210,19 @@ def test_dspark_under_preemption_and_prefix_caching_keeps_greedy_output(plain):
     _no_leaks(cached)
 
 
+def test_a_confidence_threshold_shortens_blocks_and_keeps_greedy_output(plain):
+    """``confidence_threshold``: a block ends at the first slot whose confidence ``sigmoid(score)`` is below it
+    (random heads score around 0.5, so 0.5 cuts some blocks and not others)."""
+    _, outs = plain
+    full = _engine(_dspark(5))
+    full.generate(_prompts(), _params(logprobs=2), use_tqdm=False)
+    cut = _engine(_dspark(5, confidence_threshold=0.5))
+    assert_same_outputs(outs, cut.generate(_prompts(), _params(logprobs=2), use_tqdm=False))
+    a, b = full.engine.spec_stats.drafted_per_position, cut.engine.spec_stats.drafted_per_position
+    print("drafted per position without / with the threshold:", a, b)
+    assert 0 < sum(b) < sum(a) and b[0] > b[-1]
+
+
 def test_dspark_greedy_drafts_for_seeded_sampling_with_n_samples_emit_the_plain_tokens():
     """``draft_sampling="greedy"``: one-hot drafts, so the verifier draws exactly as plain sampling does."""
     params = [
