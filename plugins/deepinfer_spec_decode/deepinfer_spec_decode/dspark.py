@@ -58,7 +58,7 @@ class DSparkProposer(Proposer):
         hidden = self.ctx.last_hidden()
         if hidden is None or not rows:
             return
-        ids = [r.seq.token_ids[r.start : r.start + r.num_verified] for r in rows]
+        ids = [[0] * r.num_verified for r in rows]  # the context step reads positions and taps, not ids
         batch = self.ctx.draft_batch([r.seq for r in rows], [r.start for r in rows], ids)
         n_rows = batch.input_ids.shape[0]
         q = n_rows // max(batch.query_start_loc.shape[0] - 1, 1) if batch.graph_key is not None else None
