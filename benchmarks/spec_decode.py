@@ -7,7 +7,9 @@ calls / generated tokens) and its ratio to the plain run (the step speedup; wall
 too, but there every extra row costs nearly as much as a step, so it is not the GPU picture).
 
 Methods: ``ngram`` on repetitive text (code with repeated lines, a repeated list, prose with a refrain);
-``mtp`` when the checkpoint has MTP modules (``num_nextn_predict_layers > 0``, e.g. a trained demo model).
+``mtp`` when the checkpoint has MTP modules (``num_nextn_predict_layers > 0``, e.g. a trained demo model);
+``dspark`` when it has DSpark stages (a V4.1 checkpoint with ``mtp.*`` and ``dspark_block_size``; ``k`` up to
+the block size, larger ``k`` are skipped).
 Greedy output is checked to equal the plain run for every configuration.
 
 ``--temperature T`` (> 0) samples instead (seeded per prompt): then MTP runs twice, with its drafts sampled
@@ -17,7 +19,7 @@ from the MTP head's distribution and verified by rejection sampling on that ``q`
 the plain run's).
 
 Usage: ``python benchmarks/spec_decode.py [--model PATH] [--ks 1 2 4 8] [--max-tokens 96]
-[--methods ngram mtp] [--temperature 0]``
+[--methods ngram mtp dspark] [--temperature 0] [--max-model-len 1024]``
 (no ``--model``: the built-in demo checkpoint).
 """
 
@@ -37,8 +39,10 @@ PROMPTS = [
 ]
 
 
-def run(model: str | None, spec: dict | None, max_tokens: int, temperature: float = 0.0) -> dict:
-    kw = {"max_model_len": 1024, "max_num_batched_tokens": 2048, "enable_prefix_caching": False}
+def run(
+    model: str | None, spec: dict | None, max_tokens: int, temperature: float = 0.0, max_model_len: int = 1024
+) -> dict:
+    kw = {"max_model_len": max_model_len, "max_num_batched_tokens": 2048, "enable_prefix_caching": False}
     llm = LLM(model, speculative_config=spec, **kw) if model else LLM(speculative_config=spec, **kw)
     engine, steps = llm.engine, [0]
     inner = engine.step
@@ -69,14 +73,23 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--methods", nargs="+", default=["ngram", "mtp"], help="mtp runs only with MTP weights")
+    ap.add_argument(
+        "--methods",
+        nargs="+",
+        default=["ngram", "mtp", "dspark"],
+        help="mtp / dspark run only with their weights",
+    )
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--max-model-len", type=int, default=1024)
     args = ap.parse_args()
 
-    base = run(args.model, None, args.max_tokens, args.temperature)
+    base = run(args.model, None, args.max_tokens, args.temperature, args.max_model_len)
     probe = LLM(args.model, max_model_len=64) if args.model else LLM(max_model_len=64)
-    methods = [m for m in args.methods if m != "mtp" or probe.engine.model.num_mtp_layers]
-    del probe
+    model = probe.engine.model
+    has = {"mtp": model.num_mtp_layers, "dspark": model.num_dspark_stages}
+    block = model.dspark_block_size
+    methods = [m for m in args.methods if has.get(m, 1)]
+    del probe, model
     how = f"temperature {args.temperature}, seeded" if args.temperature else "greedy"
     print(
         f"model: {args.model or 'built-in demo'}; {len(PROMPTS)} prompts alone, {how}, {args.max_tokens} tokens"
@@ -87,8 +100,8 @@ def main() -> None:
     print("|" + "---|" * 9)
     variants = []
     for method in methods:
-        if method == "mtp" and args.temperature:
-            variants += [("mtp", {"draft_sampling": "sample"}), ("mtp", {"draft_sampling": "greedy"})]
+        if method in ("mtp", "dspark") and args.temperature:
+            variants += [(method, {"draft_sampling": "sample"}), (method, {"draft_sampling": "greedy"})]
         elif method == "ngram":
             variants.append(("ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 4}))
         else:
@@ -96,8 +109,10 @@ def main() -> None:
     for method, extra in variants:
         name = method + (f" ({extra['draft_sampling']} drafts)" if "draft_sampling" in extra else "")
         for k in args.ks:
+            if method == "dspark" and k > block:
+                continue
             spec = {"method": method, "num_speculative_tokens": k, **extra}
-            r = run(args.model, spec, args.max_tokens, args.temperature)
+            r = run(args.model, spec, args.max_tokens, args.temperature, args.max_model_len)
             if not args.temperature:
                 assert r["tokens"] == base["tokens"], f"{name} k={k}: greedy output changed"
             s = r["stats"]

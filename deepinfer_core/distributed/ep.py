@@ -21,8 +21,10 @@ from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight, Weight
 
 
 def moe_layers(model: object) -> list:
-    """Every MoE module of a V4-style model (decoder blocks, then MTP blocks), in a fixed order."""
+    """Every MoE module of a V4-style model (decoder blocks, then MTP blocks), in a fixed order. Blocks that set
+    ``ep_sharded = False`` (V4.1's DSpark stages, with expert counts of their own) stay whole on every rank."""
     blocks = list(getattr(model, "layers", [])) + list(getattr(model, "mtp", []))
+    blocks = [b for b in blocks if getattr(b, "ep_sharded", True)]
     return [b.ffn for b in blocks if getattr(getattr(b, "ffn", None), "routed", None) is not None]
 
 

@@ -23,6 +23,9 @@ class CausalLM(ABC):
     eos_token_ids: list[int]
     #: number of MTP (multi-token prediction) modules in the checkpoint; 0 if none
     num_mtp_layers: int = 0
+    #: DSpark block-draft stages in the checkpoint (V4.1, ``mtp.*``) and the block they draft; 0 if none
+    num_dspark_stages: int = 0
+    dspark_block_size: int = 0
     #: layers numbered ``0 .. num_layers - 1`` (draft modules after the main layers), as cache specs'
     #: ``writer`` / ``readers`` and :meth:`bounded_replay` name them; ``None``: the model does not number them
     num_layers: int | None = None
@@ -98,3 +101,35 @@ class CausalLM(ABC):
     def mtp_compute_logits(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
         """Rows of :meth:`mtp_forward`'s output -> draft logits ``[L, vocab_size]`` float32."""
         raise NotImplementedError(f"{type(self).__name__} has no MTP module")
+
+    # DSpark (a block draft head reading per-layer taps of the target; see docs/spec_decode.md)
+
+    def enable_dspark(self) -> None:
+        """Turn the DSpark stages on; called before :meth:`cache_specs`. Afterwards :meth:`cache_specs` includes
+        the stages' state and every row :meth:`forward` returns carries the target layers' taps after its
+        hidden state (``[T, D + D * len(targets)]``; :meth:`compute_logits` reads the first ``D``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no DSpark stages")
+
+    def dspark_context(self, batch: ForwardBatch, hidden: torch.Tensor, kv: dict[str, torch.Tensor]) -> None:
+        """Write every stage's context state at ``batch.positions`` from :meth:`forward`'s rows ``hidden`` at
+        those positions (``batch.plan`` from :meth:`plan_draft`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no DSpark stages")
+
+    def dspark_block(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Draft blocks: row ``t`` of ``batch`` is a request's last computed position ``p`` and
+        ``batch.input_ids[t]`` its next token ``y``; the block ``[y, noise, ...]`` at ``p + 1 ..`` runs through
+        the stages -> ``[T, block, D]``, slot ``i`` the draft hidden of position ``p + 2 + i``."""
+        raise NotImplementedError(f"{type(self).__name__} has no DSpark stages")
+
+    def dspark_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of :meth:`dspark_block` ``[N, D]`` -> base draft logits ``[N, V]`` float32 (Markov bias not
+        added)."""
+        raise NotImplementedError(f"{type(self).__name__} has no DSpark stages")
+
+    def dspark_markov(self, prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Markov head for previous tokens ``prev_ids [N]``: ``(logit bias [N, V] float32, embed [N, r])``."""
+        raise NotImplementedError(f"{type(self).__name__} has no DSpark stages")
+
+    def dspark_confidence(self, x: torch.Tensor, markov_embed: torch.Tensor) -> torch.Tensor:
+        """The confidence head's raw score ``[N]`` of block rows ``x [N, D]`` with their Markov embeddings."""
+        raise NotImplementedError(f"{type(self).__name__} has no DSpark stages")

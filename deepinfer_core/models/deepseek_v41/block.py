@@ -36,9 +36,11 @@ class MoE(Module):
     """``sqrt(softplus(x gate^T)) / gate_temp`` scores; experts chosen by top-k of scores + bias (noaux_tc), weighted
     by the normalised unbiased scores times ``routed_scaling_factor``; plus one shared expert."""
 
-    def __init__(self, cfg: DeepseekV41Config):
+    def __init__(self, cfg: DeepseekV41Config, n_routed: int | None = None, top_k: int | None = None):
+        """``n_routed`` / ``top_k``: a DSpark stage's own expert counts (default: the backbone's)."""
         self.cfg = cfg
-        e, d, inter = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        e, d, inter = n_routed or cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.top_k = top_k or cfg.num_experts_per_tok
         self.gate = bf16("gate.weight", e, d)
         self.bias = f32("gate.bias", e)
         self.experts = [Expert(d, inter, "fp4") for _ in range(e)]
@@ -59,8 +61,11 @@ class MoE(Module):
         if c.gate_temp != 1.0:
             logits = logits / c.gate_temp
         weights, ids = ops.moe.route_topk(
-            logits, self.bias.value, c.num_experts_per_tok, "sqrtsoftplus", c.routed_scaling_factor
+            logits, self.bias.value, self.top_k, "sqrtsoftplus", c.routed_scaling_factor
         )
+        # DeepSeek normalises the weights only above top-1 (a DSpark stage may route top-1)
+        if self.top_k == 1:
+            weights = torch.nn.functional.softplus(logits.gather(1, ids)).sqrt() * c.routed_scaling_factor
         routed = ops.moe.experts(x, ids, weights, self.routed, c.swiglu_limit)
         s = self.shared_experts
         return routed + ops.dense.swiglu_mlp(x, s.w1.value, s.w3.value, s.w2.value, c.swiglu_limit)
@@ -151,12 +156,16 @@ class Block(Module):
         pools: Pools,
         ops: Backends,
         shared: Shared,
+        tap: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Streams ``h [T, hc, D]`` and the previous site's ``pre [T, hc]`` -> this block's output streams and
-        its FFN site's ``pre`` (which collapses the next block's attention input)."""
+        its FFN site's ``pre`` (which collapses the next block's attention input). ``tap``: append the mean
+        over the streams of the block's input (after Engram), what DSpark reads of a target layer."""
         dense, eps = ops.dense, self.cfg.rms_norm_eps
         if self.engram is not None:
             h = self.engram.forward(h, engram.rows(self.engram.index, h.dtype), ops)
+        if tap is not None:
+            tap.append(h.mean(dim=1))
         a_pre, post, comb = dense.hc_mixes(h, self.hc["hc_attn"])
         x = dense.rms_norm(dense.hc_collapse(h, pre), self.attn_norm.value, eps)
         h = dense.hc_post(self.attn.forward(x, addr, pools, ops, shared), h, post, comb)

@@ -82,7 +82,7 @@ class DeepseekV41Config:
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
     engram: EngramConfig | None
-    dspark: dict[str, Any]  # dspark_* settings without the prefix (their stages are checked, not run)
+    dspark: dict[str, Any]  # dspark_* settings without the prefix (read by .dspark.DSparkConfig)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DeepseekV41Config:

@@ -4,6 +4,10 @@
 The model holds no device code: kernels go through ``backends``; state lives in the engine's paged pools
 (:meth:`cache_specs`): per layer the window KV, the Full layers' compressor state, compressed KV and index
 keys, and the Engram look-back (each token's compressed id, the last ``max_ngram_size - 1`` kept).
+
+DSpark (:mod:`.dspark`): when the checkpoint holds the ``mtp.*`` stages they are loaded; :meth:`enable_dspark`
+(called by the DSpark proposer before the engine sizes its pools) adds their window KV to :meth:`cache_specs`
+and makes :meth:`forward` append the target layers' taps to every hidden row.
 """
 
 from __future__ import annotations
@@ -23,6 +27,15 @@ from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointError, Checkp
 from deepinfer_core.models.deepseek_v4.params import Module
 from deepinfer_core.models.deepseek_v41.block import Block, EngramRows
 from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
+from deepinfer_core.models.deepseek_v41.dspark import (
+    BlockAddressing,
+    DSparkConfig,
+    DSparkStage,
+    block_hidden,
+    confidence,
+    markov_bias,
+    write_context,
+)
 from deepinfer_core.models.deepseek_v41.engram import EngramHasher
 from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
 from deepinfer_core.models.deepseek_v41.roles import decoder_start
@@ -74,7 +87,10 @@ class StepPlan:
 
 
 class DeepseekV41ForCausalLM(CausalLM, Module):
-    def __init__(self, cfg: DeepseekV41Config, backends: Backends, dtype: torch.dtype):
+    def __init__(
+        self, cfg: DeepseekV41Config, backends: Backends, dtype: torch.dtype, with_dspark: bool = False
+    ):
+        """``with_dspark``: build the DSpark stages (the checkpoint holds ``mtp.*``)."""
         self.cfg, self.backends, self.dtype = cfg, backends, dtype
         self.vocab_size = cfg.vocab_size
         self.max_position_embeddings = cfg.max_position_embeddings
@@ -97,6 +113,12 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         self.hasher: EngramHasher | None = None
         self.loaded: LoadedTensors | None = None
         self.kinds = tuple(sorted({(r.ratio, False) for r in roles if r.ratio}))
+        self.dspark = DSparkConfig.from_config(cfg) if with_dspark else None
+        if self.dspark is not None:
+            self.mtp = [DSparkStage(cfg, self.dspark, i, dtype) for i in range(self.dspark.num_stages)]
+            self.num_dspark_stages, self.dspark_block_size = self.dspark.num_stages, self.dspark.block_size
+        #: DSpark is on: stage caches in :meth:`cache_specs`, taps in :meth:`forward`'s rows
+        self.dspark_on = False
 
     @classmethod
     def from_checkpoint(
@@ -110,13 +132,13 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         """Stream the checkpoint in; ``owns_expert(layer, expert)`` (expert parallelism) limits the routed
         experts read to this rank's. What was read is kept in :attr:`loaded`."""
         cfg = read_config(Path(path))
-        model = cls(cfg, backends, dtype)
-        device = backends.memory.device
-        if cfg.engram is not None:
-            model.hasher = EngramHasher.build(cfg.engram, Path(path)).to(device)
         check_shards(Path(path))
         reader = CheckpointReader(Path(path), allow_external=options.allow_external_shards)
         try:
+            model = cls(cfg, backends, dtype, any(k.startswith("mtp.") for k in reader.keys()))
+            device = backends.memory.device
+            if cfg.engram is not None:
+                model.hasher = EngramHasher.build(cfg.engram, Path(path)).to(device)
             model.loaded = load_weights(model, reader, dtype, device, options, owns_expert)
         finally:
             reader.close()
@@ -132,11 +154,12 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         queries); ``"unquantized"``: plain rows in the model dtype and no round trip."""
         c = self.cfg
         fmts = kv_formats(kv_cache_dtype, c.head_dim, c.index_head_dim, self.dtype)
-        for block in self.layers:
+        for block in self.layers + self._stages():
             block.attn.formats = fmts
 
     def cache_specs(self) -> list[CacheSpec]:
-        specs = [s for block in self.layers for s in block.attn.cache_specs()]
+        blocks = self.layers + (self._stages() if self.dspark_on else [])
+        specs = [s for block in blocks for s in block.attn.cache_specs()]
         if self.cfg.engram is not None:
             n = self.cfg.engram.max_ngram_size
             specs.append(CacheSpec("engram.tokens", "window", 1, (1,), torch.int64, window=n - 1, writer=0))
@@ -179,6 +202,8 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         pre = torch.zeros(x.shape[0], c.hc_mult, dtype=torch.float32, device=x.device)
         pre[:, 0] = 1.0
         shared: dict[str, torch.Tensor] = {}
+        taps: list[torch.Tensor] = []  # DSpark's target layers (never with bounded replay: the engine refuses)
+        targets = self.dspark.target_layer_ids if self.dspark_on else ()
         addr, tail, early = plan.addr, batch.tail, None
         for i, block in enumerate(self.layers):
             if i == self.decoder_start:
@@ -189,9 +214,11 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
                     if engram is not None:
                         engram.select = rows
                     shared = {k: v[rows] for k, v in shared.items()}
-            h, pre = block.forward(h, pre, engram, addr, kv, ops, shared)
+            h, pre = block.forward(h, pre, engram, addr, kv, ops, shared, taps if i in targets else None)
         out = ops.dense.hc_collapse(h, pre)
-        return out if early is None else early.index_copy(0, tail.rows, out)
+        if early is not None:
+            return early.index_copy(0, tail.rows, out)
+        return torch.cat([out, *taps], dim=-1) if taps else out
 
     def _fetch_engram(
         self, input_ids: torch.Tensor, plan: StepPlan, kv: dict[str, torch.Tensor]
@@ -210,5 +237,52 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         dense = self.backends.dense
-        x = dense.rms_norm(hidden, self.norm.value, self.cfg.rms_norm_eps)
+        x = dense.rms_norm(hidden[:, : self.cfg.hidden_size], self.norm.value, self.cfg.rms_norm_eps)
         return dense.linear(x, self.head.value).float()
+
+    # ------------------------------------------------------------------ DSpark (see .dspark)
+
+    def _stages(self) -> list[DSparkStage]:
+        return self.mtp if self.dspark is not None else []
+
+    def enable_dspark(self) -> None:
+        if self.dspark is None:
+            raise ValueError(
+                "the checkpoint has no DSpark stages (no mtp.* tensors or dspark_block_size = 0)"
+            )
+        self.dspark_on = True
+
+    def plan_draft(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepPlan:
+        """DSpark steps read and write the stages' windows only."""
+        return StepPlan(StepAddressing(batch, self.cfg.sliding_window, (), context_bucket), None)
+
+    def dspark_context(self, batch: ForwardBatch, hidden: torch.Tensor, kv: dict[str, torch.Tensor]) -> None:
+        d = self.cfg.hidden_size
+        addr = self._draft_addr(batch)
+        write_context(self.mtp, hidden[:, d:], addr.positions, addr.token_slots, kv, self.backends)
+
+    def dspark_block(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> torch.Tensor:
+        addr = self._draft_addr(batch)
+        b = self.dspark.block_size
+        ids = torch.full(
+            (batch.input_ids.shape[0], b), self.dspark.noise_token_id, device=batch.input_ids.device
+        )
+        ids[:, 0] = batch.input_ids
+        block = BlockAddressing.build(addr.positions, addr.window_slots, b)
+        x = block_hidden(self.mtp, self.embed.value, ids.flatten(), block, kv, self.backends)
+        return x.view(-1, b, x.shape[-1])
+
+    def dspark_logits(self, x: torch.Tensor) -> torch.Tensor:
+        dense = self.backends.dense
+        h = dense.rms_norm(x, self.mtp[-1].norm.value, self.cfg.rms_norm_eps)
+        return dense.linear(h, self.head.value).float()
+
+    def dspark_markov(self, prev_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return markov_bias(self.mtp[-1], prev_ids, self.backends)
+
+    def dspark_confidence(self, x: torch.Tensor, markov_embed: torch.Tensor) -> torch.Tensor:
+        return confidence(self.mtp[-1], x, markov_embed, self.backends)
+
+    def _draft_addr(self, batch: ForwardBatch) -> StepAddressing:
+        plan = batch.plan if batch.plan is not None else self.plan_draft(batch)
+        return plan.addr

@@ -13,8 +13,8 @@ Each slot says how its tensor is *stored*, and that decides what the loader acce
 The loader streams: every shard is opened memory-mapped (``safe_open``) and tensors are read one at a time
 into their slot, so host memory never holds more than one tensor beyond the weights kept. Before anything is
 read, every missing, unexpected, mis-shaped and mis-typed tensor is collected and reported in one
-:class:`CheckpointError` naming the tensor and its file. ``mtp.*`` (the DSpark draft stages) are read for
-their names only: the engine does not run them yet. With expert parallelism, ``owns_expert(layer, expert)``
+:class:`CheckpointError` naming the tensor and its file. ``mtp.*`` (the DSpark draft stages) are slots of the
+model when the config has a DSpark head (``dspark_block_size``); otherwise they are accepted and skipped. With expert parallelism, ``owns_expert(layer, expert)``
 says which routed experts this rank holds: the others' tensors are checked (headers only) and never read.
 Engram tables (``rows8``) are memory-mapped, not read (:mod:`.engram_tier`), so the finite-value check does
 not scan them.
@@ -40,7 +40,7 @@ from deepinfer_core.ops.weights import QuantizedWeight
 BLOCK = 32  # FP8 weight blocks are 32 x 32; FP4 and Engram scales cover 32 values of a row
 SCALED = {"fp8": ("F8_E4M3",), "fp4": ("I8", "U8"), "rows8": ("F8_E4M3",)}
 SCALE_TYPES = ("F8_E8M0", "F32", "BF16")
-#: checkpoint prefixes the engine does not load yet (their tensors are accepted and skipped)
+#: checkpoint prefixes accepted and skipped when the model has no slots for them (DSpark off in the config)
 SKIPPED_PREFIXES = ("mtp.",)
 #: a routed expert's tensors: ``layers.<layer>.ffn.experts.<expert>.``
 EXPERT_KEY = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.")

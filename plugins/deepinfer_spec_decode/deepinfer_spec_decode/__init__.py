@@ -1,1 +1,1 @@
-"""DeepInfer speculative decoding: the MTP and n-gram proposers (see ``docs/spec_decode.md``)."""
+"""DeepInfer speculative decoding: the MTP, DSpark and n-gram proposers (see ``docs/spec_decode.md``)."""

@@ -1,5 +1,5 @@
-"""Hook implementations of the ``spec_decode`` plugin (entry point ``spec_decode``): the ``"ngram"``
-and ``"mtp"`` proposers. Verification lives in the core sampler (``deepinfer_core.spec_decode.verify``)
+"""Hook implementations of the ``spec_decode`` plugin (entry point ``spec_decode``): the ``"ngram"``,
+``"mtp"`` and ``"dspark"`` proposers. Verification lives in the core sampler (``deepinfer_core.spec_decode.verify``)
 on ``backends.sampling.rejection_sample``."""
 
 from __future__ import annotations
@@ -16,3 +16,4 @@ DEEPINFER_PLUGIN_API = "2.1"  # Draft (drafts with their probabilities), Propose
 def deepinfer_register_proposers(register: Callable[[str, Callable[..., Any]], None]) -> None:
     register("ngram", "deepinfer_spec_decode.ngram:make_ngram")
     register("mtp", "deepinfer_spec_decode.mtp:make_mtp")
+    register("dspark", "deepinfer_spec_decode.dspark:make_dspark")

@@ -24,10 +24,10 @@ class _Model:
     num_mtp_layers = 2
 
 
-def test_plugin_declares_the_api_and_registers_ngram_and_mtp_through_the_hook():
+def test_plugin_declares_the_api_and_registers_ngram_mtp_and_dspark_through_the_hook():
     assert plugin.DEEPINFER_PLUGIN_API.startswith("2.1")
     reg = build_registry(allow=["spec_decode"])
-    assert {"ngram", "mtp"} <= set(reg.proposers)
+    assert {"ngram", "mtp", "dspark"} <= set(reg.proposers)
     assert reg.proposers.owners["ngram"] == reg.proposers.owners["mtp"]
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     p = build_proposer(spec, reg.proposers, _Model(), None)
