@@ -202,7 +202,8 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         pre = torch.zeros(x.shape[0], c.hc_mult, dtype=torch.float32, device=x.device)
         pre[:, 0] = 1.0
         shared: dict[str, torch.Tensor] = {}
-        taps: list[torch.Tensor] = []  # DSpark's target layers (never with bounded replay: the engine refuses)
+        # DSpark reads its target layers (never with bounded replay: the engine refuses that pair)
+        taps: list[torch.Tensor] = []
         targets = self.dspark.target_layer_ids if self.dspark_on else ()
         addr, tail, early = plan.addr, batch.tail, None
         for i, block in enumerate(self.layers):
