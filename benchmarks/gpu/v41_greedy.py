@@ -1,0 +1,87 @@
+"""V4.1 on the NVIDIA plugin, eager, against DeepSeek's reference (issue #27's first check; issue #24's Engram tier
+inside a real V4.1 forward on a GPU).
+
+On each committed tiny V4.1 checkpoint (``tests/data/v41``), an ``LLM`` on ``cuda_sm100`` (``dtype="float32",
+kv_cache_dtype="unquantized", enforce_eager=True``) computes prompt logprobs and 16 greedy tokens for every golden
+prompt; both are compared with the reference's ``exact`` goldens by the rule of
+``tests/models/deepseek_v41/test_engine_vs_reference.py`` (positions within 1e-3, median, greedy tokens equal
+until a near-tie). V4.1's own ops (single-pass mHC, Engram gate, indexer scores, candidate blocks) run as the
+core's torch defaults on the GPU: this checks correctness, not speed. Also counted: Engram row reads, the
+thread they ran on and whether they went through the side-stream copy.
+
+    python3 benchmarks/gpu/v41_greedy.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from pathlib import Path
+
+from bench_common import make_llm
+
+from deepinfer_core import SamplingParams
+from deepinfer_core.models.deepseek_v41 import engram_tier
+from tests.models.deepseek_v41.goldens import CONFIGS, checkpoint, prompts
+from tests.models.deepseek_v41.test_engine_vs_reference import GREEDY, compare
+
+READS: list[tuple[str, str]] = []
+_read = engram_tier.EngramTable._read
+
+
+def _counting_read(self, ids, ready):
+    READS.append((threading.current_thread().name, self.device.type))
+    return _read(self, ids, ready)
+
+
+engram_tier.EngramTable._read = _counting_read
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--backend", default="cuda_sm100")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS))
+    args = ap.parse_args()
+    results = {}
+    for name in args.configs:
+        g, idx = prompts(name)
+        t0 = time.perf_counter()
+        llm = make_llm(
+            str(checkpoint(name)),
+            args.backend,
+            dtype="float32",
+            kv_cache_dtype="unquantized",
+            enforce_eager=True,
+        )
+        READS.clear()
+        params = SamplingParams(max_tokens=GREEDY, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+        outs = llm.generate(
+            [{"prompt_token_ids": g[f"prompt.{i}.ids"].tolist()} for i in idx], params, use_tqdm=False
+        )
+        a = compare(g, idx, outs, "exact")
+        threads = sorted({t for t, _ in READS})
+        r = {
+            "prompts": len(idx),
+            "within_1e3": a.within_1e3,
+            "median": a.median,
+            "max": float(a.diffs.max()),
+            "greedy": f"{a.greedy_equal}/{a.greedy_compared}",
+            "stopped": a.stopped,
+            "engram_reads": len(READS),
+            "engram_threads": threads,
+            "engram_devices": sorted({d for _, d in READS}),
+            "seconds": round(time.perf_counter() - t0, 1),
+            "passes": a.within_1e3 >= 0.97 and a.median <= 1e-4 and a.greedy_equal >= a.greedy_compared,
+        }
+        results[name] = r
+        print(name, r, flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "v41_greedy.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
