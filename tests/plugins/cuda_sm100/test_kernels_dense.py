@@ -346,3 +346,26 @@ def test_rms_norm_rope_is_the_two_ops(ops, gen, dtype, weighted, heads, d):
     assert rel_err(got, want) < (1e-5 if dtype == torch.float32 else BOUND[dtype])
     two = ops.rope(ops.rms_norm(*dev(x, w), 1e-6), *dev(pos, freq)).cpu()
     assert rel_err(got, two) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_block32_weights_take_the_dequantized_fallback(ops, gen, dtype):
+    """V4.1's ``fp8_block32`` weights (no GEMM kernel yet, issue #27): ``linear``, ``grouped_linear`` and
+    ``swiglu_mlp`` equal the reference ops on the same stored weights (ragged shapes: partial 32 x 32 blocks)."""
+    w1, w3 = (quantize_fp8_block(rand(gen, 70, 45), block=32) for _ in range(2))
+    w2 = quantize_fp8_block(rand(gen, 45, 70), block=32)
+    x = rand(gen, 6, 45, dtype=dtype)
+    got = ops.linear(dev(x), _on_dev(w1))
+    assert rel_err(got, REF.linear(x, w1)) < BOUND[dtype]
+    want = REF.swiglu_mlp(x, w1, w3, w2, 10.0)
+    assert rel_err(ops.swiglu_mlp(dev(x), _on_dev(w1), _on_dev(w3), _on_dev(w2), 10.0), want) < BOUND[dtype]
+    groups = rand(gen, 6, 2, 45, dtype=dtype)
+    got = ops.grouped_linear(dev(groups), [_on_dev(w1), _on_dev(w3)])
+    assert rel_err(got, REF.grouped_linear(groups, [w1, w3])) < BOUND[dtype]
+
+
+def _on_dev(w):
+    from dataclasses import replace
+
+    data, scale = dev(w.data, w.scale)
+    return replace(w, data=data, scale=scale)
