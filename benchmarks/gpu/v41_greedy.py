@@ -18,6 +18,7 @@ import argparse
 import json
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from bench_common import make_llm
@@ -44,43 +45,53 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--backend", default="cuda_sm100")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS))
+    ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "graphs"])
     args = ap.parse_args()
     results = {}
-    for name in args.configs:
-        g, idx = prompts(name)
-        t0 = time.perf_counter()
-        llm = make_llm(
-            str(checkpoint(name)),
-            args.backend,
-            dtype="float32",
-            kv_cache_dtype="unquantized",
-            enforce_eager=True,
-        )
-        READS.clear()
-        params = SamplingParams(max_tokens=GREEDY, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
-        outs = llm.generate(
-            [{"prompt_token_ids": g[f"prompt.{i}.ids"].tolist()} for i in idx], params, use_tqdm=False
-        )
-        a = compare(g, idx, outs, "exact")
-        threads = sorted({t for t, _ in READS})
-        r = {
-            "prompts": len(idx),
-            "within_1e3": a.within_1e3,
-            "median": a.median,
-            "max": float(a.diffs.max()),
-            "greedy": f"{a.greedy_equal}/{a.greedy_compared}",
-            "stopped": a.stopped,
-            "engram_reads": len(READS),
-            "engram_threads": threads,
-            "engram_devices": sorted({d for _, d in READS}),
-            "seconds": round(time.perf_counter() - t0, 1),
-            "passes": a.within_1e3 >= 0.97 and a.median <= 1e-4 and a.greedy_equal >= a.greedy_compared,
-        }
-        results[name] = r
-        print(name, r, flush=True)
+    for mode, name in [(m, n) for m in args.modes for n in args.configs]:
+        try:
+            results[f"{mode}/{name}"] = run(args.backend, name, mode)
+        except Exception as e:  # noqa: BLE001 - a config that fails is reported, the others still run
+            traceback.print_exc()
+            results[f"{mode}/{name}"] = {"error": f"{type(e).__name__}: {e}"}
+        print(mode, name, results[f"{mode}/{name}"], flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "v41_greedy.json").write_text(json.dumps(results, indent=1))
+
+
+def run(backend: str, name: str, mode: str) -> dict:
+    g, idx = prompts(name)
+    t0 = time.perf_counter()
+    llm = make_llm(
+        str(checkpoint(name)),
+        backend,
+        dtype="float32",
+        kv_cache_dtype="unquantized",
+        enforce_eager=mode == "eager",
+    )
+    llm.engine.isolate_failures = False  # a failing step raises with its traceback instead of being retried
+    READS.clear()
+    params = SamplingParams(max_tokens=GREEDY, temperature=0.0, prompt_logprobs=0, ignore_eos=True)
+    outs = llm.generate(
+        [{"prompt_token_ids": g[f"prompt.{i}.ids"].tolist()} for i in idx], params, use_tqdm=False
+    )
+    a = compare(g, idx, outs, "exact")
+    threads = sorted({t for t, _ in READS})
+    r = {
+        "prompts": len(idx),
+        "within_1e3": a.within_1e3,
+        "median": a.median,
+        "max": float(a.diffs.max()),
+        "greedy": f"{a.greedy_equal}/{a.greedy_compared}",
+        "stopped": a.stopped,
+        "engram_reads": len(READS),
+        "engram_threads": threads,
+        "engram_devices": sorted({d for _, d in READS}),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "passes": a.within_1e3 >= 0.97 and a.median <= 1e-4 and a.greedy_equal >= a.greedy_compared,
+    }
+    return r
 
 
 if __name__ == "__main__":

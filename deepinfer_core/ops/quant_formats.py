@@ -86,13 +86,13 @@ def dequant_rows(qw: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
     if qw.format in FP8_BLOCKS:
         block = FP8_BLOCKS[qw.format]
         data = qw.data[start:stop].float()
-        rows = torch.arange(start, stop) // block
+        rows = torch.arange(start, stop, device=data.device) // block
         s = qw.scale[rows].repeat_interleave(block, dim=1)[:, : qw.in_features]
         return data * s
     if qw.format == "fp4_e2m1":
         packed = qw.data[start:stop]
         codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).view(stop - start, -1).long()
-        vals = _e2m1_lut()[codes]
+        vals = _e2m1_lut(packed.device)[codes]
         return vals * qw.scale[start:stop].repeat_interleave(FP4_BLOCK, dim=1)
     raise ValueError(f"unknown quantized format {qw.format!r}")
 
@@ -100,8 +100,8 @@ def dequant_rows(qw: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
 def dequant(
     qw: QuantizedWeight, dtype: torch.dtype = torch.float32, row_block: int = FP8_BLOCK
 ) -> torch.Tensor:
-    """The full ``[out, in]`` matrix in ``dtype``, dequantized block row by block row."""
-    out = torch.empty(qw.shape, dtype=dtype)
+    """The full ``[out, in]`` matrix in ``dtype``, dequantized block row by block row, on ``qw``'s device."""
+    out = torch.empty(qw.shape, dtype=dtype, device=qw.data.device)
     for start in range(0, qw.out_features, row_block):
         stop = min(start + row_block, qw.out_features)
         out[start:stop] = dequant_rows(qw, start, stop).to(dtype)

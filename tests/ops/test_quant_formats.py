@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -99,3 +101,14 @@ def test_concat_rows_fuses_linears_that_share_an_input():
     assert concat_rows([ws[0], torch.randn(8, 256)]) is None
     assert concat_rows([plain[0], plain[1].double()]) is None
     assert concat_rows([plain[0], torch.randn(5, 32)]) is None
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp4"])
+def test_dequant_stays_on_the_weights_device(fmt):
+    """V4.1 dequantises ``wo_a`` at load time on the weights' device; a CPU result broke the H200 run. The
+    ``meta`` device stands in for a GPU here: every intermediate must follow the data."""
+    w = torch.randn(64, 64)
+    q = quantize_fp8_block(w) if fmt == "fp8" else quantize_fp4_e2m1(w)
+    on_meta = dataclasses.replace(q, data=q.data.to("meta"), scale=q.scale.to("meta"))
+    assert dequant(on_meta).device.type == "meta"
+    assert dequant_rows(on_meta, 0, 32).device.type == "meta"
