@@ -88,6 +88,7 @@ def run(backend: str, name: str, mode: str) -> dict:
         "engram_reads": len(READS),
         "engram_threads": threads,
         "engram_devices": sorted({d for _, d in READS}),
+        "graphs_captured": len(llm.engine.runner.graphs),  # 0: V4.1 does not set supports_graphs yet
         "seconds": round(time.perf_counter() - t0, 1),
         "passes": a.within_1e3 >= 0.97 and a.median <= 1e-4 and a.greedy_equal >= a.greedy_compared,
     }
