@@ -46,11 +46,12 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda_sm100")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS))
     ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "graphs"])
+    ap.add_argument("--dspark", type=int, default=0, help="DSpark drafts a round (0: off)")
     args = ap.parse_args()
     results = {}
     for mode, name in [(m, n) for m in args.modes for n in args.configs]:
         try:
-            results[f"{mode}/{name}"] = run(args.backend, name, mode)
+            results[f"{mode}/{name}"] = run(args.backend, name, mode, args.dspark)
         except Exception as e:  # noqa: BLE001 - a config that fails is reported, the others still run
             traceback.print_exc()
             results[f"{mode}/{name}"] = {"error": f"{type(e).__name__}: {e}"}
@@ -60,7 +61,7 @@ def main() -> None:
         (args.out / "v41_greedy.json").write_text(json.dumps(results, indent=1))
 
 
-def run(backend: str, name: str, mode: str) -> dict:
+def run(backend: str, name: str, mode: str, dspark: int = 0) -> dict:
     g, idx = prompts(name)
     t0 = time.perf_counter()
     llm = make_llm(
@@ -69,6 +70,7 @@ def run(backend: str, name: str, mode: str) -> dict:
         dtype="float32",
         kv_cache_dtype="unquantized",
         enforce_eager=mode == "eager",
+        speculative_config={"method": "dspark", "num_speculative_tokens": dspark} if dspark else None,
     )
     llm.engine.isolate_failures = False  # a failing step raises with its traceback instead of being retried
     READS.clear()
@@ -88,7 +90,9 @@ def run(backend: str, name: str, mode: str) -> dict:
         "engram_reads": len(READS),
         "engram_threads": threads,
         "engram_devices": sorted({d for _, d in READS}),
-        "graphs_captured": len(llm.engine.runner.graphs),  # 0: V4.1 does not set supports_graphs yet
+        "graphs_captured": len(llm.engine.runner.graphs),
+        "graph_keys": sorted(str(k) for k in llm.engine.runner.graphs),
+        "spec": {k: v for k, v in llm.get_stats().items() if k.startswith("spec_")} if dspark else None,
         "seconds": round(time.perf_counter() - t0, 1),
         "passes": a.within_1e3 >= 0.97 and a.median <= 1e-4 and a.greedy_equal >= a.greedy_compared,
     }

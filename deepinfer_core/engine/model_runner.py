@@ -225,6 +225,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """Forward pass; returns float32 logits ``[len(batch.logits_indices), vocab]`` (real rows only)."""
+        if batch.graph_key is not None:
+            self.model.prepare_static(batch, self.kv)
         hidden, logits = self.run_static((), self._forward, batch)
         if self.tap_hidden:
             self.last_hidden = hidden

@@ -73,6 +73,13 @@ class CausalLM(ABC):
         depend only on the row count and the bucket, every context in the batch being below it."""
         return None
 
+    def prepare_static(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> None:
+        """Called before each static target step (``batch`` on the device, with its plan): the step's work
+        that a captured graph cannot hold (V4.1: reading its Engram rows from host memory), whose results
+        go into ``batch.plan`` so that they are among ``plan.tensors()``, the graph's inputs. Default:
+        nothing."""
+        return None
+
     def bounded_replay(self) -> tuple[int, int] | None:
         """``(first_layer, window)`` when layers ``>= first_layer`` need only the last ``window`` rows of each
         request's chunk (V4.1: the decoder layers over their sliding window). With ``swa_bounded_replay`` on,

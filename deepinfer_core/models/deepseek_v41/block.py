@@ -101,14 +101,16 @@ class Engram(Module):
 
 class EngramRows:
     """A step's Engram rows, fetched for every Engram layer when the step starts (so each layer's read overlaps
-    the layers before it); ``select``: the step rows the blocks now run on (bounded replay's tail)."""
+    the layers before it), or already read (a static step's); ``select``: the step rows the blocks now run on
+    (bounded replay's tail)."""
 
-    def __init__(self, pending: list[PendingRows]):
+    def __init__(self, pending: list[PendingRows] | list[torch.Tensor]):
         self.pending, self.select = pending, None
 
     def rows(self, index: int, dtype: torch.dtype) -> torch.Tensor:
         """Engram layer ``index``'s rows ``[T, cols, head_dim]`` (waits for its read)."""
-        rows = self.pending[index].wait(dtype)
+        got = self.pending[index]
+        rows = got if isinstance(got, torch.Tensor) else got.wait(dtype)
         return rows if self.select is None else rows[self.select]
 
 

@@ -14,7 +14,9 @@ without blocking; the thread waits for that copy (an event), gathers the rows fr
 pinned staging buffer and copies them to the device on a side stream, and the layer's stream waits for that
 copy (an event), so neither the host loop nor the GPU's compute stream waits for the host tier unless the
 rows are late. The rows of a step cannot be read before its hash ids exist: a decode step's ids hash the
-token the previous step samples, so there is nothing to fetch a whole step ahead.
+token the previous step samples, so there is nothing to fetch a whole step ahead. A static step (one a
+platform may replay as a graph) reads its rows before it starts instead (``prepare_static``): a graph cannot
+wait for the host mid-step.
 """
 
 from __future__ import annotations

@@ -76,6 +76,8 @@ class StepPlan:
     history: torch.Tensor | None
     late: StepAddressing | None = None
     late_shares: bool = False
+    #: a static step's Engram rows, read before it (:meth:`DeepseekV41ForCausalLM.prepare_static`)
+    engram: list[torch.Tensor] | None = None
 
     def to(self, device: torch.device) -> StepPlan:
         addr = self.addr.to(device)
@@ -84,6 +86,14 @@ class StepPlan:
             late = late.window_to(device, addr) if self.late_shares else late.to(device)
         history = None if self.history is None else self.history.to(device)
         return StepPlan(addr, history, late, self.late_shares)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every table and the Engram rows, in a fixed order (graph replay copies them into its buffers)."""
+        out = self.addr.tensors() + ([] if self.history is None else [self.history])
+        if self.late is not None:
+            late = self.late
+            out += [late.token_slots, late.window_slots] if self.late_shares else late.tensors()
+        return out + (self.engram or [])
 
 
 class DeepseekV41ForCausalLM(CausalLM, Module):
@@ -174,9 +184,13 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             return None
         return self.decoder_start, self.cfg.sliding_window
 
+    #: static steps have static shapes (the context bucket sizes the candidate tables) and read the Engram
+    #: rows before the step (:meth:`prepare_static`), so a platform may capture them as graphs
+    supports_graphs = True
+
     def plan(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepPlan:
         window = self.cfg.sliding_window
-        addr = StepAddressing(batch, window, self.kinds)
+        addr = StepAddressing(batch, window, self.kinds, context_bucket)
         history = None
         if self.cfg.engram is not None:
             shifts = torch.arange(self.cfg.engram.max_ngram_size, device=addr.positions.device)
@@ -196,7 +210,10 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             raise ValueError(f"layer_range={batch.layer_range}: V4.1 runs every layer")
         plan = batch.plan if batch.plan is not None else self.plan(batch)
         ops, c = self.backends, self.cfg
-        engram = self._fetch_engram(batch.input_ids, plan, kv)
+        if plan.engram is not None:
+            engram: EngramRows | None = EngramRows(plan.engram)
+        else:
+            engram = self._fetch_engram(batch.input_ids, plan, kv)
         x = self.embed.value[batch.input_ids]
         h = x[:, None, :].expand(-1, c.hc_mult, -1).contiguous()
         pre = torch.zeros(x.shape[0], c.hc_mult, dtype=torch.float32, device=x.device)
@@ -220,6 +237,17 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         if early is not None:
             return early.index_copy(0, tail.rows, out)
         return torch.cat([out, *taps], dim=-1) if taps else out
+
+    def prepare_static(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> None:
+        """A static step may be replayed as a graph, which cannot wait for the host tier mid-step: write the
+        step's compressed ids, hash them and read every Engram layer's rows now (waiting for them), and keep
+        the rows in the plan, among its graph inputs. The rows then do not overlap this step's first layers
+        (they do in dynamic steps)."""
+        if self.hasher is None:
+            return
+        plan = batch.plan
+        rows = self._fetch_engram(batch.input_ids, plan, kv)
+        plan.engram = [p.wait(self.embed.value.dtype) for p in rows.pending]
 
     def _fetch_engram(
         self, input_ids: torch.Tensor, plan: StepPlan, kv: dict[str, torch.Tensor]

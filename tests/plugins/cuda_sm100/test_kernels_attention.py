@@ -322,3 +322,35 @@ def test_write_compressor_state_matches_the_reference(ops, gen):
     got = dev(state.clone())
     ops.write_compressor_state(got, *dev(slots, kv, gate, ape, pos))
     assert torch.equal(got.cpu(), ref)
+
+
+@pytest.mark.parametrize("rows,width,block,k", [(7, 14, 4, 2), (33, 64, 8, 3), (5, 9, 4, 8), (1, 1, 4, 2)])
+def test_candidate_blocks_equal_the_reference_for_all_rows_at_once(ops, gen, rows, width, block, k):
+    """V4.1's candidate pool without a host sync per row (graph capture): the reference's choice on random
+    scores, each row seeing a random number of entries (none for some), ``k`` above the block count too."""
+    visible = torch.randint(0, width + 1, (rows,), generator=gen)
+    visible[0] = 0
+    scores = rand(gen, rows, width)
+    scores = scores.masked_fill(torch.arange(width)[None, :] >= visible[:, None], float("-inf"))
+    got = ops.candidate_blocks(*dev(scores, visible), k, block)
+    assert torch.equal(got.cpu(), REF.candidate_blocks(scores, visible, k, block))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "fp4_keys"])
+def test_indexer_scores_equal_the_reference_without_a_host_sync(ops, gen, packed):
+    """V4.1's candidate-source scores for all rows at once (the default finds each row's valid candidates
+    on the host): plain keys through the Triton kernel, V4.1's packed FP4 index keys unpacked in torch."""
+    from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
+
+    T, H, D, S, C = 6, 8, 64, 40, 23
+    fmt = kv_formats("auto", 128, D, torch.float32).keys if packed else None
+    q, w = rand(gen, T, H, D), rand(gen, T, H).abs()
+    keys = rand(gen, S, D)
+    pool = fmt.pack(keys) if packed else keys
+    cand = _slots(gen, T, C, S)
+    cand[1] = -1  # a row without candidates
+    got = ops.indexer_scores(*dev(q, w, pool, cand), key_format=fmt)
+    ref = REF.indexer_scores(q, w, pool, cand, key_format=fmt)
+    assert torch.equal(torch.isinf(got.cpu()), torch.isinf(ref))
+    finite = ~torch.isinf(ref)
+    assert rel_err(got.cpu()[finite], ref[finite]) < BOUND[torch.float32]

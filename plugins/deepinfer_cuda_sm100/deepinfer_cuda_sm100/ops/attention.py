@@ -42,6 +42,35 @@ class CudaAttentionOps(AttentionOps):
         select kernel (v12 run 4: five torch launches, ~7 us, a CSA layer at one token)."""
         return indexer.indexer_select(q, weights, weight_scale, key_pool, cand_slots, topk)
 
+    def indexer_scores(self, q, weights, key_pool, cand_slots, key_format=None) -> torch.Tensor:
+        """Every candidate's score with no host synchronisation (graph capture): the Triton scoring kernel on
+        plain key pools; packed keys (V4.1's FP4 index keys) unpacked for all candidates at once, in torch."""
+        if key_format is None:
+            return indexer.indexer_scores(q, weights, key_pool, cand_slots)
+        t, c = cand_slots.shape
+        rows = key_pool.index_select(0, cand_slots.clamp(min=0).flatten())
+        keys = key_format.unpack(rows).float().view(t, c, -1)
+        head = torch.relu(torch.einsum("thd,tcd->thc", q.float(), keys))
+        score = (head * weights.float()[:, :, None]).sum(dim=1)
+        return score.masked_fill(cand_slots < 0, float("-inf"))
+
+    def candidate_blocks(self, scores, visible, topk_blocks, block_size) -> torch.Tensor:
+        """The core default's selection for all rows at once (torch), with no host synchronisation, so a
+        V4.1 step can be captured as a graph: block maxima, the block of each row's newest visible entry
+        pinned to ``+inf``, the top ``min(topk_blocks, blocks)`` blocks with a score above ``-inf`` kept."""
+        t, width = scores.shape
+        n_blocks = -(-width // block_size)
+        padded = torch.full((t, n_blocks * block_size), float("-inf"), device=scores.device)
+        padded[:, :width] = scores.float()
+        block = padded.view(t, n_blocks, block_size).amax(dim=-1)
+        last = torch.div(visible.to(torch.int64) - 1, block_size, rounding_mode="floor")
+        cols = torch.arange(n_blocks, device=scores.device)[None, :]
+        block = block.masked_fill((cols == last[:, None]) & (last[:, None] >= 0), float("inf"))
+        top = block.topk(min(topk_blocks, n_blocks), dim=-1)
+        keep = torch.zeros((t, n_blocks), dtype=torch.bool, device=scores.device)
+        keep.scatter_(1, top.indices, top.values > float("-inf"))
+        return keep.repeat_interleave(block_size, dim=1)[:, :width]
+
     def compress(self, kv, score, norm_weight, eps, positions, inv_freq) -> torch.Tensor:
         return compressor.compress(kv, score, norm_weight, eps, positions, inv_freq)
 

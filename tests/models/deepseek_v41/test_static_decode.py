@@ -1,0 +1,123 @@
+"""V4.1 decode steps with static shapes (what a platform captures as graphs) give the dynamic steps' tokens
+and logprobs, on ``flash_mini`` (Engram, encoder and decoder layers, CSA2 candidate pool), float32,
+unquantized KV, reference backend.
+
+Static steps pad rows to a batch bucket and the candidate tables to a context bucket, and read their Engram
+rows from the host tier *before* the step (``prepare_static``) into the plan, among the graph's inputs.
+``replayed``: a stand-in for graph capture whose replay re-runs the captured closure over the captured
+buffers, so every later step reaches the model only through the runner's input copies; Engram rows (or any
+table) that the forward reads but the runner does not copy would replay a stale step and fail the test.
+With DSpark on, verify steps (``q = k + 1`` rows a sequence) and the draft head's steps are static too."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from deepinfer_core import LLM, SamplingParams
+from tests.models.deepseek_v41.goldens import checkpoint
+from tests.outputs import assert_same_outputs
+
+VOCAB = 384
+
+
+def _llm(**kw) -> LLM:
+    return LLM(
+        model=str(checkpoint("flash_mini")),
+        dtype="float32",
+        kv_cache_dtype="unquantized",
+        max_num_batched_tokens=512,
+        **kw,
+    )
+
+
+def _decode_heavy() -> tuple[list[dict], list[SamplingParams]]:
+    """Requests that finish at different steps (the batch shrinks through buckets 8, 4, 2, 1) and cross the
+    256-token context bucket while decoding."""
+    rng = random.Random(3)
+    lens, steps = (1, 17, 40, 250, 5, 64), (12, 3, 8, 10, 16, 5)
+    prompts = [{"prompt_token_ids": [rng.randrange(2, VOCAB) for _ in range(n)]} for n in lens]
+    params = [
+        SamplingParams(max_tokens=m, temperature=0.0 if i % 2 else 0.8, seed=i, logprobs=1, ignore_eos=True)
+        for i, m in enumerate(steps)
+    ]
+    return prompts, params
+
+
+def _stand_in_capture(runner, monkeypatch) -> dict:
+    counts = {"captures": 0, "replays": 0, "runs": 0}
+
+    def capture_graph(fn):
+        fn()  # warm-up, like the CUDA path
+        counts["captures"] += 1
+
+        def replay():
+            counts["replays"] += 1
+            fn()
+
+        return replay
+
+    monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
+    real_run = runner.graphs.run
+
+    def counted(*a, **kw):
+        counts["runs"] += 1
+        return real_run(*a, **kw)
+
+    monkeypatch.setattr(runner.graphs, "run", counted)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def dynamic():
+    prompts, params = _decode_heavy()
+    return _llm().generate(prompts, params, use_tqdm=False)
+
+
+def test_v41_static_decode_steps_match_dynamic_ones(dynamic, monkeypatch):
+    prompts, params = _decode_heavy()
+    llm = _llm()
+    runner = llm.engine.runner
+    assert llm.engine.model.hasher is not None  # the Engram path is exercised
+    counts = _stand_in_capture(runner, monkeypatch)
+    runner.static_decode(8, capture=True)
+    assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
+    assert counts["captures"] == len(runner.graphs)
+    assert {key[0] for key in runner.graphs} == {1, 2, 4, 8}
+    assert {key[1] for key in runner.graphs} == {256, 512}
+    assert counts["replays"] >= 2 * counts["captures"]  # most steps replay a captured one
+    assert counts["replays"] == counts["runs"]
+
+
+def test_stale_engram_rows_would_fail_the_replayed_test(dynamic, monkeypatch):
+    """The check above can fail: a plan that leaves its Engram rows out of the graph inputs replays the
+    captured step's rows."""
+    from deepinfer_core.models.deepseek_v41.model import StepPlan
+
+    tensors = StepPlan.tensors
+    monkeypatch.setattr(
+        StepPlan, "tensors", lambda self: tensors(self)[: len(tensors(self)) - len(self.engram or [])]
+    )
+    prompts, params = _decode_heavy()
+    llm = _llm()
+    _stand_in_capture(llm.engine.runner, monkeypatch)
+    llm.engine.runner.static_decode(8, capture=True)
+    with pytest.raises(AssertionError):
+        assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
+
+
+def test_v41_static_verify_and_draft_steps_keep_dspark_greedy_output(monkeypatch):
+    prompts, _ = _decode_heavy()
+    params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=1, ignore_eos=True)
+    spec = {"method": "dspark", "num_speculative_tokens": 3}
+    plain = _llm().generate(prompts, params, use_tqdm=False)
+    llm = _llm(speculative_config=spec)
+    runner = llm.engine.runner
+    counts = _stand_in_capture(runner, monkeypatch)
+    runner.static_decode(8, capture=True)
+    assert_same_outputs(plain, llm.generate(prompts, params, use_tqdm=False))
+    qs = {key[-1] for key in runner.graphs}
+    assert 4 in qs  # verify steps of k + 1 rows a sequence ran static
+    assert any(isinstance(key[0], str) for key in runner.graphs)  # and the draft head's steps
+    assert counts["replays"] == counts["runs"]
