@@ -102,8 +102,9 @@ class LLMEngine:
         )
         self.sampler.host_buffer = lambda n: backends.memory.pinned_host_buffer((n,), torch.int64)
         self.inputs = InputProcessor(
-            tokenizer, model.vocab_size, self.max_model_len, self.structured, config.max_n
-        )
+            tokenizer, model.vocab_size, self.max_model_len, self.structured, config.max_n,
+            model.prepare_images,
+        )  # fmt: skip
         self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len, self.structured)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
@@ -150,8 +151,9 @@ class LLMEngine:
         if rid in self.requests:
             raise ValueError(f"request_id={rid!r} is invalid: a request with this id is still running")
         req = Request(
-            rid, index, item.prompt, item.token_ids, item.params, RequestMetrics(time.perf_counter())
-        )
+            rid, index, item.prompt, item.token_ids, item.params, RequestMetrics(time.perf_counter()),
+            images=item.images,
+        )  # fmt: skip
         if item.params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
         self._new_seq(req, 0, front=False)
