@@ -22,6 +22,8 @@ class ProcessedPrompt:
     params: SamplingParams
     #: the prompt's image spans (the model's, see ``CausalLM.prepare_images``); ``token_ids`` holds them
     images: list = field(default_factory=list)
+    #: why its images cannot be used: the request is queued only to fail alone (``finish_reason="error"``)
+    error: str | None = None
 
 
 class InputProcessor:
@@ -72,12 +74,34 @@ class InputProcessor:
     def _one(self, i: int, prompt: Any, sp: SamplingParams, add_special: bool) -> ProcessedPrompt:
         text, ids = self._tokens(i, prompt, add_special)
         images = self._images(i, prompt)
-        spans: list = []
         if images:
-            ids, spans = self._expand(i, ids, images)
+            self._check_ids(i, ids)
+            try:
+                return self._with_images(i, text, ids, images, sp)
+            except ValueError as e:  # the image is bad: this request fails alone
+                return ProcessedPrompt(text, ids, sp, error=str(e))
         self._check_ids(i, ids)
         self._check_params(i, sp, len(ids))
-        return ProcessedPrompt(text, ids, sp, spans)
+        return ProcessedPrompt(text, ids, sp)
+
+    def _with_images(self, i: int, text: str | None, ids: list[int], images: list, sp: SamplingParams):
+        where = f"prompts[{i}].multi_modal_data"
+        if self.prepare_images is None:
+            raise InvalidParameterError(f"{where} is invalid: this engine takes no images")
+        try:
+            expanded, spans = self.prepare_images(ids, images)
+        except ValueError as e:
+            raise InvalidParameterError(f"{where} is invalid: {e}") from None
+        n = sum(s.end - s.start for s in spans)
+        if len(expanded) >= self.max_model_len:
+            raise invalid(
+                f"prompts[{i}] length",
+                len(expanded),
+                f"must be < max_model_len={self.max_model_len}; its {len(spans)} image(s) take {n} tokens "
+                f"(text: {len(expanded) - n})",
+            )
+        self._check_params(i, sp, len(expanded))
+        return ProcessedPrompt(text, expanded, sp, spans)
 
     def _images(self, i: int, prompt: Any) -> list:
         """``prompt["multi_modal_data"]["image"]``: one image (``PIL.Image`` or encoded bytes) or a list."""
@@ -92,15 +116,6 @@ class InputProcessor:
         if images is None:
             return []
         return list(images) if isinstance(images, (list, tuple)) else [images]
-
-    def _expand(self, i: int, ids: list[int], images: list) -> tuple[list[int], list]:
-        where = f"prompts[{i}].multi_modal_data"
-        if self.prepare_images is None:
-            raise InvalidParameterError(f"{where} is invalid: this engine takes no images")
-        try:
-            return self.prepare_images(ids, images)
-        except ValueError as e:
-            raise InvalidParameterError(f"{where} is invalid: {e}") from None
 
     def _tokens(self, i: int, prompt: Any, add_special: bool) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
