@@ -81,6 +81,11 @@ class InputProcessor:
             except ValueError as e:  # the image is bad: this request fails alone
                 return ProcessedPrompt(text, ids, sp, error=str(e))
         self._check_ids(i, ids)
+        if self.prepare_images is not None:  # an image placeholder without its image fails alone
+            try:
+                self.prepare_images(ids, [])
+            except ValueError as e:
+                return ProcessedPrompt(text, ids, sp, error=f"prompts[{i}] is invalid: {e}")
         self._check_params(i, sp, len(ids))
         return ProcessedPrompt(text, ids, sp)
 

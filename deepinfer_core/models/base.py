@@ -64,8 +64,11 @@ class CausalLM(ABC):
 
     def prepare_images(self, token_ids: list[int], images: list[object]) -> tuple[list[int], list]:
         """Image input: the prompt's ids with each image placeholder expanded into its image's span, and the
-        spans (objects with ``start``, ``end``, ``image`` and ``digest``). Raises ``ValueError`` naming the
-        problem. By default the model takes no images."""
+        spans (objects with ``start``, ``end``, ``image`` and ``digest``); called with no images too (a
+        placeholder without its image is an error). Raises ``ValueError`` naming the problem. By default the
+        model takes no images."""
+        if not images:
+            return list(token_ids), []
         raise ValueError(f"{type(self).__name__} takes no images")
 
     def encode_images(self, images: list) -> list[torch.Tensor]:

@@ -199,6 +199,8 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
 
     def prepare_images(self, token_ids: list[int], images: list[object]) -> tuple[list[int], list[ImageSpan]]:
         """Each image placeholder of ``token_ids`` expanded into its image's span (DeepSeek's rule)."""
+        if self.cfg.vision is None and not images:
+            return list(token_ids), []
         if self.cfg.vision is None:
             raise ImageInputError(
                 "this checkpoint has no vision tower (no vision_config / vision_n_layers = 0): it takes no images"

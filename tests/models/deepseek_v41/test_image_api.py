@@ -6,7 +6,8 @@
   an image block becomes a text block ``<｜deepseek_image｜>``) and gives what ``generate`` gives for that
   prompt and image; remote URLs and local paths are refused with a clear error;
 - bad images fail alone with an error naming the problem (corrupt bytes, an unsupported format, 0x0, a
-  decompression bomb, more image tokens than ``max_model_len``, placeholders and images that do not match),
+  decompression bomb, more image tokens than ``max_model_len``, placeholders and images that do not match,
+  a placeholder without any image),
   while the other requests of the same call complete; an image on a checkpoint without a vision tower too.
 """
 
@@ -126,6 +127,7 @@ def _bad_inputs() -> dict[str, tuple[dict, str]]:
             "1 image placeholder(s) (token id 384) but 2 image(s)",
         ),
         "long": (engine_input(1), "its 2 image(s) take 46 tokens"),
+        "no image": ({"prompt_token_ids": ids}, "1 image placeholder(s) (token id 384) but 0 image(s)"),
     }
 
 
