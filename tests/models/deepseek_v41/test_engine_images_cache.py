@@ -14,7 +14,7 @@ from deepinfer_core import LLM, SamplingParams
 from tests.models.deepseek_v41.vl_goldens import CHECKPOINT, engine_input, goldens, image
 
 BLOCK = 8
-GREEDY = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=3, temperature=0.0, logprobs=0, ignore_eos=True)
 
 
 def _llm(**kw) -> LLM:
