@@ -3,8 +3,11 @@
     python tools/v41_vision_goldens.py --oracle .v41vision --out tests/data/v41_vision
 
 ``--oracle`` is the folder described in ``tools/v41visiongolden/oracle.py`` (DeepSeek's image processor and a
-public port of its vision tower, checked by sha256; docs/vision.md says where they come from). It is
+public port of its vision tower, checked by sha256; docs/vision.md says where they come from). For the
+``logprobs`` part it also holds the release's ``model.py``, ``engram.py`` and ``kernel_cpu.py`` (as in
+docs/v41_reference.md), run as the reference with the tower (:mod:`v41visiongolden.logprobs`). It is
 imported at run time; nothing of it is copied. One CPU thread, float32; two runs write identical bytes.
+``--parts`` writes a subset (the other files are left as they are).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from v41golden.files import sha256_file, write_json, write_tensors  # noqa: E402
 from v41visiongolden import cases  # noqa: E402
 from v41visiongolden.oracle import build_tower, encode_span, load_oracle, oracle_args  # noqa: E402
+
+PARTS = ("preprocess", "tower", "logprobs")
 
 COMMAND = "python tools/v41_vision_goldens.py --oracle <ORACLE> --out tests/data/v41_vision"
 SOURCES = {
@@ -129,15 +134,37 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--out", type=Path, default=Path("tests/data/v41_vision"))
     ap.add_argument("--allow-other-oracle", action="store_true", help="accept files with another sha256")
+    ap.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)
     oracle = load_oracle(args.oracle, args.allow_other_oracle)
     out = args.out
-    write_json(out / "token_counts.json", {"provenance": provenance(oracle), **token_counts(oracle)})
-    tensors, meta = pixel_goldens(oracle)
-    write_tensors(out / "pixels.safetensors", tensors, provenance(oracle))
-    write_json(out / "pixels.json", {"provenance": provenance(oracle), "cases": meta})
+    if "preprocess" in args.parts:
+        write_json(out / "token_counts.json", {"provenance": provenance(oracle), **token_counts(oracle)})
+        tensors, meta = pixel_goldens(oracle)
+        write_tensors(out / "pixels.safetensors", tensors, provenance(oracle))
+        write_json(out / "pixels.json", {"provenance": provenance(oracle), "cases": meta})
+    if "tower" in args.parts:
+        write_tower(oracle, out)
+    if "logprobs" in args.parts:
+        write_logprobs(oracle, args, out / "logprobs")
+    write_manifest(oracle, out)
+    for p in sorted(out.rglob("*")):
+        if p.is_file():
+            print(p, p.stat().st_size)
+
+
+def write_logprobs(oracle, args, out: Path) -> None:
+    from v41golden.reference import load_reference
+    from v41visiongolden import logprobs
+
+    ref = load_reference(args.oracle, args.allow_other_oracle)
+    prov = provenance(oracle) | {"reference_sha256": dict(sorted(ref.sha256.items()))}
+    logprobs.write(ref, out, write_tensors, write_json, prov)
+
+
+def write_tower(oracle, out: Path) -> None:
     weights = cases.tower_weights(cases.TOWER, cases.TOWER_SEED)
     ckpt = {k: v for k, v in cases.TOWER.items()} | {"image_token_id": 129264}
     write_json(out / "tower" / "config.json", ckpt)
@@ -147,10 +174,6 @@ def main(argv: list[str] | None = None) -> None:
     tensors, meta = tower_goldens(oracle, weights)
     write_tensors(out / "tower.safetensors", tensors, provenance(oracle, config=cases.TOWER))
     write_json(out / "tower.json", {"provenance": provenance(oracle, config=cases.TOWER), "cases": meta})
-    write_manifest(oracle, out)
-    for p in sorted(out.rglob("*")):
-        if p.is_file():
-            print(p, p.stat().st_size)
 
 
 if __name__ == "__main__":

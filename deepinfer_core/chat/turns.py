@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from deepinfer_core.chat.content import ImagePart
 from deepinfer_core.chat.prompt import Prompt
-from deepinfer_core.chat.tokens import TOOL_RESULT_END, TOOL_RESULT_START
+from deepinfer_core.chat.tokens import IMAGE_PLACEHOLDER, TOOL_RESULT_END, TOOL_RESULT_START
 from deepinfer_core.chat.validate import Message
 
 
@@ -56,13 +57,15 @@ def _user_text(parts: list[Message], call_order: dict[str, int]) -> Prompt:
                 out.own("\n\n")
             if p.role == "tool":
                 out.own(TOOL_RESULT_START).content(text).own(TOOL_RESULT_END)
+            elif isinstance(text, ImagePart):  # the encoder's placeholder, expanded by the model
+                out.own(IMAGE_PLACEHOLDER)
             else:
                 out.content(text)
             blocks += 1
     return out
 
 
-def _blocks(msg: Message) -> tuple[str, ...]:
+def _blocks(msg: Message) -> tuple[str | ImagePart, ...]:
     """A user message's text blocks (its parts when it came as a list); a tool result is one block."""
     if msg.role == "user" and msg.parts is not None:
         return msg.parts

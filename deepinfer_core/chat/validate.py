@@ -17,7 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from deepinfer_core.chat.content import text_parts
+from deepinfer_core.chat.content import ImagePart, text_parts
+from deepinfer_core.chat.tokens import IMAGE_PLACEHOLDER
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class Message:
     reasoning_content: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
-    parts: tuple[str, ...] | None = None  # the text parts when content came as a list
+    #: the parts when content came as a list: texts, and (user messages) image placeholders
+    parts: tuple[str | ImagePart, ...] | None = None
 
 
 def validate_messages(messages: Any, rules: MessageRules = V4_RULES) -> list[Message]:
@@ -104,8 +106,13 @@ def _content(raw: dict[str, Any], where: str, rules: MessageRules) -> tuple[str,
     if isinstance(value, list) and rules.content_parts:
         parts = text_parts(value, f"{where}.content")
         for k, text in enumerate(parts):
+            if isinstance(text, ImagePart):
+                if raw.get("role") != "user":
+                    raise ValueError(f"{where}.content[{k}]: image parts are accepted in user messages only")
+                continue
             _check_text(text, f"{where}.content[{k}].text", rules)
-        return "\n\n".join(parts), parts
+        joined = (IMAGE_PLACEHOLDER if isinstance(t, ImagePart) else t for t in parts)
+        return "\n\n".join(joined), parts
     text = _optional_str(raw, "content", where, rules) or ""
     return text, None
 

@@ -6,7 +6,8 @@ parameter, the value and the allowed range.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer_core.sampling_params import InvalidParameterError, SamplingParams, check_text, invalid
@@ -19,13 +20,25 @@ class ProcessedPrompt:
     prompt: str | None
     token_ids: list[int]
     params: SamplingParams
+    #: the prompt's image spans (the model's, see ``CausalLM.prepare_images``); ``token_ids`` holds them
+    images: list = field(default_factory=list)
+    #: why its images cannot be used: the request is queued only to fail alone (``finish_reason="error"``)
+    error: str | None = None
 
 
 class InputProcessor:
     def __init__(
-        self, tokenizer: Any, vocab_size: int, max_model_len: int, structured: Any = None, max_n: int = 128
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        max_model_len: int,
+        structured: Any = None,
+        max_n: int = 128,
+        prepare_images: Callable[[list[int], list], tuple[list[int], list]] | None = None,
     ):
         self.tokenizer = tokenizer
+        #: the model's ``prepare_images`` (None: image input refused)
+        self.prepare_images = prepare_images
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_n = max_n
@@ -60,9 +73,54 @@ class InputProcessor:
 
     def _one(self, i: int, prompt: Any, sp: SamplingParams, add_special: bool) -> ProcessedPrompt:
         text, ids = self._tokens(i, prompt, add_special)
+        images = self._images(i, prompt)
+        if images:
+            self._check_ids(i, ids)
+            try:
+                return self._with_images(i, text, ids, images, sp)
+            except ValueError as e:  # the image is bad: this request fails alone
+                return ProcessedPrompt(text, ids, sp, error=str(e))
         self._check_ids(i, ids)
+        if self.prepare_images is not None:  # an image placeholder without its image fails alone
+            try:
+                self.prepare_images(ids, [])
+            except ValueError as e:
+                return ProcessedPrompt(text, ids, sp, error=f"prompts[{i}] is invalid: {e}")
         self._check_params(i, sp, len(ids))
         return ProcessedPrompt(text, ids, sp)
+
+    def _with_images(self, i: int, text: str | None, ids: list[int], images: list, sp: SamplingParams):
+        where = f"prompts[{i}].multi_modal_data"
+        if self.prepare_images is None:
+            raise InvalidParameterError(f"{where} is invalid: this engine takes no images")
+        try:
+            expanded, spans = self.prepare_images(ids, images)
+        except ValueError as e:
+            raise InvalidParameterError(f"{where} is invalid: {e}") from None
+        n = sum(s.end - s.start for s in spans)
+        if len(expanded) >= self.max_model_len:
+            raise invalid(
+                f"prompts[{i}] length",
+                len(expanded),
+                f"must be < max_model_len={self.max_model_len}; its {len(spans)} image(s) take {n} tokens "
+                f"(text: {len(expanded) - n})",
+            )
+        self._check_params(i, sp, len(expanded))
+        return ProcessedPrompt(text, expanded, sp, spans)
+
+    def _images(self, i: int, prompt: Any) -> list:
+        """``prompt["multi_modal_data"]["image"]``: one image (``PIL.Image`` or encoded bytes) or a list."""
+        mm = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if mm is None:
+            return []
+        if not isinstance(mm, dict) or set(mm) - {"image"}:
+            raise invalid(
+                f"prompts[{i}].multi_modal_data", mm, 'must be {"image": image or [images]} (images only)'
+            )
+        images = mm.get("image")
+        if images is None:
+            return []
+        return list(images) if isinstance(images, (list, tuple)) else [images]
 
     def _tokens(self, i: int, prompt: Any, add_special: bool) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:

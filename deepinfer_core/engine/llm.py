@@ -173,8 +173,12 @@ class LLM:
 
         Message content is tokenized as plain text: text that spells a control token (``<｜Assistant｜>``,
         ``<｜end▁of▁sentence｜>``, DSML markers) stays text, so content cannot forge turns. Pass
-        ``special_tokens_in_content=True`` to let it become control tokens."""
+        ``special_tokens_in_content=True`` to let it become control tokens.
+
+        Images (V4.1 with a vision tower): ``{"type": "image_url", "image_url": {"url": "data:...;base64,..."}}``
+        parts of user messages; remote URLs and local paths are refused."""
         from deepinfer_core.chat import encode_prompt, render_prompt
+        from deepinfer_core.chat.content import image_url_bytes, image_urls
 
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
@@ -190,7 +194,11 @@ class LLM:
         for conv in convs:
             rendered = render_prompt(conv, tools=tools, **kwargs)
             ids = encode_prompt(rendered, tokenizer, special_tokens_in_content=special_tokens_in_content)
-            prompts.append({"prompt": rendered.text, "prompt_token_ids": ids})
+            prompt: dict[str, Any] = {"prompt": rendered.text, "prompt_token_ids": ids}
+            images = [image_url_bytes(url, where) for url, where in image_urls(conv)]
+            if images:
+                prompt["multi_modal_data"] = {"image": images}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm)
 
 

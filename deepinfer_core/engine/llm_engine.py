@@ -102,8 +102,9 @@ class LLMEngine:
         )
         self.sampler.host_buffer = lambda n: backends.memory.pinned_host_buffer((n,), torch.int64)
         self.inputs = InputProcessor(
-            tokenizer, model.vocab_size, self.max_model_len, self.structured, config.max_n
-        )
+            tokenizer, model.vocab_size, self.max_model_len, self.structured, config.max_n,
+            model.prepare_images,
+        )  # fmt: skip
         self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len, self.structured)
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
@@ -150,10 +151,15 @@ class LLMEngine:
         if rid in self.requests:
             raise ValueError(f"request_id={rid!r} is invalid: a request with this id is still running")
         req = Request(
-            rid, index, item.prompt, item.token_ids, item.params, RequestMetrics(time.perf_counter())
-        )
+            rid, index, item.prompt, item.token_ids, item.params, RequestMetrics(time.perf_counter()),
+            images=item.images,
+        )  # fmt: skip
         if item.params.prompt_logprobs is not None:
             req.prompt_logprobs = [None]
+        if item.error is not None:  # it fails alone, when the next step starts
+            req.error = f"request {rid!r} failed: {item.error}"
+            with self._lock:
+                self._pending_aborts.add(rid)
         self._new_seq(req, 0, front=False)
         self.requests[rid] = req
         self.num_requests += 1
@@ -309,14 +315,15 @@ class LLMEngine:
 
     def apply_aborts(self) -> list[RequestOutput]:
         """Carry out pending aborts now; returns the aborted requests' outputs (and those of the step in
-        flight, which lands first, so an abort sees the same tokens as without overlap)."""
+        flight, which lands first, so an abort sees the same tokens as without overlap). A request queued
+        with an input error (a bad image) ends here too, with ``finish_reason="error"``."""
         with self._lock:
             ids, self._pending_aborts = self._pending_aborts, set()
         outs = self.overlap.land() if ids else []
         for rid in ids:
             req = self.requests.pop(rid, None)
             if req is not None:
-                self._end(req, "abort")
+                self._end(req, "abort" if req.error is None else "error")
                 outs.append(self.outputs.request_output(req))
         return outs
 

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from deepinfer_core.engine.graphs import GraphCache
+from deepinfer_core.engine.images import step_images
 from deepinfer_core.engine.layer_range import BoundedReplay, tail_batch
 from deepinfer_core.engine.persistent_batch import PersistentBatch
 from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -101,7 +102,8 @@ class ModelRunner:
         scheduled = sched.scheduled
         seqs = [s.seq for s in scheduled]
         rows = self.batch.rows(seqs)
-        q = _uniform_rows(scheduled)
+        images = step_images(self.model, scheduled)
+        q = _uniform_rows(scheduled) if images is None else 0
         key = self.graph_key(len(scheduled), max(s.start for s in scheduled), q) if q else None
         if key is not None:
             ids = [
@@ -127,6 +129,8 @@ class ModelRunner:
             block_size=self.block_size,
             logits_indices=_ints(logit_rows),
         )
+        if images is not None:
+            batch.image_rows, batch.image_embeds = images
         batch.tail = tail_batch(batch, self.bounded_replay, [s.seq.resumed_at for s in scheduled])
         batch.plan = self.model.plan(batch, None)
         self.last_rows = qsl[:-1]

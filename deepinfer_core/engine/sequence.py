@@ -43,6 +43,10 @@ class Request:
     siblings_spawned: bool = False
     n: int = 0  # samples; set from params.n
     error: str | None = None  # why the request failed alone (finish_reason "error")
+    #: image spans of the prompt (the model's ``ImageSpan``: ``start``, ``end``, ``image``, ``digest``)
+    images: list = field(default_factory=list)
+    #: each image's span embeddings while the prompt's image rows are being computed (see :mod:`.images`)
+    image_embeds: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         self.n = self.n or self.params.n
@@ -91,6 +95,7 @@ class Sequence:
         #: chain hashes of the leading full blocks of ``token_ids`` (prefix-cache keys, computed lazily)
         self.block_hashes: list[int] = []
         self.num_committed_blocks = 0  # leading full blocks already offered to the prefix cache
+        self.image_keys = tuple((s.start, s.end, s.digest) for s in request.images)
         self.logprobs: list[PositionLogprobs] | None = [] if request.params.logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.text_pieces: list[str] = []  # detokenized output, joined on demand

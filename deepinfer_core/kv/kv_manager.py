@@ -66,11 +66,17 @@ class KVCacheManager:
     # ------------------------------------------------------------------ hashing
 
     def block_hashes(self, seq: KVRequest, num_blocks: int) -> list[int]:
-        """Chain hashes of the first ``num_blocks`` full blocks of ``seq.token_ids`` (memoised on ``seq``)."""
+        """Chain hashes of the first ``num_blocks`` full blocks of ``seq.token_ids`` (memoised on ``seq``), with
+        the position and digest of every image span a block overlaps."""
         hashes, bs, toks = seq.block_hashes, self.block_size, seq.token_ids
         parent = hashes[-1] if hashes else _ROOT_HASH
+        images = seq.image_keys
         for j in range(len(hashes), num_blocks):
-            parent = hash((parent, tuple(toks[j * bs : (j + 1) * bs])))
+            lo, hi = j * bs, (j + 1) * bs
+            key = tuple(toks[lo:hi])
+            if images:
+                key += tuple((s, d) for s, e, d in images if s < hi and e > lo)
+            parent = hash((parent, key))
             hashes.append(parent)
         return hashes
 

@@ -17,6 +17,9 @@ class KVRequest(Protocol):
     #: chain hashes of the leading full blocks of ``token_ids`` (filled in by the KV manager)
     block_hashes: list[int]
     num_committed_blocks: int  # leading full blocks already offered to the prefix cache
+    #: ``(start, end, digest)`` of each image span in ``token_ids``: a block that overlaps a span hashes the
+    #: image's content too (a span's token ids are all the same placeholder id, whatever the image)
+    image_keys: tuple[tuple[int, int, bytes], ...]
     #: bumped by the KV manager whenever it changes ``block_tables`` (a copy of them, such as the engine's
     #: persistent batch, rewrites a request's rows only when this moved)
     tables_version: int

@@ -62,6 +62,20 @@ class CausalLM(ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` rows (as returned by :meth:`forward`) -> logits ``[L, vocab_size]`` float32."""
 
+    def prepare_images(self, token_ids: list[int], images: list[object]) -> tuple[list[int], list]:
+        """Image input: the prompt's ids with each image placeholder expanded into its image's span, and the
+        spans (objects with ``start``, ``end``, ``image`` and ``digest``); called with no images too (a
+        placeholder without its image is an error). Raises ``ValueError`` naming the problem. By default the
+        model takes no images."""
+        if not images:
+            return list(token_ids), []
+        raise ValueError(f"{type(self).__name__} takes no images")
+
+    def encode_images(self, images: list) -> list[torch.Tensor]:
+        """Each span's ``image`` -> its span embeddings ``[end - start, hidden]``; :meth:`forward` gets them as
+        ``batch.image_rows`` / ``batch.image_embeds``."""
+        raise NotImplementedError(f"{type(self).__name__} takes no images")
+
     #: :meth:`forward` with a :meth:`plan` in static mode has only static shapes and no host synchronisation,
     #: so a platform may capture decode steps as graphs
     supports_graphs: bool = False

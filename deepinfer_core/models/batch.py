@@ -38,6 +38,10 @@ class ForwardBatch:
     real_rows: torch.Tensor | None = None
     #: the layer-range seam: the rows layers ``>= tail.first_layer`` run on (``None``: every row)
     tail: TailBatch | None = None
+    #: image input: rows ``[N]`` of the step inside an image span, and the embeddings ``[N, hidden]`` that
+    #: replace their token embeddings (``None``: no image position in the step)
+    image_rows: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> ForwardBatch:
         """A copy with every tensor on ``device`` (one copy for all of them), and the plan moved by its
@@ -66,6 +70,9 @@ class ForwardBatch:
             real_rows=real,
         )
         out.tail = None if self.tail is None else self.tail.to(device, out)
+        if self.image_rows is not None:
+            out.image_rows = self.image_rows.to(device)
+            out.image_embeds = self.image_embeds.to(device)
         return out
 
     @property

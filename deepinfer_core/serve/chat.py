@@ -75,7 +75,7 @@ class ChatServing(Serving):
         mode = thinking_mode(req, self.settings.default_thinking_mode, encoding)
         tools = offered_tools(req)
         rendered = render(req, mode, tools, encoding)
-        prompt = await self.llm.run_off_loop(encode, rendered, self.llm.tokenizer)
+        prompt = await self.llm.run_off_loop(encode, rendered, self.llm.tokenizer, req.messages)
         ctx = _Chat(req, mode, tools is not None, encoding)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
@@ -84,6 +84,8 @@ class ChatServing(Serving):
             req, self.settings, max_tokens=max_tokens, logprobs=ctx.top_k, skip_special_tokens=False
         )
         items = await self.process([prompt], [params], False, renames(req, _RENAMES))
+        if items[0].error is not None:  # a bad image
+            raise bad_request(items[0].error, "messages")
         self.cap_max_tokens(items)
         sub = self.submit("chatcmpl", req, items, start)
         sub.body = ctx

@@ -33,6 +33,7 @@ from deepinfer_core.chat import (
     encode_prompt,
     render_prompt,
 )
+from deepinfer_core.chat.content import image_url_bytes, image_urls
 from deepinfer_core.serve.errors import bad_request, from_value_error
 from deepinfer_core.serve.protocol import ChatCompletionRequest
 
@@ -111,7 +112,7 @@ def offered_tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
 def render(
     req: ChatCompletionRequest, mode: Mode, tools: list[dict[str, Any]] | None, encoding: ChatEncoding
 ) -> Prompt:
-    messages = [_message(m, i) for i, m in enumerate(req.messages)]
+    messages = [_message(m, i, encoding) for i, m in enumerate(req.messages)]
     try:
         return render_prompt(
             messages, mode.thinking_mode, tools, reasoning_effort=mode.reasoning_effort, encoding=encoding
@@ -120,21 +121,40 @@ def render(
         raise from_value_error(e) from None
 
 
-def encode(prompt: Prompt, tokenizer: Any) -> dict[str, Any]:
+def encode(prompt: Prompt, tokenizer: Any, messages: list[Any] | None = None) -> dict[str, Any]:
     """The engine prompt: message content tokenized as plain text, so it never becomes a control token
-    (a user cannot forge turns by writing ``<｜Assistant｜>``)."""
+    (a user cannot forge turns by writing ``<｜Assistant｜>``); the images of ``messages``' ``image_url``
+    parts (``data:`` URLs only) as its ``multi_modal_data``."""
     if tokenizer is None:
         raise bad_request("chat needs the model's tokenizer; this server's engine has none", "messages")
     try:
         ids = encode_prompt(prompt, tokenizer)
     except ContentTokenError as e:
         raise bad_request(str(e), "messages") from None
-    return {"prompt": prompt.text, "prompt_token_ids": ids}
+    out: dict[str, Any] = {"prompt": prompt.text, "prompt_token_ids": ids}
+    images = []
+    for url, where in image_urls(messages or []):
+        try:
+            images.append(image_url_bytes(url, where))
+        except ValueError as e:
+            raise bad_request(str(e), where) from None
+    if images:
+        out["multi_modal_data"] = {"image": images}
+    return out
 
 
-def _message(m: Any, i: int) -> Any:
-    """OpenAI content parts (``[{"type": "text", "text": ...}, ...]``) joined into one string."""
+def _message(m: Any, i: int, encoding: ChatEncoding) -> Any:
+    """OpenAI content parts (``[{"type": "text", "text": ...}, ...]``) joined into one string; a V4.1 user
+    message with ``image_url`` parts keeps its parts (DeepSeek's blocks, each image a placeholder block)."""
     if not isinstance(m, dict) or not isinstance(m.get("content"), list):
+        return m
+    if any(isinstance(p, dict) and p.get("type") == "image_url" for p in m["content"]):
+        if encoding.name != "deepseek_v41":
+            raise bad_request(
+                f"messages[{i}].content has image parts: images need a DeepSeek-V4.1 checkpoint "
+                f"(this server's chat encoding is {encoding.name})",
+                f"messages[{i}].content",
+            )
         return m
     texts = []
     for j, part in enumerate(m["content"]):

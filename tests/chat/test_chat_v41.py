@@ -92,13 +92,25 @@ def test_content_parts_are_text_blocks_joined_by_a_blank_line():
     assert render_messages(messages, encoding=V41) == f"{BOS}<｜User｜>a\n\nb\n\nc<｜Assistant｜></think>"
 
 
+def test_an_image_part_is_a_placeholder_block_of_user_messages_only():
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, image, image]}]
+    placeholders = "<｜deepseek_image｜>\n\n<｜deepseek_image｜>"
+    assert (
+        render_messages(messages, encoding=V41)
+        == f"{BOS}<｜User｜>a\n\n{placeholders}<｜Assistant｜></think>"
+    )
+    with pytest.raises(
+        ValueError, match=re.escape("messages[0].content[0]: image parts are accepted in user")
+    ):
+        render_messages([{"role": "system", "content": [image]}, *messages], encoding=V41)
+
+
 @pytest.mark.parametrize(
     "content, error",
     [
-        (
-            [{"type": "image_url", "image_url": {"url": "x.png"}}],
-            "messages[0].content[0]: image parts are not supported yet",
-        ),
+        ([{"type": "image", "data": "..."}], 'messages[0].content[0]: use {"type": "image_url"'),
+        ([{"type": "image_url", "image_url": {}}], "messages[0].content[0].image_url must be"),
         ([{"type": "audio"}], "messages[0].content[0].type must be 'text'; got 'audio'"),
         ([{"type": "text"}], "messages[0].content[0].text must be a string; got NoneType"),
         (["hi"], "messages[0].content[0] must be a content part"),

@@ -21,6 +21,7 @@ class Req:
     num_computed: int = 0
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     block_hashes: list[int] = field(default_factory=list)
+    image_keys: tuple = ()
     num_committed_blocks: int = 0
     tables_version: int = 0
     wants_prompt_logprobs: bool = False

@@ -78,13 +78,22 @@ def text_config(args: dict, max_position_embeddings: int) -> dict:
     return dict(sorted(out.items()))
 
 
+def vision_config(args: dict) -> dict | None:
+    """The ``vision_*`` values under their reference names (None for a text-only model)."""
+    if not args.get("vision_n_layers"):
+        return None
+    return {k: v for k, v in sorted(args.items()) if k.startswith("vision_")}
+
+
 def render(args: dict, max_position_embeddings: int) -> dict:
-    """The root ``config.json`` for ``ModelArgs`` values ``args`` (a text-only model: no vision_config)."""
+    """The root ``config.json`` for ``ModelArgs`` values ``args`` (``vision_config`` null when text-only)."""
+    extra = {"image_token_id": args["image_token_id"]} if vision_config(args) else {}
     return {
         "architectures": [ARCHITECTURE],
         "model_type": MODEL_TYPE,
         "text_config": text_config(args, max_position_embeddings),
-        "vision_config": None,
+        "vision_config": vision_config(args),
+        **extra,
         "bos_token_id": 0,
         "eos_token_id": 1,
         "pad_token_id": 2,

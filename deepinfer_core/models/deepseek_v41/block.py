@@ -43,6 +43,8 @@ class MoE(Module):
         self.top_k = top_k or cfg.num_experts_per_tok
         self.gate = bf16("gate.weight", e, d)
         self.bias = f32("gate.bias", e)
+        #: a vision checkpoint's bias for image-span positions (selection only, like ``bias``)
+        self.bias_vl = f32("gate.bias_vl", e) if cfg.vision is not None else None
         self.experts = [Expert(d, inter, "fp4") for _ in range(e)]
         self.shared_experts = Expert(d, inter, "fp8")
         self.routed: ExpertWeights | None = None
@@ -55,20 +57,28 @@ class MoE(Module):
             [x.w1.value for x in ex], [x.w3.value for x in ex], [x.w2.value for x in ex], held
         )
 
-    def forward(self, x: torch.Tensor, ops: Backends) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: Backends, image_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``image_mask [T]`` (a step with image positions): those rows pick experts with ``bias_vl``."""
         c = self.cfg
         logits = ops.fused.linear_f32(x, self.gate.value)
         if c.gate_temp != 1.0:
             logits = logits / c.gate_temp
-        weights, ids = ops.moe.route_topk(
-            logits, self.bias.value, self.top_k, "sqrtsoftplus", c.routed_scaling_factor
-        )
+        weights, ids = self._route(logits, self.bias.value, ops)
+        if image_mask is not None and self.bias_vl is not None:
+            w_vl, ids_vl = self._route(logits, self.bias_vl.value, ops)
+            weights = torch.where(image_mask[:, None], w_vl, weights)
+            ids = torch.where(image_mask[:, None], ids_vl, ids)
         # DeepSeek normalises the weights only above top-1 (a DSpark stage may route top-1)
         if self.top_k == 1:
             weights = torch.nn.functional.softplus(logits.gather(1, ids)).sqrt() * c.routed_scaling_factor
         routed = ops.moe.experts(x, ids, weights, self.routed, c.swiglu_limit)
         s = self.shared_experts
         return routed + ops.dense.swiglu_mlp(x, s.w1.value, s.w3.value, s.w2.value, c.swiglu_limit)
+
+    def _route(
+        self, logits: torch.Tensor, bias: torch.Tensor, ops: Backends
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.moe.route_topk(logits, bias, self.top_k, "sqrtsoftplus", self.cfg.routed_scaling_factor)
 
 
 class Engram(Module):
@@ -159,13 +169,17 @@ class Block(Module):
         ops: Backends,
         shared: Shared,
         tap: list[torch.Tensor] | None = None,
+        image_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Streams ``h [T, hc, D]`` and the previous site's ``pre [T, hc]`` -> this block's output streams and
         its FFN site's ``pre`` (which collapses the next block's attention input). ``tap``: append the mean
-        over the streams of the block's input (after Engram), what DSpark reads of a target layer."""
+        over the streams of the block's input (after Engram), what DSpark reads of a target layer.
+        ``image_mask [T]``: image-span rows, which Engram passes through untouched and the router steers
+        with ``bias_vl``."""
         dense, eps = ops.dense, self.cfg.rms_norm_eps
         if self.engram is not None:
-            h = self.engram.forward(h, engram.rows(self.engram.index, h.dtype), ops)
+            out = self.engram.forward(h, engram.rows(self.engram.index, h.dtype), ops)
+            h = out if image_mask is None else torch.where(image_mask[:, None, None], h, out)
         if tap is not None:
             tap.append(h.mean(dim=1))
         a_pre, post, comb = dense.hc_mixes(h, self.hc["hc_attn"])
@@ -173,5 +187,5 @@ class Block(Module):
         h = dense.hc_post(self.attn.forward(x, addr, pools, ops, shared), h, post, comb)
         f_pre, post, comb = dense.hc_mixes(h, self.hc["hc_ffn"])
         x = dense.rms_norm(dense.hc_collapse(h, a_pre), self.ffn_norm.value, eps)
-        h = dense.hc_post(self.ffn.forward(x, ops), h, post, comb)
+        h = dense.hc_post(self.ffn.forward(x, ops, image_mask), h, post, comb)
         return h, f_pre

@@ -11,7 +11,7 @@ them), ``kv_source_layers``, ``index_source_layers``, ``candidate_source_layer``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from deepinfer_core.models.deepseek_v4.config import (
@@ -23,6 +23,7 @@ from deepinfer_core.models.deepseek_v4.config import (
     _int,
 )
 from deepinfer_core.models.deepseek_v41.roles import LayerRole, layer_roles
+from deepinfer_core.models.deepseek_v41.vision.config import VisionConfig
 
 __all__ = ["DeepseekV41Config", "EngramConfig", "ModelConfigError", "read_text_config"]
 
@@ -83,10 +84,12 @@ class DeepseekV41Config:
     eos_token_ids: tuple[int, ...]
     engram: EngramConfig | None
     dspark: dict[str, Any]  # dspark_* settings without the prefix (read by .dspark.DSparkConfig)
+    #: the vision tower (``vision_config`` or flat ``vision_*`` keys); None: a text-only checkpoint
+    vision: VisionConfig | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DeepseekV41Config:
-        return _parse(read_text_config(d))
+        return replace(_parse(read_text_config(d)), vision=VisionConfig.from_dict(d))
 
     @property
     def roles(self) -> tuple[LayerRole, ...]:
@@ -259,7 +262,6 @@ def _check_shapes(c: DeepseekV41Config, d: dict[str, Any]) -> None:
             not d.get("tie_word_embeddings", False),
             "tie_word_embeddings must be false (V4.1 has its own head)",
         ),
-        (not d.get("vision_n_layers", 0), "vision is not supported yet (vision_n_layers must be 0)"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -40,6 +40,9 @@ from deepinfer_core.models.deepseek_v41.engram import EngramHasher
 from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
 from deepinfer_core.models.deepseek_v41.roles import decoder_start
 from deepinfer_core.models.deepseek_v41.shards import check_shards
+from deepinfer_core.models.deepseek_v41.vision.image_processor import ImageInputError, ProcessedImage
+from deepinfer_core.models.deepseek_v41.vision.inputs import ImageSpan, expand_placeholders
+from deepinfer_core.models.deepseek_v41.vision.weights import VisionWeights
 from deepinfer_core.models.deepseek_v41.weights import LoadedTensors, OwnsExpert, bf16, load_weights
 from deepinfer_core.models.weight_checks import LoadOptions
 from deepinfer_core.ops.backends import Backends
@@ -120,6 +123,8 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         ]
         self.norm = bf16("norm.weight", d)
         self.head = bf16("head.weight", v, d)
+        #: the vision tower's slots (``vision.*``, ``aligner.*``, the delimiters), or None (text only)
+        self.vision = VisionWeights(cfg.vision, dtype) if cfg.vision is not None else None
         self.hasher: EngramHasher | None = None
         self.loaded: LoadedTensors | None = None
         self.kinds = tuple(sorted({(r.ratio, False) for r in roles if r.ratio}))
@@ -204,17 +209,44 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         late = StepAddressing(tail.batch, window, self.kinds).with_window_group("decoder", tail.state_from)
         return StepPlan(addr, history, late)
 
+    # ------------------------------------------------------------------ images (see .vision)
+
+    def prepare_images(self, token_ids: list[int], images: list[object]) -> tuple[list[int], list[ImageSpan]]:
+        """Each image placeholder of ``token_ids`` expanded into its image's span (DeepSeek's rule)."""
+        if self.cfg.vision is None and not images:
+            return list(token_ids), []
+        if self.cfg.vision is None:
+            raise ImageInputError(
+                "this checkpoint has no vision tower (no vision_config / vision_n_layers = 0): it takes no images"
+            )
+        return expand_placeholders(token_ids, images, self.cfg.vision)
+
+    def encode_images(self, images: list[ProcessedImage]) -> list[torch.Tensor]:
+        """Each image's span of embeddings ``[num_tokens, hidden]`` (model dtype), the ViT run once for all."""
+        spans = self.vision.tower.encode(self.backends, images)
+        return [s.to(self.dtype) for s in spans]
+
     def forward(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> torch.Tensor:
-        """-> ``[T, hidden]``: the streams after the last block, collapsed by its FFN site's ``pre``."""
+        """-> ``[T, hidden]``: the streams after the last block, collapsed by its FFN site's ``pre``.
+
+        Image rows (``batch.image_rows``) take ``batch.image_embeds`` instead of the token embedding before
+        the first layer; they are dead tokens for Engram (no n-gram reads or spans them, no injection) and
+        pick experts with ``bias_vl``."""
         if batch.layer_range not in (None, (0, len(self.layers))):
             raise ValueError(f"layer_range={batch.layer_range}: V4.1 runs every layer")
         plan = batch.plan if batch.plan is not None else self.plan(batch)
         ops, c = self.backends, self.cfg
+        image_mask = None
+        if batch.image_rows is not None:  # image steps are never static (the runner keeps them dynamic)
+            image_mask = torch.zeros_like(batch.input_ids, dtype=torch.bool)
+            image_mask[batch.image_rows] = True
         if plan.engram is not None:
             engram: EngramRows | None = EngramRows(plan.engram)
         else:
-            engram = self._fetch_engram(batch.input_ids, plan, kv)
+            engram = self._fetch_engram(batch.input_ids, plan, kv, image_mask)
         x = self.embed.value[batch.input_ids]
+        if image_mask is not None:
+            x = x.index_copy(0, batch.image_rows, batch.image_embeds.to(x.dtype))
         h = x[:, None, :].expand(-1, c.hc_mult, -1).contiguous()
         pre = torch.zeros(x.shape[0], c.hc_mult, dtype=torch.float32, device=x.device)
         pre[:, 0] = 1.0
@@ -231,8 +263,11 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
                     h, pre = h[rows], pre[rows]
                     if engram is not None:
                         engram.select = rows
+                    if image_mask is not None:
+                        image_mask = image_mask[rows]
                     shared = {k: v[rows] for k, v in shared.items()}
-            h, pre = block.forward(h, pre, engram, addr, kv, ops, shared, taps if i in targets else None)
+            tap = taps if i in targets else None
+            h, pre = block.forward(h, pre, engram, addr, kv, ops, shared, tap, image_mask)
         out = ops.dense.hc_collapse(h, pre)
         if early is not None:
             return early.index_copy(0, tail.rows, out)
@@ -250,14 +285,21 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         plan.engram = [p.wait(self.embed.value.dtype) for p in rows.pending]
 
     def _fetch_engram(
-        self, input_ids: torch.Tensor, plan: StepPlan, kv: dict[str, torch.Tensor]
+        self,
+        input_ids: torch.Tensor,
+        plan: StepPlan,
+        kv: dict[str, torch.Tensor],
+        image_mask: torch.Tensor | None = None,
     ) -> EngramRows | None:
-        """Write the step's compressed ids to the look-back pool, hash each position's n-grams, and start
-        reading every Engram layer's rows (:mod:`.engram_tier`)."""
+        """Write the step's compressed ids to the look-back pool (image positions as ``-1``, dead: an
+        n-gram stops there), hash each position's n-grams, and start reading every Engram layer's rows
+        (:mod:`.engram_tier`)."""
         if self.hasher is None:
             return None
         pool = flat(kv["engram.tokens"])
         ids = self.hasher.token_map[input_ids]
+        if image_mask is not None:
+            ids = torch.where(image_mask, -1, ids)
         self.backends.attention.store_kv(pool, plan.addr.token_slots, ids[:, None], None)
         history = torch.where(plan.history >= 0, pool[plan.history.clamp(min=0), 0], -1)
         hash_ids = self.hasher.hash_ids(history)
