@@ -132,6 +132,13 @@ class EngineConfig(BaseModel):
         description="run the layers a model declares (V4.1: its decoder) on only the last window of each "
         "prefill chunk; not exact, so off by default",
     )
+    max_encoder_patches: int | None = Field(
+        None,
+        ge=1,
+        description="image input: most ViT patches one vision-tower pass encodes (a step's images are packed "
+        "into passes that fit; one image is never split, and an image with more patches is refused, its "
+        "request failing alone); None: one image a pass",
+    )
     max_cudagraph_capture_size: int = Field(
         256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"
     )

@@ -35,10 +35,12 @@ class InputProcessor:
         structured: Any = None,
         max_n: int = 128,
         prepare_images: Callable[[list[int], list], tuple[list[int], list]] | None = None,
+        max_encoder_patches: int | None = None,
     ):
         self.tokenizer = tokenizer
         #: the model's ``prepare_images`` (None: image input refused)
         self.prepare_images = prepare_images
+        self.max_encoder_patches = max_encoder_patches
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.max_n = max_n
@@ -97,6 +99,13 @@ class InputProcessor:
             expanded, spans = self.prepare_images(ids, images)
         except ValueError as e:
             raise InvalidParameterError(f"{where} is invalid: {e}") from None
+        budget = self.max_encoder_patches
+        for k, span in enumerate(spans):
+            patches = span.image.patches.shape[0]
+            if budget is not None and patches > budget:
+                raise invalid(
+                    f"{where} image {k}", f"{patches} ViT patches", f"must fit max_encoder_patches={budget}"
+                )
         n = sum(s.end - s.start for s in spans)
         if len(expanded) >= self.max_model_len:
             raise invalid(

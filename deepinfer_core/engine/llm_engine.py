@@ -88,6 +88,7 @@ class LLMEngine:
         graph_bs = 0 if config.enforce_eager else min(config.max_cudagraph_capture_size, config.max_num_seqs)
         self.runner = ModelRunner(model, backends, self.kv_layout, self.max_model_len, graph_bs)
         self.runner.bounded_replay = replay
+        self.runner.max_encoder_patches = config.max_encoder_patches
         self.structured = StructuredOutputManager(
             structured_backends or {},
             config.structured_outputs_backend,
@@ -103,7 +104,7 @@ class LLMEngine:
         self.sampler.host_buffer = lambda n: backends.memory.pinned_host_buffer((n,), torch.int64)
         self.inputs = InputProcessor(
             tokenizer, model.vocab_size, self.max_model_len, self.structured, config.max_n,
-            model.prepare_images,
+            model.prepare_images, config.max_encoder_patches,
         )  # fmt: skip
         self.outputs = OutputProcessor(tokenizer, model.eos_token_ids, self.max_model_len, self.structured)
         self.requests: dict[str, Request] = {}

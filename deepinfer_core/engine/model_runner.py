@@ -81,6 +81,8 @@ class ModelRunner:
         self.last_rows: list[int] = []
         #: the model's bounded replay when it is on (see :mod:`.layer_range`)
         self.bounded_replay: BoundedReplay | None = None
+        #: image input: most ViT patches a tower pass encodes (see :mod:`.images`)
+        self.max_encoder_patches: int | None = None
         if backends.memory.supports_graphs:
             self.static_decode(max_graph_batch_size, capture=True)
 
@@ -102,7 +104,7 @@ class ModelRunner:
         scheduled = sched.scheduled
         seqs = [s.seq for s in scheduled]
         rows = self.batch.rows(seqs)
-        images = step_images(self.model, scheduled)
+        images = step_images(self.model, scheduled, self.max_encoder_patches)
         q = _uniform_rows(scheduled) if images is None else 0
         key = self.graph_key(len(scheduled), max(s.start for s in scheduled), q) if q else None
         if key is not None:

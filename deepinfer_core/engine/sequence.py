@@ -45,8 +45,9 @@ class Request:
     error: str | None = None  # why the request failed alone (finish_reason "error")
     #: image spans of the prompt (the model's ``ImageSpan``: ``start``, ``end``, ``image``, ``digest``)
     images: list = field(default_factory=list)
-    #: each image's span embeddings while the prompt's image rows are being computed (see :mod:`.images`)
-    image_embeds: list[torch.Tensor] | None = None
+    #: span embeddings by image index, each kept from the step that first needs its rows until the step that
+    #: schedules the last of them (see :mod:`.images`)
+    image_embeds: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.n = self.n or self.params.n
