@@ -47,6 +47,9 @@ from deepinfer_core.ops.backends import Backends
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 384, 512)
 MIN_CONTEXT_BUCKET = 256
+#: most rows a sequence computes in a static step (a decode, verify or draft step); a step with more (a draft
+#: head catching up on a whole prompt) runs with dynamic shapes rather than as one graph per row count
+MAX_STATIC_ROWS_PER_SEQ = 16
 
 
 class ModelRunner:
@@ -161,7 +164,7 @@ class ModelRunner:
         each whose last position is at most ``max_position + q - 1``, or ``None`` when the step runs with
         dynamic shapes."""
         sizes = self.graph_batch_sizes
-        if not sizes or num_seqs > sizes[-1]:
+        if not sizes or num_seqs > sizes[-1] or q > MAX_STATIC_ROWS_PER_SEQ:
             return None
         context = min(
             max(MIN_CONTEXT_BUCKET, 1 << (max_position + q - 1).bit_length()),
