@@ -98,9 +98,12 @@ def dequant_rows(qw: QuantizedWeight, start: int, stop: int) -> torch.Tensor:
 
 
 def dequant(
-    qw: QuantizedWeight, dtype: torch.dtype = torch.float32, row_block: int = FP8_BLOCK
+    qw: QuantizedWeight | torch.Tensor, dtype: torch.dtype = torch.float32, row_block: int = FP8_BLOCK
 ) -> torch.Tensor:
-    """The full ``[out, in]`` matrix in ``dtype``, dequantized block row by block row, on ``qw``'s device."""
+    """The full ``[out, in]`` matrix in ``dtype``, dequantized block row by block row, on ``qw``'s device. A
+    plain tensor (a weight that is not quantized) is returned in ``dtype``."""
+    if isinstance(qw, torch.Tensor):
+        return qw.to(dtype)
     out = torch.empty(qw.shape, dtype=dtype, device=qw.data.device)
     for start in range(0, qw.out_features, row_block):
         stop = min(start + row_block, qw.out_features)
