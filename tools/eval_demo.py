@@ -1,6 +1,9 @@
-"""Held-out loss and bits per byte of the demo model's BF16, FP8 and FP4-expert variants, through the engine.
+"""Held-out loss and bits per byte of the demo models, through the engine.
 
-    python tools/eval_demo.py [--files 8] [--chars 4000]
+    python tools/eval_demo.py [--files 8] [--chars 4000]          # the V4 demo: BF16, FP8, FP4 experts
+    python tools/eval_demo.py --mtp                               # the V4 demo's MTP acceptance, k = 1..3
+    python tools/eval_demo.py --v41                               # the V4.1 demo: trained FP8/FP4 KV and unquantized
+    python tools/eval_demo.py --dspark                            # the V4.1 demo's DSpark acceptance, k = 1..5
 
 The held-out files are the ones ``tools/train_demo.py prepare`` set aside (sha1(path) % 20 == 0).
 """
@@ -30,14 +33,17 @@ def heldout_texts(n: int, chars: int) -> list[str]:
     return [(root / r).read_text(encoding="utf-8", errors="replace")[:chars] for r in held[:n]]
 
 
-def mtp_acceptance(texts: list[str], k: int, prompt_tokens: int = 128, max_tokens: int = 48) -> dict:
-    """Greedy generation from held-out prompts with MTP drafting; the engine's acceptance counters."""
+def mtp_acceptance(
+    texts: list[str], k: int, prompt_tokens: int = 128, max_tokens: int = 48, method: str = "mtp"
+) -> dict:
+    """Greedy generation from held-out prompts with MTP (the V4 demo) or DSpark (the V4.1 demo) drafting;
+    the engine's acceptance counters."""
     from deepinfer_core import SamplingParams
 
     llm = LLM(
-        str(DEMO_DIR),
+        str(DEMO_DIR) if method == "mtp" else "demo",
         kv_cache_memory_bytes=64 << 20,
-        speculative_config={"method": "mtp", "num_speculative_tokens": k},
+        speculative_config={"method": method, "num_speculative_tokens": k},
     )
     tok = llm.get_tokenizer()
     prompts = [
@@ -63,11 +69,20 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--chars", type=int, default=4000)
     ap.add_argument("--mtp", action="store_true", help="measure MTP acceptance for k = 1, 2, 3 instead")
+    ap.add_argument("--v41", action="store_true", help="score the V4.1 demo instead")
+    ap.add_argument("--dspark", action="store_true", help="measure DSpark acceptance for k = 1..5 instead")
     ns = ap.parse_args()
     texts = heldout_texts(ns.files, ns.chars)
-    if ns.mtp:
-        for k in (1, 2, 3):
-            print(json.dumps(mtp_acceptance(texts, k)))
+    if ns.mtp or ns.dspark:
+        for k in (1, 2, 3) if ns.mtp else (1, 2, 3, 4, 5):
+            print(json.dumps(mtp_acceptance(texts, k, method="mtp" if ns.mtp else "dspark")))
+        return
+    if ns.v41:
+        for kv in ("auto", "unquantized"):
+            t0 = time.perf_counter()
+            s = heldout_score(LLM("demo", kv_cache_memory_bytes=64 << 20, kv_cache_dtype=kv), texts)
+            print(json.dumps({"variant": f"v41 demo, kv {kv}", "tokens": s.tokens, "bytes": s.bytes, "loss": round(s.loss, 4),
+                              "bits_per_byte": round(s.bits_per_byte, 4), "seconds": round(time.perf_counter() - t0, 1)}))  # fmt: skip
         return
     with tempfile.TemporaryDirectory() as tmp:
         fp8 = quantize_checkpoint(DEMO_DIR, Path(tmp) / "fp8", experts="fp8")

@@ -9,7 +9,9 @@ Reproducible recipe (every number is recorded in the output's ``training.json``)
    (:mod:`v41demo.train`; configuration ``v41demo.train.SPEC``) trained on batched, differentiable twins of
    the reference ops (:mod:`v41demo.ops`): next-token loss plus DSpark's block loss and confidence loss on the
    target's detached taps. Then held-out loss and bits per byte of the float model and of the exported one.
-3. Export in DeepSeek's published V4.1 layout with the project's own quantisers: FP8 e4m3 weights in 32x32
+3. ``python tools/train_demo_v41.py finetune-dspark --data DATA --src CKPT --out CKPT2`` (GPU): the DSpark
+   stages alone trained on (more draft blocks a step, the target frozen and copied unchanged).
+4. Export in DeepSeek's published V4.1 layout with the project's own quantisers: FP8 e4m3 weights in 32x32
    blocks with ue8m0 scales, FP4 e2m1 routed experts, FP8 Engram rows; BF16 embeddings, head and norms.
 """
 
@@ -27,13 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from v41demo import train as v41  # noqa: E402
 
 
-def run(data: Path, out: Path, device: torch.device) -> dict:
+def run(data: Path, out: Path, device: torch.device, init: Path | None = None) -> dict:
+    """Train (from random weights, or from the checkpoint ``init``), evaluate, export."""
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(v41.TRAIN["seed"])
     meta = json.loads((data / "data.json").read_text())
     bpt = meta["bytes"]["heldout"] / meta["tokens"]["heldout"]
     t = v41.build(data / "tokenizer" / "tokenizer.json", out, device)
-    record = v41.train(t, data, device, v41.TRAIN, log=lambda s: print(s, flush=True))
+    previous = None
+    if init is not None:
+        previous = json.loads((init / "training.json").read_text())
+        v41.warm_start(t, init)
+    record = v41.train(t, data, device, v41.TRAIN, v41.WEIGHTS, log=lambda s: print(s, flush=True))
     held = torch.load(data / "heldout.pt")
     record["heldout_float"] = v41.evaluate(t, held, bpt, device)
     print(json.dumps({"heldout_float": record["heldout_float"]}), flush=True)
@@ -42,9 +49,35 @@ def run(data: Path, out: Path, device: torch.device) -> dict:
     q = v41.load_exported(out, t.args, t.tokenizer, device)
     record["heldout_exported"] = v41.evaluate(q, held, bpt, device)
     print(json.dumps({"heldout_exported": record["heldout_exported"]}), flush=True)
+    if previous is not None:
+        record["previous"] = previous  # the run this one started from
     record.update({"spec": v41.configs.as_dict(v41.SPEC), "train": dict(v41.TRAIN), "data": meta,
                    "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                    "torch": torch.__version__})  # fmt: skip
+    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def finetune_dspark(data: Path, src: Path, out: Path, device: torch.device) -> dict:
+    """Stage 2: the DSpark stages of the checkpoint at ``src`` trained on, the target frozen; every other
+    stored tensor is copied unchanged into ``out``."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(v41.DRAFT["seed"])
+    meta = json.loads((data / "data.json").read_text())
+    bpt = meta["bytes"]["heldout"] / meta["tokens"]["heldout"]
+    held = torch.load(data / "heldout.pt")
+    t = v41.draft_trainee(src, device)
+    before = v41.evaluate(t, held, bpt, device)
+    print(json.dumps({"heldout_before": before}), flush=True)
+    stage = v41.train(t, data, device, v41.DRAFT, v41.DRAFT_WEIGHTS, log=lambda s: print(s, flush=True))
+    base = v41.stored_tensors(src)
+    record = json.loads((src / "training.json").read_text())
+    record["bytes"] = v41.export(t, out, base)
+    q = v41.load_exported(out, t.args, t.tokenizer, device)
+    stage.update({"draft": dict(v41.DRAFT), "heldout_before": before,
+                  "heldout_exported": v41.evaluate(q, held, bpt, device)})  # fmt: skip
+    print(json.dumps({"heldout_exported": stage["heldout_exported"]}), flush=True)
+    record["dspark_stage"] = stage
     (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
@@ -60,10 +93,33 @@ def main() -> None:
     t.add_argument("--batch", type=int, default=None, help="override the batch size (smoke runs)")
     t.add_argument("--seq-len", type=int, default=None, help="override the sequence length (smoke runs)")
     t.add_argument("--time-cap", type=float, default=None, help="stop after this many seconds of training")
+    t.add_argument(
+        "--init", type=Path, default=None, help="start from this exported checkpoint (a later stage)"
+    )
+    t.add_argument("--lr", type=float, default=None)
+    t.add_argument("--warmup", type=int, default=None)
+    f = sub.add_parser(
+        "finetune-dspark", help="stage 2: train the DSpark stages of CKPT on, the target frozen"
+    )
+    f.add_argument("--data", type=Path, required=True)
+    f.add_argument("--src", type=Path, required=True)
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--device", default="cuda")
+    f.add_argument("--steps", type=int, default=None)
+    f.add_argument("--batch", type=int, default=None)
+    f.add_argument("--seq-len", type=int, default=None)
+    f.add_argument("--time-cap", type=float, default=None)
     ns = ap.parse_args()
     over = {"steps": ns.steps, "batch": ns.batch, "seq_len": ns.seq_len, "time_cap_s": ns.time_cap}
-    v41.TRAIN.update({k: v for k, v in over.items() if v})
-    run(ns.data, ns.out, torch.device(ns.device))
+    over = {k: v for k, v in over.items() if v}
+    if ns.cmd == "train":
+        over.update({k: v for k, v in (("lr", ns.lr), ("warmup", ns.warmup)) if v})
+        v41.TRAIN.update(over)
+        run(ns.data, ns.out, torch.device(ns.device), ns.init)
+    else:
+        v41.DRAFT.update(over)
+        v41.TRAIN.update({k: v for k, v in over.items() if k == "seq_len"})
+        finetune_dspark(ns.data, ns.src, ns.out, torch.device(ns.device))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,12 @@ MAX_LEN = 4096
 TRAIN = dict(seq_len=512, batch=32, anchors=48, steps=630, lr=2.5e-3, min_lr_ratio=0.1, warmup=100,
              weight_decay=0.1, dspark_weight=0.5, confidence_weight=0.1, bias_update=1e-3, grad_clip=1.0,
              time_cap_s=480, seed=1234)  # fmt: skip
+#: the loss weights of :data:`TRAIN`
+WEIGHTS = {"loss": 1.0, "dspark": 0.5, "confidence": 0.1}
+#: the second stage (``finetune-dspark``): only the DSpark stages train, on more anchors, the target frozen
+DRAFT = dict(seq_len=512, batch=32, anchors=160, steps=560, lr=1e-3, min_lr_ratio=0.1, warmup=30,
+             weight_decay=0.1, bias_update=1e-3, grad_clip=1.0, time_cap_s=400, seed=4242)  # fmt: skip
+DRAFT_WEIGHTS = {"dspark": 1.0, "confidence": 0.1}
 
 
 class _Ready:
@@ -188,17 +194,22 @@ def draft_rows(model, ids, batch, hidden, pools, seq: torch.Tensor, p: torch.Ten
     return model.dspark_block(blk, pools)
 
 
-def step_losses(t: Trainee, ids: torch.Tensor, anchors: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    """``ids [B, L]``: next-token loss of the target and the DSpark losses, one prefill of every sequence."""
+def step_losses(
+    t: Trainee, ids: torch.Tensor, anchors: int, g: torch.Generator, frozen_target: bool = False
+) -> dict[str, torch.Tensor]:
+    """``ids [B, L]``: next-token loss of the target and the DSpark losses, one prefill of every sequence
+    (without gradients with ``frozen_target``)."""
     model = t.model
     b, n = ids.shape
     t.refresh()
-    batch, hidden, pools = prefill(model, ids)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen_target):
+        batch, hidden, pools = prefill(model, ids)
     d = model.cfg.hidden_size
     logits = model.compute_logits(hidden[:, :d]).view(b, n, -1)
     out = {"loss": F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())}
     if anchors:
         bs = model.dspark_block_size
+        anchors = min(anchors, n - bs - 1)
         p = torch.stack([torch.randperm(n - bs - 1, generator=g)[:anchors] for _ in range(b)]).flatten()
         seq = torch.arange(b).repeat_interleave(anchors)
         x = draft_rows(model, ids, batch, hidden.detach(), pools, seq.to(ids.device), p.to(ids.device))
@@ -250,7 +261,11 @@ def balance(t: Trainee, rate: float) -> None:
     loads.clear()
 
 
-def train(t: Trainee, data: Path, device: torch.device, tr: dict = TRAIN, log=print) -> dict:
+def train(
+    t: Trainee, data: Path, device: torch.device, tr: dict = TRAIN, weights: dict = WEIGHTS, log=print
+) -> dict:
+    """AdamW on ``t.params`` (the trainable ones), cosine schedule, the loss ``sum(weights[k] * losses[k])``; the
+    target's prefill runs without gradients when the loss has no ``"loss"`` term."""
     params = [p for p in t.params.values() if p.requires_grad]
     decay = [p for n, p in t.params.items() if p.requires_grad and p.ndim >= 2]
     rest = [p for n, p in t.params.items() if p.requires_grad and p.ndim < 2]
@@ -263,11 +278,8 @@ def train(t: Trainee, data: Path, device: torch.device, tr: dict = TRAIN, log=pr
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tr)
         ids = windows(tokens, tr["batch"], tr["seq_len"], g, device)
-        got = step_losses(t, ids, tr["anchors"], g)
-        total = (
-            got["loss"] + tr["dspark_weight"] * got["dspark"] + tr["confidence_weight"] * got["confidence"]
-        )
-        total.backward()
+        got = step_losses(t, ids, tr["anchors"], g, frozen_target="loss" not in weights)
+        sum(w * got[k] for k, w in weights.items()).backward()
         torch.nn.utils.clip_grad_norm_(params, tr["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -326,11 +338,50 @@ def load_exported(path: Path, args: dict, tokenizer, device: torch.device) -> Tr
     return out
 
 
-def export(t: Trainee, out: Path) -> int:
-    """The published layout (FP8 32x32 blocks, FP4 experts, FP8 Engram rows) -> ``out``; returns bytes."""
+def warm_start(t: Trainee, path: Path) -> None:
+    """Every parameter of ``t`` from the exported checkpoint at ``path`` (its stored values, dequantised)."""
+    src = load_exported(path, t.args, t.tokenizer, next(iter(t.params.values())).device)
+    slots = dict(src.model.named_slots())
+    with torch.no_grad():
+        for name, p in t.params.items():
+            v = slots[name].value
+            p.copy_(v.weight if isinstance(v, TrainTable) else v)
+
+
+def draft_trainee(path: Path, device: torch.device, spec: TinySpec = SPEC) -> Trainee:
+    """The exported checkpoint at ``path`` (:func:`load_exported`) with its DSpark stages trainable: their
+    dequantised values become float32 parameters, everything else stays as stored."""
+    from tokenizers import Tokenizer
+
+    args = json.loads((path / "inference" / "config.json").read_text())
+    t = load_exported(path, args, Tokenizer.from_file(str(path / "tokenizer.json")), device)
+    rows = tuple(args.get("engram_num_embeddings", ()))
+    specs = {s.name: s for s in layout.tensors(spec, args["vocab_size"], rows) if s.name.startswith("mtp.")}
+    slots = dict(t.model.named_slots())
+    for name in specs:
+        p = torch.nn.Parameter(slots[name].value.detach().clone())
+        p.requires_grad_(not name.endswith("gate.bias"))
+        slots[name].value = t.params[name] = p
+    t.specs = specs
+    t.refresh()
+    return t
+
+
+def stored_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def export(t: Trainee, out: Path, base: dict[str, torch.Tensor] | None = None) -> int:
+    """The published layout (FP8 32x32 blocks, FP4 experts, FP8 Engram rows) -> ``out``; returns bytes. With
+    ``base`` (a checkpoint's stored tensors), only ``t.specs``' tensors are stored anew, the rest copied."""
     from v41golden.checkpoint_files import INDEX
 
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = dict(base or {})
     for name, spec in t.specs.items():
         state.update(stored.store(spec, t.params[name].detach().float().cpu()))
     out.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,9 @@ BACKENDS = Backends("reference", **{c: reference_op(c) for c in CONCERNS})
 MODE = "exact"
 
 
-def load(name: str, kv_cache_dtype: str = "unquantized") -> DeepseekV41ForCausalLM:
-    model = DeepseekV41ForCausalLM.from_checkpoint(checkpoint(name), BACKENDS, torch.float32)
+def load(name: str, kv_cache_dtype: str = "unquantized", path=None) -> DeepseekV41ForCausalLM:
+    """A golden config's checkpoint (or the one at ``path``) with DSpark on."""
+    model = DeepseekV41ForCausalLM.from_checkpoint(path or checkpoint(name), BACKENDS, torch.float32)
     model.use_kv_cache_dtype(kv_cache_dtype)
     model.enable_dspark()
     return model
@@ -46,7 +47,7 @@ def drafts_teacher_forced(model, h: PagedKVHarness, sid: int, pos: int, y: int, 
 
 
 def run_protocol(model, ctx: list[int], fed: list[int], ys: list[int], forced: torch.Tensor):
-    h = PagedKVHarness(model.cache_specs(), num_blocks=64)
+    h = PagedKVHarness(model.cache_specs(), num_blocks=max(64, 2 * len(ctx)))
     sid = h.add_sequence()
     batch = h.step({sid: ctx}, logits="all")
     model.dspark_context(batch, model.forward(batch, h.pools), h.pools)
@@ -59,10 +60,8 @@ def run_protocol(model, ctx: list[int], fed: list[int], ys: list[int], forced: t
     return out
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_dspark_drafts_equal_the_reference(name):
-    g = load_file(str(DATA / name / "dspark.safetensors"))
-    model = load(name)
+def check_drafts(name: str, g: dict[str, torch.Tensor], model: DeepseekV41ForCausalLM) -> None:
+    """Run the protocol on every golden context of ``g`` and assert the criteria of the module docstring."""
     contexts = sorted({int(k.split(".")[1]) for k in g if k.startswith("context.")})
     lp_diffs, conf_diffs, equal, compared = [], [], 0, 0
     for c in contexts:
@@ -90,6 +89,11 @@ def test_dspark_drafts_equal_the_reference(name):
     assert compared > 0 and equal == compared
     assert within >= 0.97 and float(lp_d.median()) <= 1e-4
     assert float((conf_d <= 1e-3).float().mean()) >= 0.97 and float(conf_d.median()) <= 1e-4
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_dspark_drafts_equal_the_reference(name):
+    check_drafts(name, load_file(str(DATA / name / "dspark.safetensors")), load(name))
 
 
 def test_dspark_with_the_trained_fp8_kv_on_aggregate():
