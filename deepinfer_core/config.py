@@ -68,7 +68,9 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     model: str | None = Field(
-        None, description="checkpoint directory; None uses the built-in demo checkpoint"
+        None,
+        description="checkpoint directory, or 'demo' / 'demo-v41' / 'demo-v4' (the shipped demos); None uses "
+        "the V4.1 demo",
     )
     backend: str = Field("auto", description='platform name, or "auto" for the best available')
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

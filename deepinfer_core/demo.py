@@ -1,10 +1,16 @@
-"""The built-in demo checkpoint: what ``LLM()`` / ``deepinfer generate`` use when no model is given.
+"""The built-in demo checkpoints: what ``LLM()`` / ``deepinfer generate`` use when no model is given.
 
-``deepinfer_core/demo_model/`` is a small DeepSeek-V4-architecture model trained on the CPython standard
-library by ``tools/train_demo.py`` (recipe, data split and figures in its ``training.json`` and in
-``docs/models.md``). Its FP8 variant is made on demand by the project's own quantization tool
-(``LLM(quantization="fp8")``, ``deepinfer generate --quantization fp8``), not shipped. This module also holds
-the tokenizer recipe the training tool uses.
+- ``deepinfer_core/demo_model_v41/`` (the default, ``model="demo"`` or ``"demo-v41"``): a small
+  DeepSeek-V4.1-architecture model (Engram, CSA2 Full / Reuse / Reindex layers, single-pass mHC, FP8 weights in
+  32x32 blocks, FP4 experts) with a trained DSpark draft head, trained on the CPython standard library by
+  ``tools/train_demo_v41.py``.
+- ``deepinfer_core/demo_model/`` (``model="demo-v4"``): the DeepSeek-V4-architecture demo with one MTP module,
+  BF16, trained on the same corpus by ``tools/train_demo.py``. Its FP8 variant is made on demand by the
+  project's own quantization tool (``LLM(model="demo-v4", quantization="fp8")``), not shipped.
+
+Recipes, data split and figures are in each folder's ``training.json`` and in ``docs/models.md``. This module
+also holds the tokenizer recipe the training tools use (both demos share the tokenizer; V4.1's adds DSpark's
+noise token as its last id).
 """
 
 from __future__ import annotations
@@ -13,16 +19,28 @@ import sysconfig
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"]
+#: the V4 demo (BF16, one MTP module)
 DEMO_DIR = Path(__file__).parent / "demo_model"
+#: the V4.1 demo (FP8 / FP4, Engram, DSpark): the default
+DEMO_V41_DIR = Path(__file__).parent / "demo_model_v41"
+#: names ``model=`` takes for the shipped checkpoints
+DEMO_NAMES = {"demo": DEMO_V41_DIR, "demo-v41": DEMO_V41_DIR, "demo-v4": DEMO_DIR}
+
+
+def demo_checkpoint(name: str = "demo") -> Path:
+    """Path of a shipped demo checkpoint by name (:data:`DEMO_NAMES`)."""
+    path = DEMO_NAMES[name]
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the demo checkpoint {name!r} is missing from {path}; reinstall deepinfer-core or pass "
+            "model=<checkpoint dir>"
+        )
+    return path
 
 
 def default_checkpoint() -> Path:
-    """Path of the shipped demo checkpoint (BF16)."""
-    if not (DEMO_DIR / "config.json").is_file():
-        raise FileNotFoundError(
-            f"the demo checkpoint is missing from {DEMO_DIR}; reinstall deepinfer-core or pass model=<checkpoint dir>"
-        )
-    return DEMO_DIR
+    """Path of the default demo checkpoint (the V4.1 demo)."""
+    return demo_checkpoint("demo")
 
 
 def stdlib_sources(limit: int | None = None) -> list[Path]:

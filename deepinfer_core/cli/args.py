@@ -6,7 +6,13 @@ import argparse
 from typing import Any
 
 ENGINE_FLAGS: list[tuple[str, dict[str, Any]]] = [
-    ("--model", dict(help="checkpoint directory (default: the built-in demo checkpoint)")),
+    (
+        "--model",
+        dict(
+            help="checkpoint directory, or a shipped demo: 'demo' (the V4.1 demo, the default) or 'demo-v4' "
+            "(the V4 demo)"
+        ),
+    ),
     ("--backend", dict(help='platform name or "auto" (env DEEPINFER_BACKEND)')),
     ("--dtype", dict(choices=["auto", "float32", "bfloat16", "float16"])),
     ("--kv-cache-dtype", dict(choices=["auto", "fp8", "fp8_e4m3", "unquantized"])),

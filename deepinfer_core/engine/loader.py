@@ -21,14 +21,17 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def checkpoint_path(config: EngineConfig) -> Path:
-    if config.model is None:
-        from deepinfer_core.demo import default_checkpoint
+    from deepinfer_core.demo import DEMO_NAMES, default_checkpoint, demo_checkpoint
 
+    if config.model is None:
         return Path(default_checkpoint())
+    if config.model in DEMO_NAMES and not Path(config.model).exists():
+        return demo_checkpoint(config.model)
     path = Path(config.model)
     if not (path / "config.json").is_file():
         raise ConfigError(
-            f"model={config.model!r} is invalid: expected a checkpoint directory with a config.json"
+            f"model={config.model!r} is invalid: expected a checkpoint directory with a config.json, or one "
+            f"of the shipped demos {sorted(DEMO_NAMES)}"
         )
     return path
 

@@ -13,6 +13,8 @@ def test_reasoning_effort_is_an_integer_or_an_alias():
 
 
 def test_a_v4_checkpoint_refuses_a_reasoning_effort_in_one_line(capsys):
-    code = main(["chat", "--message", "hi", "--reasoning-effort", "30", "--max-tokens", "1"])
+    code = main(
+        ["chat", "--model", "demo-v4", "--message", "hi", "--reasoning-effort", "30", "--max-tokens", "1"]
+    )
     assert code == 2
     assert "reasoning_effort is not part of the deepseek_v4 encoding" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from deepinfer_core import LLM, SamplingParams, StructuredOutputsParams
-from deepinfer_core.demo import default_checkpoint
+from deepinfer_core.demo import demo_checkpoint
 
 pytest.importorskip("deepinfer_structured")
 
@@ -43,7 +43,7 @@ def _params() -> list[SamplingParams]:
 
 def _run(backend: str, spec: dict | None):
     llm = LLM(
-        str(default_checkpoint()),
+        str(demo_checkpoint("demo-v4")),
         kv_cache_memory_bytes=32 << 20,
         structured_outputs_backend=backend,
         speculative_config=spec,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from deepinfer_core import LLM
-from deepinfer_core.demo import default_checkpoint
+from deepinfer_core.demo import demo_checkpoint
 from deepinfer_core.evaluation import heldout_score
 
 SAMPLE = Path(__file__).parent.parent / "data" / "demo_heldout.txt"
@@ -32,7 +32,7 @@ def test_heldout_bits_per_byte_stay_under_the_recorded_bound(sample, variant, tm
     """FP8: the demo checkpoint quantized on load by the project's own tool (nothing FP8 is shipped)."""
     cache = tmp_path_factory.mktemp("quantized")
     quant = {} if variant == "bf16" else {"quantization": "fp8", "quantization_cache_dir": str(cache)}
-    llm = LLM(str(default_checkpoint()), kv_cache_memory_bytes=32 << 20, **quant)
+    llm = LLM(str(demo_checkpoint("demo-v4")), kv_cache_memory_bytes=32 << 20, **quant)
     if variant == "fp8":
         [copy] = cache.iterdir()
         assert json.loads((copy / "config.json").read_text())["quantization_config"]["quant_method"] == "fp8"
@@ -48,7 +48,7 @@ def test_mtp_drafts_are_accepted_above_the_recorded_bound(sample):
     from deepinfer_core import SamplingParams
 
     def run(spec):
-        llm = LLM(str(default_checkpoint()), kv_cache_memory_bytes=32 << 20, speculative_config=spec)
+        llm = LLM(str(demo_checkpoint("demo-v4")), kv_cache_memory_bytes=32 << 20, speculative_config=spec)
         tok = llm.get_tokenizer()
         prompts = [
             {"prompt_token_ids": [tok.bos_token_id, *tok(t, add_special_tokens=False).input_ids[:96]]}

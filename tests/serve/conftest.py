@@ -1,6 +1,6 @@
 """Real servers on free localhost ports (uvicorn in a background thread), one engine each.
 
-- ``demo``: the shipped demo checkpoint behind the server, and an offline ``LLM`` of the same
+- ``demo``: the shipped V4 demo checkpoint (``model="demo-v4"``) behind the server, and an offline ``LLM`` of the same
   checkpoint to compare with.
 - ``toy``: the engine tests' toy model (fast: load and fault tests), and its offline twin.
 - ``scripted``: :class:`ScriptedLM` with the real DeepSeek-V4 tokenizer and the llguidance grammar
@@ -69,7 +69,7 @@ def _serve(llm: AsyncLLM, offline: LLM | None, **settings: Any) -> Iterator[Serv
 
 @pytest.fixture(scope="session")
 def demo() -> Iterator[Served]:
-    cfg = dict(max_model_len=1024, kv_cache_memory_bytes=64 << 20)
+    cfg = dict(model="demo-v4", max_model_len=1024, kv_cache_memory_bytes=64 << 20)
     engine = LLMEngine.from_config(load_config(environ={}, **cfg))
     offline = LLM.from_engine(LLMEngine.from_config(load_config(environ={}, **cfg)))
     with _serve(AsyncLLM(engine), offline) as s:
@@ -108,6 +108,7 @@ def scripted() -> Iterator[Scripted]:
     model = ScriptedLM(129280, eos)
     cfg = load_config(
         environ={},
+        model="demo-v4",  # its config names the V4 chat encoding, which the V4 tokenizer here speaks
         max_model_len=4096,
         kv_cache_memory_bytes=16 << 20,
         structured_outputs_backend="llguidance",

@@ -66,6 +66,8 @@ def test_quantized_checkpoint_matches_its_dequantized_weights(
     ids = tokens(64, seed=5)
     got = full_logits(model, ids)
     want = full_logits(DeepseekV4ForCausalLM.from_checkpoint(dq, backends, torch.float32), ids)
-    assert torch.equal(got, want)
+    # the same function of the same float32 weights; not always the same bits: on some CPUs the GEMM kernels
+    # round the quantized model's freshly dequantized matrices and the loaded ones differently (4.9e-6 seen)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
     original = full_logits(DeepseekV4ForCausalLM.from_checkpoint(src, backends, torch.float32), ids)
     assert (got - original).abs().median() < 0.6, "quantized model drifted far from the float model"

@@ -14,7 +14,7 @@ from deepinfer_example_backend.grammar import ChoiceBackend
 
 from .conftest import EOS
 
-KW = {"backend": "example", "kv_cache_memory_bytes": 16 << 20, "max_model_len": 128}
+KW = {"model": "demo-v4", "backend": "example", "kv_cache_memory_bytes": 16 << 20, "max_model_len": 128}
 CHOICES = ["gam", "gamma ray", "beta", "delta (d)"]
 
 
