@@ -149,7 +149,8 @@ def test_chat_renders_the_conversation_then_generates(llm, monkeypatch):
     monkeypatch.setattr(chat, "render_prompt", render)
     msgs = [{"role": "user", "content": "hi"}]
     out = llm.chat(msgs, SamplingParams(max_tokens=2), use_tqdm=False, thinking_mode="thinking")
-    assert seen == {"messages": msgs, "mode": "thinking", "tools": None, "encoding": chat.DEEPSEEK_V4}
+    # the toy engine has no checkpoint of its own: the encoding is the default checkpoint's (the V4.1 demo)
+    assert seen == {"messages": msgs, "mode": "thinking", "tools": None, "encoding": chat.DEEPSEEK_V41}
     assert out[0].prompt_token_ids == [2, 3, 4]  # rendered text carries its own BOS: no special tokens added
 
 

@@ -166,3 +166,15 @@ def test_something_else_than_an_image_is_refused():
 def test_decode_image_accepts_every_supported_format():
     for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP"):
         assert decode_image(_encoded(fmt)).size == (20, 10)
+
+
+def test_without_pillow_an_image_says_what_to_install(monkeypatch):
+    """Pillow is the ``vision`` extra and is imported only when an image is handled: without it an image fails
+    naming the extra to install. (That the V4.1 model imports and generates without Pillow is the core-only
+    ``demo`` CI session: a fresh venv with ``pip install .`` runs ``deepinfer generate`` on the V4.1 demo.)"""
+    data = cases.encode(Image.new("RGB", (40, 30), (1, 2, 3)), "png")
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(ImageInputError, match=r'pip install "deepinfer-core\[vision\]"'):
+        process_image(data, config("tiny"))
+    with pytest.raises(ImageInputError, match="Pillow"):
+        decode_image(data)

@@ -27,11 +27,14 @@ import io
 import math
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from deepinfer_core.models.deepseek_v41.vision.config import VisionConfig
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 IMAGE_START, IMAGE, IMAGE_NEW_LINE, IMAGE_END = range(4)
 #: the formats :func:`decode_image` accepts (Pillow's names)
@@ -42,6 +45,18 @@ PAD_COLOR = (127, 127, 127)
 
 class ImageInputError(ValueError):
     """An image that cannot be used: undecodable, unsupported, empty or too large. The message says which."""
+
+
+def _pil():
+    """``PIL.Image``, imported when an image is first handled: Pillow is the ``vision`` extra, so a core-only
+    install runs V4.1 text checkpoints and says what to install when it is given an image."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImageInputError(
+            'image input needs Pillow, which this install lacks: pip install "deepinfer-core[vision]"'
+        ) from None
+    return Image
 
 
 @dataclass(frozen=True)
@@ -121,6 +136,7 @@ def plan_image(width: int, height: int, cfg: VisionConfig) -> ImagePlan:
 
 
 def _letterbox(image: Image.Image, width: int, height: int) -> Image.Image:
+    Image = _pil()  # noqa: N806
     """Fit ``image`` inside ``width x height`` keeping its aspect ratio, centred on the grey canvas."""
     w, h = image.size
     size = (width, height)
@@ -140,6 +156,7 @@ def _letterbox(image: Image.Image, width: int, height: int) -> Image.Image:
 
 
 def image_pixels(image: Image.Image, plan: ImagePlan) -> torch.Tensor:
+    Image = _pil()  # noqa: N806
     """The resized RGB image as normalised bfloat16 ``[3, plan.height, plan.width]``."""
     if plan.stretch:
         resized = image.resize((plan.width, plan.height), Image.Resampling.BICUBIC)
@@ -165,6 +182,7 @@ def image_token_types(n_llm_h: int, n_llm_w: int) -> torch.Tensor:
 
 
 def _open(data: bytes, formats: tuple[str, ...] | None) -> Image.Image:
+    Image = _pil()  # noqa: N806
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         return Image.open(io.BytesIO(data), formats=formats)
@@ -174,6 +192,7 @@ def decode_image(data: bytes) -> Image.Image:
     """Decode image bytes into a loaded PIL image, or raise :class:`ImageInputError` saying why."""
     if not data:
         raise ImageInputError("image data is empty")
+    Image = _pil()  # noqa: N806
     try:
         image = _open(data, SUPPORTED_FORMATS)
         with warnings.catch_warnings():
@@ -183,7 +202,7 @@ def decode_image(data: bytes) -> Image.Image:
         raise ImageInputError(
             f"image is too large (decompression-bomb limit of {Image.MAX_IMAGE_PIXELS} pixels): {exc}"
         ) from None
-    except UnidentifiedImageError:
+    except Image.UnidentifiedImageError:
         raise ImageInputError(_unidentified(data)) from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageInputError(f"corrupt image data: {exc}") from None
@@ -203,6 +222,7 @@ def _unidentified(data: bytes) -> str:
 
 def process_image(image: Image.Image | bytes, cfg: VisionConfig) -> ProcessedImage:
     """Bytes (decoded with :func:`decode_image`) or a PIL image -> patches and token types."""
+    Image = _pil()  # noqa: N806
     if isinstance(image, bytes | bytearray | memoryview):
         image = decode_image(bytes(image))
     if not isinstance(image, Image.Image):
