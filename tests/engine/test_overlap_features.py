@@ -12,6 +12,7 @@ import pytest
 from deepinfer_core import LLM, SamplingParams, StructuredOutputsParams
 from deepinfer_core.config import load_config
 from deepinfer_core.engine.llm_engine import LLMEngine
+from tests.graph_standin import stand_in_capture
 
 from ..models.deepseek_v4.test_mtp import MTPReference
 from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf, save_deepseek
@@ -48,30 +49,11 @@ def v4_sync(ckpt):
     return llm.generate(_v4_prompts(), V4_PARAMS, use_tqdm=False)
 
 
-def _replaying(runner, monkeypatch) -> dict:
-    """Graph capture stand-in: replay re-runs the captured closure over the captured buffers, so a step
-    reaches the model only through the runner's copies into them."""
-    counts = {"captures": 0, "replays": 0}
-
-    def capture_graph(fn):
-        fn()
-        counts["captures"] += 1
-
-        def replay():
-            counts["replays"] += 1
-            fn()
-
-        return replay
-
-    monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
-    return counts
-
-
 @pytest.mark.parametrize("capture", [False, True], ids=["static", "replayed"])
 def test_static_decode_steps_read_pending_tokens_from_the_device(ckpt, v4_sync, monkeypatch, capture):
     llm = LLM(ckpt, kv_cache_memory_bytes=64 << 20, max_model_len=256, async_scheduling=True)
     runner = llm.engine.runner
-    counts = _replaying(runner, monkeypatch) if capture else None
+    counts = stand_in_capture(runner, monkeypatch) if capture else None
     runner.static_decode(8, capture=capture)
     overlaps = _count_overlaps(llm.engine)
     pending_static = []

@@ -19,6 +19,7 @@ from deepinfer_core.kv.budget import group_block_bytes, min_blocks
 from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps
 from deepinfer_core.spec_decode import Draft
 from deepinfer_core.testing.kv_harness import PagedKVHarness
+from tests.graph_standin import stand_in_capture
 
 from ..models.deepseek_v4.test_mtp import MTPReference
 from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf, save_deepseek
@@ -242,32 +243,6 @@ def test_mtp_samples_the_drafts_of_a_sampling_request_and_returns_their_q(ckpt):
     _no_leaks(llm)
 
 
-def _replaying(runner, monkeypatch) -> dict:
-    """A stand-in for graph capture whose replay re-runs the captured closure over the captured buffers, so
-    a step reaches the model only through the runner's input copies (see test_v4_end_to_end)."""
-    counts = {"captures": 0, "replays": 0}
-
-    def capture_graph(fn):
-        fn()
-        counts["captures"] += 1
-
-        def replay():
-            counts["replays"] += 1
-            fn()
-
-        return replay
-
-    monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
-    real_run = runner.graphs.run
-
-    def counted(*a, **kw):
-        counts["runs"] = counts.get("runs", 0) + 1
-        return real_run(*a, **kw)
-
-    monkeypatch.setattr(runner.graphs, "run", counted)
-    return counts
-
-
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("capture", [False, True], ids=["static", "replayed"])
 def test_mtp_verify_and_draft_steps_run_static_and_replayed(ckpt, plain, monkeypatch, k, capture):
@@ -276,7 +251,7 @@ def test_mtp_verify_and_draft_steps_run_static_and_replayed(ckpt, plain, monkeyp
     target's hidden states is a graph output, so speculative decoding no longer turns graphs off."""
     llm = _llm(ckpt, k, max_num_batched_tokens=64)
     runner = llm.engine.runner
-    counts = _replaying(runner, monkeypatch) if capture else None
+    counts = stand_in_capture(runner, monkeypatch) if capture else None
     runner.static_decode(8, capture=capture)
     seen: list[tuple] = []
     real_prepare = runner.prepare

@@ -12,6 +12,7 @@ import torch
 from deepinfer_core import LLM, SamplingParams
 from deepinfer_core.kv.budget import group_block_bytes, min_blocks
 from deepinfer_core.sampling_params import InvalidParameterError
+from tests.graph_standin import stand_in_capture
 
 from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
 from ..outputs import assert_same_outputs
@@ -148,27 +149,7 @@ def test_v4_static_decode_steps_match_dynamic_ones(v4, monkeypatch, capture):
     dynamic = _llm(v4[1], max_num_batched_tokens=512).generate(prompts, params, use_tqdm=False)
     llm = _llm(v4[1], max_num_batched_tokens=512)
     runner = llm.engine.runner
-    counts = {"captures": 0, "replays": 0}
-    if capture:
-
-        def capture_graph(fn):
-            fn()  # warm-up, like the CUDA path
-            counts["captures"] += 1
-
-            def replay():
-                counts["replays"] += 1
-                fn()
-
-            return replay
-
-        monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
-        real_run = runner.graphs.run
-
-        def counted(*a, **kw):
-            counts["runs"] = counts.get("runs", 0) + 1
-            return real_run(*a, **kw)
-
-        monkeypatch.setattr(runner.graphs, "run", counted)
+    counts = stand_in_capture(runner, monkeypatch) if capture else {}
     runner.static_decode(8, capture=capture)
     assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
     if capture:

@@ -17,6 +17,7 @@ import pytest
 
 from deepinfer_core import LLM, SamplingParams
 from deepinfer_core.engine.model_runner import MAX_STATIC_ROWS_PER_SEQ
+from tests.graph_standin import stand_in_capture
 from tests.models.deepseek_v41.goldens import checkpoint
 from tests.outputs import assert_same_outputs
 
@@ -46,30 +47,6 @@ def _decode_heavy() -> tuple[list[dict], list[SamplingParams]]:
     return prompts, params
 
 
-def _stand_in_capture(runner, monkeypatch) -> dict:
-    counts = {"captures": 0, "replays": 0, "runs": 0}
-
-    def capture_graph(fn):
-        fn()  # warm-up, like the CUDA path
-        counts["captures"] += 1
-
-        def replay():
-            counts["replays"] += 1
-            fn()
-
-        return replay
-
-    monkeypatch.setattr(runner.backends.memory, "capture_graph", capture_graph)
-    real_run = runner.graphs.run
-
-    def counted(*a, **kw):
-        counts["runs"] += 1
-        return real_run(*a, **kw)
-
-    monkeypatch.setattr(runner.graphs, "run", counted)
-    return counts
-
-
 @pytest.fixture(scope="module")
 def dynamic():
     prompts, params = _decode_heavy()
@@ -81,7 +58,7 @@ def test_v41_static_decode_steps_match_dynamic_ones(dynamic, monkeypatch):
     llm = _llm()
     runner = llm.engine.runner
     assert llm.engine.model.hasher is not None  # the Engram path is exercised
-    counts = _stand_in_capture(runner, monkeypatch)
+    counts = stand_in_capture(runner, monkeypatch)
     runner.static_decode(8, capture=True)
     assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
     assert counts["captures"] == len(runner.graphs)
@@ -102,7 +79,7 @@ def test_stale_engram_rows_would_fail_the_replayed_test(dynamic, monkeypatch):
     )
     prompts, params = _decode_heavy()
     llm = _llm()
-    _stand_in_capture(llm.engine.runner, monkeypatch)
+    stand_in_capture(llm.engine.runner, monkeypatch)
     llm.engine.runner.static_decode(8, capture=True)
     with pytest.raises(AssertionError):
         assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
@@ -115,7 +92,7 @@ def test_v41_static_verify_and_draft_steps_keep_dspark_greedy_output(monkeypatch
     plain = _llm().generate(prompts, params, use_tqdm=False)
     llm = _llm(speculative_config=spec)
     runner = llm.engine.runner
-    counts = _stand_in_capture(runner, monkeypatch)
+    counts = stand_in_capture(runner, monkeypatch)
     runner.static_decode(8, capture=True)
     assert_same_outputs(plain, llm.generate(prompts, params, use_tqdm=False))
     qs = {key[-1] for key in runner.graphs}
