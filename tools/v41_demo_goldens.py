@@ -25,10 +25,10 @@ import sysconfig
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from v41demo.train import stored_tensors  # noqa: E402
 from v41golden import dspark, patches, runs  # noqa: E402
 from v41golden.files import provenance, sha256_file, write_json, write_tensors  # noqa: E402
 from v41golden.reference import build, load_reference  # noqa: E402
@@ -43,13 +43,6 @@ HELDOUT = (("base64.py", 64), ("copy.py", 200), ("difflib.py", 600))
 SHORT = "def quicksort(xs):\n"
 DSPARK_CONTEXTS = (("enum.py", 150), ("gzip.py", 300))
 DSPARK_STEPS = 3
-
-
-def stored_tensors(path: Path) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(path.glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    return out
 
 
 def tokenizer(path: Path):
