@@ -147,11 +147,12 @@ def check_dense():
 
 def rand_qweight(fmt, out_f, in_f) -> QuantizedWeight:
     """Valid random weights in ``fmt``, made on the device (random codes, power-of-two scales)."""
-    if fmt == "fp8_block":
+    if fmt in ("fp8_block", "fp8_block32"):  # 128 x 128 or (V4.1) 32 x 32 scale blocks
+        b = 128 if fmt == "fp8_block" else 32
         data = (
             (torch.randn(out_f, in_f, device=DEV, generator=G) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
         )
-        scale = torch.exp2(torch.randint(-14, -8, (triton.cdiv(out_f, 128), triton.cdiv(in_f, 128)), device=DEV,
+        scale = torch.exp2(torch.randint(-14, -8, (triton.cdiv(out_f, b), triton.cdiv(in_f, b)), device=DEV,
                                          generator=G).float())  # fmt: skip
     else:
         data = torch.randint(0, 256, (out_f, in_f // 2), device=DEV, generator=G, dtype=torch.int32).to(
@@ -178,6 +179,28 @@ def cpu_subset(ew: ExpertWeights, used: set[int]) -> ExpertWeights:
         for ws in (ew.w1, ew.w3, ew.w2)
     ]
     return ExpertWeights(*pick, ew.expert_ids)
+
+
+#: V4.1-Flash's FP8 projections (32 x 32 scale blocks): hidden 5,120; q LoRA 1,280 -> 64 x 512; the shared
+#: expert 5,120 -> 2,304
+V41_LINEARS = ((1280, 5120), (32768, 1280), (5120, 8192), (2304, 5120)) if not SMOKE else ((40, 72), (96, 40))
+
+
+def check_fp8_block32() -> None:
+    """V4.1's ``fp8_block32`` weights in the grouped GEMM: decode (1 and 16 rows) and a prefill chunk."""
+    from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+
+    ops, ref = CudaDenseOps(), reference_op("dense")
+    for o, i in V41_LINEARS:
+        w = rand_qweight("fp8_block32", o, i)
+        wc = to_device(w, torch.device("cpu"))
+        for T in sizes(16, 1, 4096):
+            x = rnd(T, i)
+            out = poisoned(lambda: ops.linear(x, w))
+            err = rel_err(out, ref.linear(x.cpu(), wc)) if T in (1, 16) else None
+            wbytes = w.data.numel() + 4 * w.scale.numel()
+            record("linear[fp8_block32]", f"{T}x{i}->{o}", err, BOUND["bf16"], bench(lambda: ops.linear(x, w)),
+                   wbytes + 2 * T * (i + o), 2 * T * i * o)  # fmt: skip
 
 
 def check_moe():
@@ -382,7 +405,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (Triton interpreter)")
-    ap.add_argument("--only", default="dense,attention,moe,sampling")
+    ap.add_argument("--only", default="dense,fp8_block32,attention,moe,sampling")
     args = ap.parse_args()
     G.manual_seed(int(time.time()))
     smi = "cpu smoke run" if SMOKE else subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],

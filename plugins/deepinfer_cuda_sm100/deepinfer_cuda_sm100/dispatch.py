@@ -318,7 +318,7 @@ GEMV_MAX_ROWS = 1.5
 
 
 #: bytes a weight element takes in the quantized formats (others: bf16, 2)
-_BYTES_PER_WEIGHT = {"fp4_e2m1": 0.5, "fp8_block": 1}
+_BYTES_PER_WEIGHT = {"fp4_e2m1": 0.5, "fp8_block": 1, "fp8_block32": 1}
 
 
 def gemm_config(
@@ -326,11 +326,13 @@ def gemm_config(
 ) -> GemmConfig:
     """Grouped expert GEMM (and the quantized dense linear, one expert).
 
-    ``block_k`` never exceeds 128, so an FP8 K step lies in one 128-wide scale block, and is a
-    multiple of 64, so an FP4 step holds whole 32-value scale groups. ``active``: ``(rows, experts
-    holding them)``, at most; when the row tiles they make are too few programs to keep every SM
-    streaming weights (decode), K is split (:func:`split_k`).
+    ``block_k`` never exceeds 128, so an FP8 K step lies in one 128-wide scale block (or spans whole
+    32-wide ones, ``fp8_block32``), and is a multiple of 64, so an FP4 step holds whole 32-value scale
+    groups. ``fp8_block32`` takes ``fp8_block``'s tiles (the GEMV's ``block_n`` of 8 or 32 divides 32).
+    ``active``: ``(rows, experts holding them)``, at most; when the row tiles they make are too few programs
+    to keep every SM streaming weights (decode), K is split (:func:`split_k`).
     """
+    fmt = "fp8_block" if fmt == "fp8_block32" else fmt  # V4.1's 32 x 32 scale blocks: V4's tiles
     experts = active[1] if active is not None else 1
     weight_bytes = n * k * experts * (2 if gated else 1) * _BYTES_PER_WEIGHT.get(fmt, 2)
     return fit_split_k(_gemm_tiles(rows_per_expert, fmt, gated, weight_bytes), n, k, active)
@@ -395,6 +397,7 @@ def gemv_config(rows_per_expert: float, fmt: str, weight_bytes: float = 0, gated
     The FP4 experts' down projection (not gated) takes 32 x 512 in two-warp programs: at four warps its 768
     programs ran 1.16 waves; v15 run 2, gate+up and down at batch 1, 39.5 -> 37.5 us (other shapes of the down
     projection alone: 37.9-42.9 us)."""
+    fmt = "fp8_block" if fmt == "fp8_block32" else fmt
     # the kernel unrolls at most 8 rows
     bm = 1 if rows_per_expert <= GEMV_MAX_ROWS else _p2(math.ceil(rows_per_expert), 1, 8)
     if arch() == "interpreter":

@@ -170,6 +170,8 @@ def _weight(gen, fmt, out_f, in_f):
     w = rand(gen, out_f, in_f, scale=0.1)
     if fmt == "fp8_block":
         return quantize_fp8_block(w, "ue8m0")
+    if fmt == "fp8_block32":  # V4.1: one ue8m0 scale per 32 x 32 block
+        return quantize_fp8_block(w, "ue8m0", block=32)
     if fmt == "fp4_e2m1":
         return quantize_fp4_e2m1(w)
     return w.to(torch.bfloat16)
@@ -181,7 +183,7 @@ def _to_dev(w):
     return to_device(w, torch.device(dev(torch.zeros(1)).device))
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_block32", "fp4_e2m1"])
 @pytest.mark.parametrize("rows", [1, 2, 7])
 def test_quantized_linear_dequantizes_in_kernel(ops, gen, gemm_kind, fmt, rows):
     # 160 outputs: a partial 128-row FP8 scale block; 192 inputs: a partial K tile; 1-2 rows: decode tiles.
@@ -216,7 +218,7 @@ def test_plain_linear_of_one_row_is_the_gemv(ops, gen, x_dtype, w_dtype, rows, m
     assert not dispatch.plain_gemv(1, w_dtype, w), "the head stays on cuBLAS"
 
 
-@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
+@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp8_block32", "fp4_e2m1"])
 @pytest.mark.parametrize("limit", [0.0, 0.5])
 def test_swiglu_mlp_matches_reference(ops, gen, gemm_kind, fmt, limit):
     x = rand(gen, 9, 128, dtype=torch.bfloat16)
@@ -226,7 +228,7 @@ def test_swiglu_mlp_matches_reference(ops, gen, gemm_kind, fmt, limit):
     assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, limit)) < BOUND[torch.bfloat16]
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_block32", "fp4_e2m1"])
 def test_linear_and_mlp_with_split_k_match_reference(ops, gen, gemm_kind, fmt, monkeypatch):
     from dataclasses import replace
 
@@ -243,7 +245,7 @@ def test_linear_and_mlp_with_split_k_match_reference(ops, gen, gemm_kind, fmt, m
     assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_block32", "fp4_e2m1"])
 @pytest.mark.parametrize("rows", [1, 9])
 def test_grouped_linear_is_one_gemm_matching_the_reference(ops, gen, gemm_kind, fmt, rows, monkeypatch):
     """Four groups, each its own weight (V4's wo_a has 8), through one grouped GEMM, with and without split-K."""
@@ -275,7 +277,7 @@ def test_grouped_linear_is_one_gemm_matching_the_reference(ops, gen, gemm_kind, 
     assert rel_err(ops.grouped_linear(dev(x), [_to_dev(w) for w in ws]), want) < BOUND[torch.bfloat16]
 
 
-@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
+@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp8_block32", "fp4_e2m1"])
 @pytest.mark.parametrize("block_k,split_k", [(256, 1), (128, 3)])
 def test_one_row_gemv_with_whole_scale_blocks(ops, gen, fmt, block_k, split_k, monkeypatch):
     """The decode GEMV's unmasked path (K whole steps, N whole blocks; FP8 steps spanning several 128-wide scale
@@ -349,19 +351,30 @@ def test_rms_norm_rope_is_the_two_ops(ops, gen, dtype, weighted, heads, d):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_block32_weights_take_the_dequantized_fallback(ops, gen, dtype):
-    """V4.1's ``fp8_block32`` weights (no GEMM kernel yet, issue #27): ``linear``, ``grouped_linear`` and
-    ``swiglu_mlp`` equal the reference ops on the same stored weights (ragged shapes: partial 32 x 32 blocks)."""
+@pytest.mark.parametrize("rows", [1, 6])
+def test_fp8_block32_weights_run_in_the_grouped_gemm(ops, gen, gemm_kind, dtype, rows, monkeypatch):
+    """V4.1's ``fp8_block32`` weights with float32 scales (here not powers of two, which the bf16 tile cannot
+    hold exactly: the harder case than the checkpoint's ue8m0 scales) and ragged shapes (partial 32 x 32 blocks in both dimensions): ``linear``, ``grouped_linear`` and ``swiglu_mlp``
+    each launch the grouped GEMM (one per projection) and equal the reference ops on the same stored weights."""
+    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+
+    launches = []
+    real = gg.grouped_gemm
+    monkeypatch.setattr(
+        gg, "grouped_gemm", lambda *a, **k: launches.append(a[1].scale_block) or real(*a, **k)
+    )
     w1, w3 = (quantize_fp8_block(rand(gen, 70, 45), block=32) for _ in range(2))
     w2 = quantize_fp8_block(rand(gen, 45, 70), block=32)
-    x = rand(gen, 6, 45, dtype=dtype)
+    assert w1.format == "fp8_block32" and not torch.equal(w1.scale, torch.exp2(torch.log2(w1.scale).round()))
+    x = rand(gen, rows, 45, dtype=dtype)
     got = ops.linear(dev(x), _on_dev(w1))
     assert rel_err(got, REF.linear(x, w1)) < BOUND[dtype]
     want = REF.swiglu_mlp(x, w1, w3, w2, 10.0)
     assert rel_err(ops.swiglu_mlp(dev(x), _on_dev(w1), _on_dev(w3), _on_dev(w2), 10.0), want) < BOUND[dtype]
-    groups = rand(gen, 6, 2, 45, dtype=dtype)
+    groups = rand(gen, rows, 2, 45, dtype=dtype)
     got = ops.grouped_linear(dev(groups), [_on_dev(w1), _on_dev(w3)])
     assert rel_err(got, REF.grouped_linear(groups, [w1, w3])) < BOUND[dtype]
+    assert launches == [32] * 4  # linear, swiglu (gate+up, down), grouped_linear: no torch fallback
 
 
 def _on_dev(w):

@@ -10,8 +10,8 @@ the tensor-core kernel's, so :func:`grouped_gemm.grouped_gemm` picks either by `
 Formats, as in ``grouped_gemm``:
 
 - plain: the tile in float32.
-- FP8 block: ``BLOCK_N`` divides 128, so a program's rows share one scale row; the per-K scale
-  multiplies the activation instead of the tile.
+- FP8 block: ``BLOCK_N`` divides the scale block ``SB`` (128, or 32 for ``fp8_block32``), so a program's
+  rows share one scale row; the per-K scale multiplies the activation instead of the tile.
 - FP4 e2m1: bit placement, not arithmetic: a nibble's sign goes to bit 15 and its exponent and
   mantissa (3 bits) to bits 11..9 of a float16, which is the code's value times ``2**-14`` for
   every code (float16's subnormals 0 and 2**-15 are e2m1's 0 and 0.5). The ``2**14`` rides on the
@@ -130,13 +130,14 @@ def _tile(base, n, nm, k0, K, stride_wn, BLOCK_K: tl.constexpr, FMT: tl.constexp
 
 
 @triton.jit
-def _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr = False):
-    """FP8 block scales along K for the 128-row block holding ``n0``."""
+def _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr = False,
+             SB: tl.constexpr = 128):  # fmt: skip
+    """FP8 block scales along K for the ``SB``-row block holding ``n0``."""
     ks = k0 + tl.arange(0, BLOCK_K)
     if ALIGNED:
-        return tl.load(s_base + (n0 // 128) * stride_sn + (ks // 128) * stride_sk)
+        return tl.load(s_base + (n0 // SB) * stride_sn + (ks // SB) * stride_sk)
     else:
-        return tl.load(s_base + (n0 // 128) * stride_sn + (ks // 128) * stride_sk, mask=ks < K, other=0.0)
+        return tl.load(s_base + (n0 // SB) * stride_sn + (ks // SB) * stride_sk, mask=ks < K, other=0.0)
 
 
 @triton.jit
@@ -155,7 +156,7 @@ def _row_tile(base, n, nm, k0, K, stride_wn, BLOCK_K: tl.constexpr, FMT: tl.cons
 def _few_rows(a_ptr, a_idx_ptr, r0, r1, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0, k_lo, k_hi, K,
               stride_wn, stride_sn, stride_sk, FMT: tl.constexpr, GATED: tl.constexpr, HAS_A_IDX: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr,
-              FP4_ASM: tl.constexpr):  # fmt: skip
+              FP4_ASM: tl.constexpr, SB: tl.constexpr):  # fmt: skip
     """Tiles of 2-8 rows: each weight tile is reduced against every row of the tile in turn."""
     mi = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -177,9 +178,9 @@ def _few_rows(a_ptr, a_idx_ptr, r0, r1, stride_am, w_base, s_base, up_base, up_s
                 u_t = _tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED)
             ks = k0 + tl.arange(0, BLOCK_K)
             if FMT == 1:
-                w_ks = _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K)
+                w_ks = _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, False, SB)
                 if GATED:
-                    u_ks = _k_scale(up_s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K)
+                    u_ks = _k_scale(up_s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, False, SB)
         for m in tl.static_range(BLOCK_M):
             # Rows past the tile's end repeat its last row (a used tile has one): their sums are never stored.
             r = tl.minimum(r0 + m, r1 - 1)
@@ -226,7 +227,7 @@ def _fp4_partial(lo, hi, sc, xe, xo, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexp
 def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0, k_lo, k_hi, K,
              stride_wn, stride_sn, stride_sk, FMT: tl.constexpr, GATED: tl.constexpr, HAS_A_IDX: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr,
-             EVEN_N: tl.constexpr):  # fmt: skip
+             EVEN_N: tl.constexpr, SB: tl.constexpr):  # fmt: skip
     """One row per tile (decode): each thread sums the products of its 16 consecutive K positions in registers
     into a ``[BLOCK_N, BLOCK_K / 16]`` partial, and the partials are reduced across threads once, after the K
     loop, not once per K step (that reduction's shuffles and barriers were a fifth of the FP8 loop). The
@@ -267,7 +268,7 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
                 x = tl.load(x_base + ks, mask=ks < K, other=0.0).to(tl.float32)
             xw = x
             if FMT == 1:
-                xw = x * _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED)
+                xw = x * _k_scale(s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED, SB)
             p = _row_tile(w_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xw[None, :]
             if FMT == 0:  # 2-4 byte weights: a thread's 16-byte load holds 4-8 K positions, not 16
                 acc_w += p
@@ -276,7 +277,7 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
             if GATED:
                 xu = x
                 if FMT == 1:
-                    xu = x * _k_scale(up_s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED)
+                    xu = x * _k_scale(up_s_base, n0, k0, K, stride_sn, stride_sk, BLOCK_K, ALIGNED, SB)
                 p2 = _row_tile(up_base, n, nm, k0, K, stride_wn, BLOCK_K, FMT, ALIGNED, EVEN_N) * xu[None, :]
                 if FMT == 0:
                     acc2_w += p2
@@ -300,9 +301,9 @@ def _grouped_gemv_kernel(
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr, EVEN_N: tl.constexpr = False, FP4_H2: tl.constexpr = 0,
-    FINISH: tl.constexpr = False, PDL: tl.constexpr = False,
+    FINISH: tl.constexpr = False, SB: tl.constexpr = 128, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """``EVEN_N``: ``N`` is whole ``BLOCK_N`` blocks (with ``ALIGNED``, one-row FP8 tiles load without masks).
+    """``SB``: the FP8 scale block (rows and columns; ``BLOCK_N`` divides it). ``EVEN_N``: ``N`` is whole ``BLOCK_N`` blocks (with ``ALIGNED``, one-row FP8 tiles load without masks).
     ``FP4_H2``: one-row FP4 tiles (``ALIGNED``, bf16 or float16 activations) in float16 pair arithmetic
     (:func:`fp4_pairs.one_row_fp4_h2`): 2 by PTX, 1 emulated in Triton (the interpreter), 0 not."""
     pdl_enter(PDL)
@@ -332,11 +333,11 @@ def _grouped_gemv_kernel(
     elif BLOCK_M == 1:
         acc, acc2 = _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0, k_lo,
                              k_hi, K, stride_wn, stride_sn, stride_sk, FMT, GATED, HAS_A_IDX, BLOCK_N, BLOCK_K,
-                             ALIGNED, FP4_ASM, EVEN_N)  # fmt: skip
+                             ALIGNED, FP4_ASM, EVEN_N, SB)  # fmt: skip
     else:
         acc, acc2 = _few_rows(a_ptr, a_idx_ptr, r0, r1, stride_am, w_base, s_base, up_base, up_s_base, n, nm, n0,
                               k_lo, k_hi, K, stride_wn, stride_sn, stride_sk, FMT, GATED, HAS_A_IDX, BLOCK_M,
-                              BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM)  # fmt: skip
+                              BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM, SB)  # fmt: skip
     rows = r0 + mi
     store_tile(acc, acc2, rows, rows < r1, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
                GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH)  # fmt: skip

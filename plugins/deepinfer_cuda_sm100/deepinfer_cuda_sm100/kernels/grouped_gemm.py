@@ -9,9 +9,11 @@ used in place. All experts of one table share shape, strides and format.
 Formats (see :class:`deepinfer_core.ops.weights.QuantizedWeight`):
 
 - ``FMT=0``: plain ``[N, K]`` (bf16/f16/f32), loaded and fed to the tensor cores as is.
-- ``FMT=1``: ``float8_e4m3fn [N, K]`` with one float32 scale per 128x128 block. A K step of at most
-  128 lies in one scale block, so each tile is ``(W_e4m3 * scale[n // 128]) -> bf16`` (exact for
-  ue8m0 scales: e4m3 values times a power of two fit bf16).
+- ``FMT=1``: ``float8_e4m3fn [N, K]`` with one float32 scale per ``SB x SB`` block: ``SB`` 128 (V4's
+  ``fp8_block``) or 32 (V4.1's ``fp8_block32``). A K step of at most 128 lies in one 128-wide scale block,
+  so each tile is ``(W_e4m3 * scale[n // 128]) -> bf16``; with 32-wide blocks a step spans
+  ``BLOCK_K / 32`` of them and each 32-column slice takes its own scale (exact for ue8m0 scales either way:
+  e4m3 values times a power of two fit bf16).
 - ``FMT=2``: e2m1 codes packed two per byte (low nibble first), one ue8m0 scale per 32 inputs (read
   as its exponent byte, :func:`ue8m0_bytes`, or as float32). On a GPU codes are decoded and scaled
   by inline PTX straight into bf16 (``gemv.e2m1_bf16_scaled``, ``dispatch.fp4_decode_ptx``); else by
@@ -53,13 +55,15 @@ from deepinfer_cuda_sm100.kernels.gemv import (
     e8m0_bf16_unit,
 )
 
-FORMATS = {"plain": 0, "fp8_block": 1, "fp4_e2m1": 2}
+FORMATS = {"plain": 0, "fp8_block": 1, "fp8_block32": 1, "fp4_e2m1": 2}
+#: the FP8 formats' scale block (rows and columns)
+SCALE_BLOCK = {"fp8_block": 128, "fp8_block32": 32}
 
 
 @triton.jit
 def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
             FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-            FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
+            FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr, ALIGNED: tl.constexpr, SB: tl.constexpr):  # fmt: skip
     """The dequantised ``[BLOCK_N, BLOCK_K]`` weight tile in ``DOT_T``.
 
     Scales are folded into the tile before the MMA, as the reference does when it dequantises to
@@ -103,8 +107,15 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
     else:
         if FMT == 1:
             w = weight_tile(w_base, n, stride_wn, ks, nm, K, ALIGNED)
-            s = tl.load(s_base + (n // 128) * stride_sn + (k0 // 128) * stride_sk, mask=nm, other=0.0)
-            return (w.to(tl.float32) * s[:, None]).to(DOT_T)
+            if SB >= BLOCK_K:  # the step lies in one scale block per row
+                s = tl.load(s_base + (n // SB) * stride_sn + (k0 // SB) * stride_sk, mask=nm, other=0.0)
+                return (w.to(tl.float32) * s[:, None]).to(DOT_T)
+            else:  # BLOCK_K / SB scale blocks per row: each SB-wide slice times its own scale
+                g = k0 // SB + tl.arange(0, BLOCK_K // SB)
+                s = tl.load(s_base + (n // SB)[:, None] * stride_sn + g[None, :] * stride_sk,
+                            mask=nm[:, None] & (g < tl.cdiv(K, SB))[None, :], other=0.0)  # fmt: skip
+                w = tl.reshape(w.to(tl.float32), (BLOCK_N, BLOCK_K // SB, SB)) * s[:, :, None]
+                return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(DOT_T)
         w = tl.load(w_base + n[:, None] * stride_wn + ks[None, :], mask=m, other=0.0)
         return w.to(DOT_T)
 
@@ -112,9 +123,9 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
 @triton.jit
 def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
               FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-              FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
+              FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr, ALIGNED: tl.constexpr, SB: tl.constexpr):  # fmt: skip
     w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N,
-                FP4_BITS, FP4_ASM, ALIGNED)  # fmt: skip
+                FP4_BITS, FP4_ASM, ALIGNED, SB)  # fmt: skip
     return mma(a, tl.trans(w), acc, DOT_T)
 
 
@@ -129,7 +140,7 @@ def _grouped_gemm_kernel(
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
-    FINISH: tl.constexpr = False, PDL: tl.constexpr = False,
+    FINISH: tl.constexpr = False, SB: tl.constexpr = 128, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl_enter(PDL)
     tile = tl.program_id(0)
@@ -160,10 +171,10 @@ def _grouped_gemm_kernel(
         a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k0 + ks[None, :],
                     mask=rm[:, None] & (k0 + ks < K)[None, :], other=0.0).to(DOT_T)  # fmt: skip
         acc = _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K,
-                        BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED)  # fmt: skip
+                        BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED, SB)  # fmt: skip
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
-                             BLOCK_K, BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED)  # fmt: skip
+                             BLOCK_K, BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED, SB)  # fmt: skip
     store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
                GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH)  # fmt: skip
 
@@ -189,6 +200,8 @@ class WeightTable:
     scale_bytes: tuple[int, int] | None = None
     #: weights whose rows all start 16-byte aligned (``_common.weight_tile``, ``gemv._row_tile``)
     aligned: bool = False
+    #: FP8: rows and columns one scale covers (:data:`SCALE_BLOCK`)
+    scale_block: int = 128
 
     @staticmethod
     def build(weights: list[Weight], device: torch.device) -> WeightTable:
@@ -212,9 +225,10 @@ class WeightTable:
         ptrs = torch.tensor([t.data_ptr() for t in datas], dtype=torch.int64, device=device)
         sptrs = torch.tensor([t.data_ptr() for t in scales], dtype=torch.int64, device=device)
         s0 = scales[0]
+        sb = SCALE_BLOCK.get(first.format, 128) if isinstance(first, QuantizedWeight) else 128
         return WeightTable(fmt, n, k, ptrs, sptrs, datas[0].dtype, s0.dtype, datas[0].stride(0), s0.stride(0),
                            s0.stride(-1) if s0.dim() > 1 else 1, datas + scales,
-                           byte_range(scales) if fmt == 2 else None, aligned16(datas))  # fmt: skip
+                           byte_range(scales) if fmt == 2 else None, aligned16(datas), sb)  # fmt: skip
 
 
 def ue8m0_bytes(scales: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -318,6 +332,8 @@ def grouped_gemm(
     holds them all), so a split-K workspace needs no zeroing, and the last K slice of each tile may finish it
     (``dispatch.split_finish``: no epilogue launch)."""
     tile_expert, tile_start, tile_end = sched
+    if cfg.gemv and table.fmt == 1 and table.scale_block % cfg.block_n:
+        raise ValueError(f"GEMV block_n {cfg.block_n} must divide the FP8 scale block {table.scale_block}")
     first = gate_table if gate_table is not None else table
     gated = gate_table is not None
     split = max(1, min(cfg.split_k, triton.cdiv(table.k, cfg.block_k)))
@@ -349,7 +365,8 @@ def grouped_gemm(
         FMT=table.fmt, W_T=TL_DTYPE[table.w_dtype], S_T=TL_DTYPE[table.s_dtype],
         GATED=gated, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
         HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=split, ALIGNED=aligned, FINISH=finish, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT_K=split, ALIGNED=aligned, FINISH=finish, SB=table.scale_block, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
         ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])

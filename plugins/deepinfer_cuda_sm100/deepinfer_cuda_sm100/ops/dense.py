@@ -1,7 +1,7 @@
 """CUDA dense ops.
 
-Triton: RMSNorm, RoPE, mHC (``hc_pre``/``hc_post``/``hc_head``), quantized ``linear`` (FP8/FP4
-dequantised in the GEMM) and ``swiglu_mlp`` (gate and up fused with the activation, then down).
+Triton: RMSNorm, RoPE, mHC (``hc_pre``/``hc_post``/``hc_head``), quantized ``linear`` (FP8 with 128 x 128
+or V4.1's 32 x 32 scale blocks, FP4; dequantised in the GEMM) and ``swiglu_mlp`` (gate and up fused with the activation, then down).
 TileLang: FP8 ``linear`` at prefill sizes on SM90 when tilelang is installed (``dispatch.fp8_gemm_backend``).
 Torch on the GPU: ``linear`` with a plain BF16/FP32 weight is ``x @ w.T`` through cuBLAS, which a
 Triton GEMM does not beat for dense shapes; one row (decode) goes to the Triton GEMV instead
@@ -38,28 +38,8 @@ class CudaDenseOps(DenseOps):
     def __init__(self) -> None:
         self._tables = TableCache()
         self._schedules = ScheduleCache()
-        self._dequantized = TableCache()
-
-    def _unsupported(self, *weights: Weight) -> bool:
-        """A quantized format the grouped GEMM does not read (V4.1's ``fp8_block32``: issue #27)."""
-        return any(isinstance(w, QuantizedWeight) and w.format not in gg.FORMATS for w in weights)
-
-    def _dequantized_weight(self, weight: QuantizedWeight) -> torch.Tensor:
-        """``weight`` dequantized to float32 once (kept): the torch fallback for the formats above, until they have
-        a kernel. ``fp8_block32``: e4m3 codes times the float32 scale of their 32 x 32 block."""
-        if weight.format != "fp8_block32":
-            raise NotImplementedError(f"cuda_sm100 has no GEMM for weight format {weight.format!r}")
-
-        def build() -> torch.Tensor:
-            out, inp = weight.shape
-            s = weight.scale.float().repeat_interleave(32, 0)[:out].repeat_interleave(32, 1)[:, :inp]
-            return weight.data.float() * s
-
-        return self._dequantized.get((weight,), build)
 
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
-        if self._unsupported(weight):
-            return x @ self._dequantized_weight(weight).T.to(x.dtype)
         quantized = isinstance(weight, QuantizedWeight)
         if not quantized and not dispatch.plain_gemv(math.prod(x.shape[:-1]), x.dtype, weight):
             return x @ weight.T.to(x.dtype)
@@ -149,11 +129,6 @@ class CudaDenseOps(DenseOps):
         return mhc.hc_head(x, hc.fn, hc.base, hc.scale, hc.hc_eps, hc.norm_eps)
 
     def swiglu_mlp(self, x, w1, w3, w2, limit):
-        if self._unsupported(w1, w3, w2):  # three torch GEMMs on dequantized weights
-            gate, up = self.linear(x, w1).float(), self.linear(x, w3).float()
-            if limit > 0:
-                gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-            return self.linear((torch.nn.functional.silu(gate) * up).to(x.dtype), w2)
         up = self._tables.get(
             (w1, w3, w2), lambda: [gg.WeightTable.build([w], x.device) for w in (w1, w3, w2)]
         )
