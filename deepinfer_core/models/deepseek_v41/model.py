@@ -169,6 +169,12 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         queries); ``"unquantized"``: plain rows in the model dtype and no round trip."""
         c = self.cfg
         fmts = kv_formats(kv_cache_dtype, c.head_dim, c.index_head_dim, self.dtype)
+        if fmts.quantized and not self.backends.attention.packed_kv:
+            raise ValueError(
+                f"kv_cache_dtype={kv_cache_dtype!r}: DeepSeek-V4.1's trained FP8 / FP4 cache needs a platform "
+                f"whose attention reads packed pools ({type(self.backends.attention).__name__} does not declare "
+                "packed_kv); use kv_cache_dtype='unquantized' on this platform"
+            )
         for block in self.layers + self._stages():
             block.attn.formats = fmts
 

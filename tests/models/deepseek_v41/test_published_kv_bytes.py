@@ -99,3 +99,27 @@ def test_published_config_allocates_890_bytes_per_token_of_global_kv():
 def test_published_config_unquantized_global_kv_costs_its_dtype():
     assert kv_footprint(published_specs("unquantized", torch.bfloat16)).bytes_per_token == 2.5 * 640 * 2
     assert kv_footprint(published_specs("unquantized", torch.float32)).bytes_per_token == 2.5 * 640 * 4
+
+
+def test_trained_cache_is_refused_where_attention_cannot_read_packed_pools():
+    """``kv_cache_dtype="auto"`` (V4.1's FP8 / FP4 pools) on a platform whose attention does not declare
+    ``packed_kv``: a clear error naming the way out, before any step runs (it used to fail at the first store
+    on ``cuda_sm100``), while ``"unquantized"`` still loads."""
+    from dataclasses import replace
+
+    import pytest
+
+    class PlainPoolsOnly(type(BACKENDS.attention)):
+        packed_kv = False
+
+    backends = replace(BACKENDS, attention=PlainPoolsOnly())
+    cfg = DeepseekV41Config.from_dict(
+        {"architectures": ["DeepseekV41ForCausalLM"], "text_config": PUBLISHED_TEXT_CONFIG}
+    )
+    model = DeepseekV41ForCausalLM(cfg, backends, torch.bfloat16)
+    with pytest.raises(
+        ValueError, match="kv_cache_dtype='auto'.*PlainPoolsOnly.*kv_cache_dtype='unquantized'"
+    ):
+        model.use_kv_cache_dtype("auto")
+    model.use_kv_cache_dtype("unquantized")
+    assert not any(block.attn.formats.quantized for block in model.layers)

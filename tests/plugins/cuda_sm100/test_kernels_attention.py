@@ -354,3 +354,70 @@ def test_indexer_scores_equal_the_reference_without_a_host_sync(ops, gen, packed
     assert torch.equal(torch.isinf(got.cpu()), torch.isinf(ref))
     finite = ~torch.isinf(ref)
     assert rel_err(got.cpu()[finite], ref[finite]) < BOUND[torch.float32]
+
+
+def _v41_formats(dtype, head_dim=64, index_head_dim=64):
+    from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
+
+    return kv_formats("auto", head_dim, index_head_dim, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [False, True], ids=["compressed", "dspark_block"])
+def test_sparse_attention_reads_v41_packed_pools(ops, gen, dtype, block):
+    """V4.1's trained cache (``packed_kv``): the FP8 window pool and the FP4 compressed pool (or, for a DSpark
+    block, block rows packed in the window's format with no ``cmp_format``) read by the kernel through rows
+    unpacked for the step, against the reference over the same packed pools, and equal to it over the
+    unpacked values (the packed read adds nothing)."""
+    f = _v41_formats(dtype)
+    cmp_fmt = None if block else f.compressed
+    T, H, D = 5, 12, 64
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv = f.window.pack(rand(gen, 70, D, dtype=dtype, scale=2.0))
+    cmp = (f.window if block else f.compressed).pack(rand(gen, 30, D, dtype=dtype, scale=2.0))
+    kv_slots, cmp_slots = _slots(gen, T, 37, 70), _slots(gen, T, 19, 30)
+    kv_slots[2] = -1
+    sinks = rand(gen, H)
+    got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, kv_format=f.window,
+                               cmp_format=cmp_fmt)  # fmt: skip
+    ref = REF.sparse_attention(
+        q, kv, kv_slots, cmp, cmp_slots, sinks, 0.1, kv_format=f.window, cmp_format=cmp_fmt
+    )
+    assert got.dtype == dtype
+    assert rel_err(got, ref) < BOUND[dtype]
+    unpacked_cmp = (f.window if block else f.compressed).unpack(cmp)
+    plain = REF.sparse_attention(q, f.window.unpack(kv), kv_slots, unpacked_cmp, cmp_slots, sinks, 0.1)
+    assert torch.equal(ref, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v41_packed_store_writes_the_reference_bytes(ops, gen, dtype):
+    """Stores through V4.1's codecs write exactly the reference's bytes (window FP8, compressed and index-key FP4),
+    slot -1 being the scratch row."""
+    f = _v41_formats(dtype)
+    for fmt in (f.window, f.compressed, f.keys):
+        values = rand(gen, 9, 64, dtype=dtype, scale=3.0)
+        slots = torch.tensor([4, 0, 7, -1, 2, 11, 5, 9, 1])
+        pool = torch.zeros(13, fmt.row_bytes, dtype=torch.uint8)
+        got = dev(pool.clone())
+        ops.store_kv(got, *dev(slots, values), fmt)
+        REF.store_kv(pool, slots, values, fmt)
+        assert torch.equal(got.cpu(), pool)
+
+
+@pytest.mark.parametrize("k", [4, 30])
+def test_indexer_topk_reads_v41_fp4_keys(ops, gen, k):
+    """``indexer_topk`` over V4.1's packed FP4 index keys (``key_format``): the same columns as the reference
+    (as sets: any order), ``-1`` past a row's valid candidates, rows with none all ``-1``."""
+    f = _v41_formats(torch.float32)
+    T, H, D, S, C = 6, 8, 64, 40, 23
+    q, w = rand(gen, T, H, D), rand(gen, T, H)
+    pool = f.keys.pack(rand(gen, S, D))
+    cand = _slots(gen, T, C, S)
+    cand[1] = -1
+    got = ops.indexer_topk(*dev(q, w, pool, cand), k, key_format=f.keys).cpu()
+    ref = REF.indexer_topk(q, w, pool, cand, k, key_format=f.keys)
+    assert got.shape == ref.shape
+    for t in range(T):
+        assert sorted(got[t].tolist()) == sorted(ref[t].tolist()), t
+    assert (got[1] == -1).all()

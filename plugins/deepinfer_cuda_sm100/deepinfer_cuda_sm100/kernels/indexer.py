@@ -147,6 +147,12 @@ def indexer_topk(
     return _best(indexer_scores(q, weights, key_pool, cand_slots), cand_slots, topk, slots=False)
 
 
+def best_columns(scores: torch.Tensor, cand_slots: torch.Tensor, topk: int) -> torch.Tensor:
+    """Column indices of the ``min(topk, C)`` best of any ``scores [T, C]`` (``-inf``: not a candidate), ``-1``
+    past the valid ones."""
+    return _best(scores, cand_slots, topk, slots=False)
+
+
 def _best(scores: torch.Tensor, cand_slots: torch.Tensor, topk: int, slots: bool) -> torch.Tensor:
     """The ``min(topk, C)`` best columns of ``scores`` (``slots``: their ``cand_slots`` ids), by the select
     kernel or ``torch.topk`` as :func:`dispatch.indexer_select` picks; ``-1`` past the valid ones."""

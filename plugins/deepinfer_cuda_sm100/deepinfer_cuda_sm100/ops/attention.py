@@ -1,26 +1,62 @@
 """CUDA attention ops: sparse shared-KV attention with sinks (plain or FP8 KV pools), the FP8 KV store, indexer
-scoring, compressor (all Triton)."""
+scoring, compressor (all Triton).
+
+V4.1's packed cache (``packed_kv``: FP8 window KV, FP4 compressed KV and index keys, any codec with
+``pack``/``unpack``) runs without kernels of its own yet (issue #27): stores pack in torch, attention unpacks
+the rows each token reads into plain rows for the Triton kernel, and the indexer scores unpacked keys in
+torch. All of it has static shapes and no host synchronisation, so V4.1 steps still run as CUDA graphs.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 from deepinfer_core.plugin_api import KV_CACHE_DTYPES, AttentionOps, Fusion
 from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, sparse_attention
+
+
+def _codec(fmt) -> bool:
+    """A packed-cache codec other than V4's FP8 entry format (which the kernels read directly)."""
+    return fmt is not None and not isinstance(fmt, Fp8KVFormat)
+
+
+def _unpacked(pool: torch.Tensor, slots: torch.Tensor, fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows ``slots [T, n]`` of a packed pool unpacked into a plain pool of their own (``T * n`` rows), and
+    the slots into it (``-1``, no entry, kept)."""
+    t, n = slots.shape
+    rows = fmt.unpack(pool.index_select(0, slots.clamp(min=0).flatten()))
+    own = torch.arange(t * n, device=slots.device).view(t, n)
+    return rows, torch.where(slots >= 0, own, -1)
 
 
 class CudaAttentionOps(AttentionOps):
     kv_cache_dtypes = KV_CACHE_DTYPES
     fusions = frozenset({Fusion.INDEXER_SELECT})
+    packed_kv = True
 
-    def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format=None):
+    def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format=None,
+                         cmp_format=None):  # fmt: skip
+        """V4's pools (plain or FP8) straight into the kernel; packed codecs (V4.1) unpacked first. A compressed
+        pool without its own ``cmp_format`` uses ``kv_format`` (DSpark's block rows)."""
+        cmp_format = kv_format if cmp_format is None else cmp_format
+        if _codec(kv_format) or _codec(cmp_format):
+            if kv_format is not None:
+                kv_pool, kv_slots = _unpacked(kv_pool, kv_slots, kv_format)
+            if cmp_pool is not None and cmp_slots is not None and cmp_format is not None:
+                cmp_pool, cmp_slots = _unpacked(cmp_pool, cmp_slots, cmp_format)
+            if cmp_pool is not None and cmp_pool.dtype != kv_pool.dtype:
+                cmp_pool = cmp_pool.to(kv_pool.dtype)
+            kv_format = None
         return sparse_attention.sparse_attention(
             q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format
         )
 
     def store_kv(self, pool, slots, values, kv_format) -> None:
-        """One Triton launch: a cast copy into plain pools, or the FP8 pack and scatter."""
-        if kv_format is None:
+        """One Triton launch: a cast copy into plain pools, or the FP8 pack and scatter; packed codecs in torch."""
+        if _codec(kv_format):
+            super().store_kv(pool, slots, values, kv_format)
+        elif kv_format is None:
             if (
                 pool.dim() != 2
                 or pool.stride(-1) != 1
@@ -33,9 +69,13 @@ class CudaAttentionOps(AttentionOps):
         else:
             kv_store.store_fp8(pool, slots, values, kv_format)
 
-    def indexer_topk(self, q, weights, key_pool, cand_slots, topk) -> torch.Tensor:
-        """Triton scores, then the select kernel or ``torch.topk`` as ``dispatch.indexer_select`` picks."""
-        return indexer.indexer_topk(q, weights, key_pool, cand_slots, topk)
+    def indexer_topk(self, q, weights, key_pool, cand_slots, topk, key_format=None) -> torch.Tensor:
+        """Triton scores (packed keys: :meth:`indexer_scores`), then the select kernel or ``torch.topk`` as
+        ``dispatch.indexer_select`` picks."""
+        if key_format is None:
+            return indexer.indexer_topk(q, weights, key_pool, cand_slots, topk)
+        scores = self.indexer_scores(q, weights, key_pool, cand_slots, key_format)
+        return indexer.best_columns(scores, cand_slots, topk)
 
     def indexer_select(self, q, weights, weight_scale, key_pool, cand_slots, topk) -> torch.Tensor:
         """:meth:`indexer_topk` with the weights' scaling in the scoring kernel and the slots looked up in the
