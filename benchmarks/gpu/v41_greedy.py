@@ -80,6 +80,7 @@ def run(backend: str, name: str, mode: str, dspark: int = 0, kv: str = "unquanti
         backend,
         dtype="float32",
         kv_cache_dtype=kv,
+        skip_tokenizer_init=True,  # token-id prompts: no transformers needed on the device
         enforce_eager=mode == "eager",
         speculative_config={"method": "dspark", "num_speculative_tokens": dspark} if dspark else None,
     )
