@@ -409,6 +409,7 @@ def section_engine(args, model, rt, ceil) -> None:
                 row[tag] = {"step_ms": step_ms, "tpot_ms": step_ms, "generate_tok_s": n_tok / wall}
             tokens[(k, b)] = [o.outputs[0].token_ids for o in outs]
             log("v41 engine", tag, b, row[tag])
+            RESULTS["engine_rows"] = list(rows.values())  # kept if a later part fails
         runner = engine.runner
         if k == 0:
             graphs = replay_ms(runner, lambda key: key and key[0] != "draft" and key[-1] == 1)
@@ -420,6 +421,9 @@ def section_engine(args, model, rt, ceil) -> None:
         engine = llm = runner = None
         if not SMOKE:
             torch.cuda.empty_cache()
+            # the engines share these memory ops: the next one captures into a fresh graph pool (the old pool,
+            # its graphs freed, is released, and capturing into its stale handle fails an allocator assert)
+            rt.backends.memory._pool = None
     for b, row in rows.items():
         row["roofline_bytes"] = decode_bytes(model, wb, b, ctx)
         row["roofline_ms"] = row["roofline_bytes"] / ceil["copy_bytes_per_s"] * 1e3 if ceil else float("nan")

@@ -19,6 +19,7 @@ A value is always ``code * scale`` in float32. Everything here is pure PyTorch a
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import torch
@@ -58,9 +59,16 @@ def dequantize_fp8(codes: torch.Tensor, scales: torch.Tensor, block: int = 32) -
     return (_blocks(codes.float(), block) * scales.float().unsqueeze(-1)).flatten(-2)
 
 
+@functools.cache
+def _table(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """A constant float32 table on ``device``, made once: a CUDA graph capture cannot copy it from pageable
+    host memory on every call (the first call, a warm-up, runs outside the capture)."""
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
 def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     """float32 ``v`` already in ``[-6, 6]`` -> 4-bit codes (uint8, ``sign << 3 | magnitude``)."""
-    mids = torch.tensor(_E2M1_MIDS, dtype=torch.float32, device=v.device)
+    mids = _table(_E2M1_MIDS, v.device)
     mag = v.abs().unsqueeze(-1)
     code = (mag > mids).sum(-1)
     on_mid = (mag == mids).any(-1)
@@ -70,7 +78,7 @@ def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
     """4-bit codes -> float32 values (codes 8-15 are the negatives, 8 is ``-0.0``)."""
-    grid = torch.tensor(E2M1_GRID, dtype=torch.float32, device=codes.device)
+    grid = _table(E2M1_GRID, codes.device)
     return torch.cat([grid, -grid])[codes.long()]
 
 
