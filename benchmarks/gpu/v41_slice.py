@@ -343,6 +343,33 @@ def replay_ms(runner, match) -> dict[str, float]:
     return out
 
 
+def profile_graph(runner, batch: int) -> list[dict]:
+    """GPU time per kernel name over 3 replays of the plain decode graph of ``batch`` rows (largest context
+    bucket): where a V4.1 step spends its time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    keys = sorted(k for k in runner.graphs if k and k[0] == batch and k[-1] == 1)
+    if not keys or SMOKE:
+        return []
+    step = runner.graphs.steps[keys[-1]]
+    step.replay()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step.replay()
+        sync()
+    rows = sorted(
+        ((e.key, e.self_device_time_total / 3 / 1e3, e.count // 3) for e in prof.key_averages()),
+        key=lambda r: -r[1],
+    )
+    total = sum(r[1] for r in rows)
+    log(f"profile batch {batch} {keys[-1]}: {total:.3f} ms of kernels per step")
+    top = [{"kernel": name[:100], "ms": round(ms, 4), "calls": n} for name, ms, n in rows[:25]]
+    for r in top:
+        log("   ", r)
+    return top
+
+
 def section_engine(args, model, rt, ceil) -> None:
     from cuda_settings import cuda_env
 
@@ -411,6 +438,8 @@ def section_engine(args, model, rt, ceil) -> None:
             log("v41 engine", tag, b, row[tag])
             RESULTS["engine_rows"] = list(rows.values())  # kept if a later part fails
         runner = engine.runner
+        if k == 0 and args.profile:
+            RESULTS["profile"] = profile_graph(runner, args.profile)
         if k == 0:
             graphs = replay_ms(runner, lambda key: key and key[0] != "draft" and key[-1] == 1)
         else:
@@ -448,6 +477,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--kv-bytes", type=int, default=16 << 30)
+    ap.add_argument("--profile", type=int, default=0, help="profile the plain decode graph of this batch")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU reference backend")
     args = ap.parse_args()
