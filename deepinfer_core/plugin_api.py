@@ -54,6 +54,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "compose_hc_pre_norm": ("deepinfer_core.ops.compose", "compose_hc_pre_norm"),
     "compose_indexer_select": ("deepinfer_core.ops.compose", "compose_indexer_select"),
     "compose_linear_f32": ("deepinfer_core.ops.compose", "compose_linear_f32"),
+    "engram_gate_rows": ("deepinfer_core.ops.dense", "engram_gate_rows"),
     "compose_rms_norm_rope": ("deepinfer_core.ops.compose", "compose_rms_norm_rope"),
     # the KV cache
     "CacheSpec": ("deepinfer_core.kv.spec", "CacheSpec"),

@@ -6,7 +6,11 @@ distinct launch (kernel, argument types, constexpr values, warps, stages) to ``$
 ``tests/plugins/cuda_sm100/test_sm100_compile.py`` compiles every entry for ``sm_100a`` on the CPU. Timings of
 this run are meaningless (the recorder sits on every launch).
 
-    run (carry [".whl"]):  python3 benchmarks/gpu/record_launches.py
+    run (carry [".whl"]):  python3 benchmarks/gpu/record_launches.py [v41]
+
+``v41``: instead, V4.1 on the plugin (``v41_greedy.py``: float32, eager and graphed, DSpark k = 3, and the
+trained FP8 / FP4 cache), which launches the V4.1 paths (FP8 32 x 32 weights, single-pass mHC, packed KV) at
+the tiny checkpoints' shapes; its entries are added to the manifest's.
 """
 
 from __future__ import annotations
@@ -95,6 +99,13 @@ def main() -> None:
             ["--sections", "steps", "--batches", "1", "16", "--ks", "1", "3", "--out", str(out / "mtp")],
         ),
     ]
+    if sys.argv[1:] == ["v41"]:
+        parts = [
+            ("v41_greedy", ["--modes", "eager", "graphs", "--configs", "flash_mini", "--dspark", "3", "--out",
+                            str(out / "v41_exact")]),
+            ("v41_greedy", ["--modes", "graphs", "--configs", "reindex_r2", "--kv", "auto", "--out",
+                            str(out / "v41_auto")]),
+        ]  # fmt: skip
     with launch_manifest.record(store):
         for name, argv in parts:
             key = f"{name} {' '.join(argv)}"

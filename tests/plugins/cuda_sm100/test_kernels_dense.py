@@ -382,3 +382,31 @@ def _on_dev(w):
 
     data, scale = dev(w.data, w.scale)
     return replace(w, data=data, scale=scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 5, 11])
+def test_v41_hc_mixes_and_collapse_match_reference(ops, gen, dtype, T):
+    """V4.1's single-pass mHC on all tokens at once (two launches, then one for the collapse) against the
+    reference, which computes one token at a time: ``pre``, ``post`` and the Sinkhorn ``comb``, and the
+    collapse with another site's ``pre``."""
+    x, fn, base, scale = _hc_inputs(gen, T=T, dtype=dtype)
+    hc = HCParams(fn, base, scale, 20, 1e-6, 1e-6)
+    got = ops.hc_mixes(dev(x), HCParams(*dev(fn, base, scale), 20, 1e-6, 1e-6))
+    ref = REF.hc_mixes(x, hc)
+    for g, r in zip(got, ref, strict=True):
+        assert g.dtype == torch.float32 and g.shape == r.shape
+        assert rel_err(g, r) < BOUND[torch.float32] * (1 if dtype == torch.float32 else 10)
+    pre = rand(gen, T, 4).sigmoid()
+    out = ops.hc_collapse(*dev(x, pre))
+    assert out.dtype == dtype
+    assert rel_err(out, REF.hc_collapse(x, pre)) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v41_engram_gate_runs_all_rows_as_the_reference_runs_each(ops, gen, dtype):
+    h, key = rand(gen, 7, 4, 48, dtype=dtype), rand(gen, 7, 4, 48, dtype=dtype)
+    value, weight = rand(gen, 7, 48, dtype=dtype), rand(gen, 4, 48)
+    got = ops.engram_gate(*dev(h, key, value, weight), 1e-6)
+    assert got.dtype == dtype
+    assert rel_err(got, REF.engram_gate(h, key, value, weight, 1e-6)) < BOUND[dtype]

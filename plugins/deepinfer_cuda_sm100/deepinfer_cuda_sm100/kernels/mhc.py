@@ -14,6 +14,10 @@
 ``hc_post`` is one launch over ``(token, channel block)``; ``hc_head`` reuses both ``hc_pre`` kernels
 with only the ``pre`` gate.
 
+V4.1's single-pass mHC splits ``hc_pre`` differently: ``hc_mixes`` (the same coefficients, nothing collapsed) is
+launch 1 and ``_hc_coeffs_kernel`` (one program per token: ``pre``, ``post`` and the Sinkhorn ``comb``), and
+``hc_collapse`` (``sum_n pre[n] x[n]`` with the ``pre`` of the site before) is one launch.
+
 At decode (up to ``dispatch.HC_FUSED_MAX_TOKENS`` tokens) a sublayer boundary, ``hc_post`` then the next
 ``hc_pre`` and its RMSNorm, is two launches instead of four: ``_hc_boundary_mix_kernel`` (``hc_post``'s work
 inside the mixes' split over channels, plus the streams' Gram partials) and ``_hc_collapse_norm_kernel``
@@ -174,6 +178,73 @@ def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, he
         BLOCK_S=pow2(part.shape[0]), num_warps=cfg.num_warps, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out, post, comb
+
+
+@triton.jit
+def _hc_coeffs_kernel(
+    part_ptr, sq_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr,
+    T, N, M, n_split, iters, inv_k, hc_eps, norm_eps,
+    BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Token ``program_id(0)``'s ``pre``, ``post`` and ``comb`` from the mixes' partials (V4.1's ``hc_mixes``)."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.arange(0, BLOCK_N)
+    pre = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, n_split, inv_k, hc_eps, norm_eps, BLOCK_N,
+                    BLOCK_S)  # fmt: skip
+    tl.store(pre_ptr + t * N + n, pre, mask=n < N)
+    _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, n_split, iters, inv_k,
+               hc_eps, norm_eps, BLOCK_N, BLOCK_NN, BLOCK_S)  # fmt: skip
+
+
+def hc_mixes(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):
+    """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_mixes`: two launches, all tokens at once."""
+    x = x.contiguous()
+    T, N, D = x.shape
+    f32 = {"dtype": torch.float32, "device": x.device}
+    pre, post, comb = torch.empty((T, N), **f32), torch.empty((T, N), **f32), torch.empty((T, N, N), **f32)
+    if T == 0:
+        return pre, post, comb
+    part, sq = mixes_partials(x, fn)
+    _hc_coeffs_kernel[(T,)](
+        part, sq, scale.float().contiguous(), base.float().contiguous(), pre, post, comb,
+        T, N, fn.shape[0], part.shape[0], sinkhorn_iters, 1.0 / (N * D), hc_eps, norm_eps,
+        BLOCK_N=pow2(N), BLOCK_NN=pow2(N) ** 2, BLOCK_S=pow2(part.shape[0]), num_warps=1, **dispatch.pdl_args(T),
+    )  # fmt: skip
+    return pre, post, comb
+
+
+@triton.jit
+def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, N, D, stride_xt, stride_xn, stride_ot,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """``out[t, d] = sum_n pre[t, n] * x[t, n, d]`` in float32, for token ``program_id(0)`` and one channel block."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.arange(0, BLOCK_N)
+    nm = n < N
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < D
+    pre = tl.load(pre_ptr + t * N + n, mask=nm, other=0.0)
+    x = tl.load(x_ptr + t * stride_xt + n[:, None] * stride_xn + d[None, :], mask=nm[:, None] & dm[None, :],
+                other=0.0)  # fmt: skip
+    y = tl.sum(x.to(tl.float32) * pre[:, None], axis=0)
+    tl.store(out_ptr + t * stride_ot + d, y.to(out_ptr.dtype.element_ty), mask=dm)
+
+
+def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_collapse`: one launch."""
+    x = x.contiguous()
+    T, N, D = x.shape
+    out = torch.empty((T, D), dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    cfg = dispatch.hc_split_config(T, N, D)
+    _hc_collapse_kernel[(T, triton.cdiv(D, cfg.block_d))](
+        x, pre.float().contiguous(), out, N, D, x.stride(0), x.stride(1), out.stride(0),
+        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
+    )  # fmt: skip
+    return out
 
 
 def hc_pre(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):

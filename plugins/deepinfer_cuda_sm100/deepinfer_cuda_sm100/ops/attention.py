@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
-from deepinfer_core.plugin_api import KV_CACHE_DTYPES, AttentionOps, Fusion
+from deepinfer_core.plugin_api import KV_CACHE_DTYPES, AttentionOps, Fp8KVFormat, Fusion
 from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, sparse_attention
 
 

@@ -25,6 +25,7 @@ from deepinfer_core.plugin_api import (
     compose_hc_pre_norm,
     compose_linear_f32,
     compose_rms_norm_rope,
+    engram_gate_rows,
 )
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
@@ -124,6 +125,18 @@ class CudaDenseOps(DenseOps):
         mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps, weight)
         fused = mhc.hc_post_pre(y, residual, post, comb, *mix)
         return fused if fused is not None else compose_hc_post_pre(self, y, residual, post, comb, hc, weight)
+
+    def hc_mixes(self, x, hc: HCParams):
+        """V4.1's single-pass mHC coefficients, all tokens in two launches (the core default runs one token at a
+        time: ~80 torch launches a token and site)."""
+        return mhc.hc_mixes(x, hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps)
+
+    def hc_collapse(self, x, pre):
+        return mhc.hc_collapse(x, pre)
+
+    def engram_gate(self, h, key, value, weight, eps):
+        """The core's row arithmetic on all tokens at once (torch, ~10 launches; the default loops over tokens)."""
+        return engram_gate_rows(h, key, value, weight, eps)
 
     def hc_head(self, x, hc: HCParams):
         return mhc.hc_head(x, hc.fn, hc.base, hc.scale, hc.hc_eps, hc.norm_eps)
