@@ -255,6 +255,10 @@ def mma_kind(entry: dict) -> str | None:
     return "tcgen05" if c[tile] >= 64 else "mma_sync"
 
 
+#: integer constexprs that pick a code path rather than a tile size: the FP8 scale block (128, or V4.1's 32)
+CODE_PATH_INTS = ("SB",)
+
+
 def cover(entries: list[dict]) -> list[dict]:
     """A small subset that still compiles every kernel, every value of each of its code-path constexprs (flags
     and dtypes; not tile sizes) and its largest dispatched tile: greedy set cover, deterministic."""
@@ -262,7 +266,7 @@ def cover(entries: list[dict]) -> list[dict]:
     def feats(e):
         out = {(e["kernel"], "kernel")}
         for k, v in e["constexprs"].items():
-            if isinstance(v, bool) or not isinstance(v, int):
+            if isinstance(v, bool) or not isinstance(v, int) or k in CODE_PATH_INTS:
                 out.add((e["kernel"], k, json.dumps(v)))
         return out
 
