@@ -255,8 +255,9 @@ def mma_kind(entry: dict) -> str | None:
     return "tcgen05" if c[tile] >= 64 else "mma_sync"
 
 
-#: integer constexprs that pick a code path rather than a tile size: the FP8 scale block (128, or V4.1's 32)
-CODE_PATH_INTS = ("SB",)
+#: integer constexprs that pick a code path rather than a tile size: the FP8 scale block (128, or V4.1's 32) and
+#: the packed-KV formats of the attention's two pools
+CODE_PATH_INTS = ("SB", "KV_PACK", "CMP_PACK")
 
 
 def cover(entries: list[dict]) -> list[dict]:

@@ -421,3 +421,58 @@ def test_indexer_topk_reads_v41_fp4_keys(ops, gen, k):
     for t in range(T):
         assert sorted(got[t].tolist()) == sorted(ref[t].tolist()), t
     assert (got[1] == -1).all()
+
+
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("block", [False, True], ids=["compressed", "dspark_block"])
+def test_sparse_attention_decodes_v41_entries_in_the_kernel(ops, gen, monkeypatch, split, block):
+    """The kernel reads V4.1's packed pools itself (no unpacked copy): the window's e4m3 + ue8m0/32 entries and
+    the compressed e2m1 + e4m3/16 ones (a DSpark block: the window's format), with and without split-KV, equal to
+    attention over the unpacked rows; index keys' e2m1 + ue8m0/32 rows decode to the codec's values too."""
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+    from deepinfer_cuda_sm100.ops import attention as att
+
+    unpacked = []
+    real_unpacked = att._unpacked
+    monkeypatch.setattr(att, "_unpacked", lambda *a: unpacked.append(1) or real_unpacked(*a))
+    f = _v41_formats(torch.float32)
+    cf = f.window if block else f.compressed
+    T, H, D = 4, 12, 64
+    q = rand(gen, T, H, D)
+    kv, cmp = f.window.pack(rand(gen, 50, D, scale=2.0)), cf.pack(rand(gen, 30, D, scale=2.0))
+    kv_slots, cmp_slots = _slots(gen, T, 21, 50), _slots(gen, T, 13, 30)
+    sinks = rand(gen, H)
+    want = REF.sparse_attention(q, f.window.unpack(kv), kv_slots, cf.unpack(cmp), cmp_slots, sinks, 0.1)
+    got = sa.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, splits=split,
+                              kv_pack=sa.packed_layout(f.window, D), cmp_pack=sa.packed_layout(cf, D))  # fmt: skip
+    assert rel_err(got, want) < BOUND[torch.float32]
+    through_ops = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, kv_format=f.window,
+                                       cmp_format=None if block else f.compressed)  # fmt: skip
+    assert unpacked == [] and rel_err(through_ops, want) < BOUND[torch.float32]
+    keys = f.keys.pack(rand(gen, 30, D, scale=2.0))
+    got = sa.sparse_attention(*dev(q, kv, kv_slots, keys, cmp_slots, sinks), 0.1, splits=split,
+                              kv_pack=sa.packed_layout(f.window, D), cmp_pack=sa.packed_layout(f.keys, D))  # fmt: skip
+    want = REF.sparse_attention(q, f.window.unpack(kv), kv_slots, f.keys.unpack(keys), cmp_slots, sinks, 0.1)
+    assert rel_err(got, want) < BOUND[torch.float32]
+
+
+def test_other_packed_codecs_are_unpacked_for_the_kernel(ops, gen, monkeypatch):
+    """A codec the kernel does not decode (here e4m3 codes with e4m3 scales) still attends correctly: the rows
+    each token reads are unpacked into plain rows first."""
+    from deepinfer_core.kv.packed import PackedFormat
+    from deepinfer_core.models.deepseek_v41.kv_formats import PackedKV
+    from deepinfer_cuda_sm100.ops import attention as att
+
+    unpacked = []
+    real_unpacked = att._unpacked
+    monkeypatch.setattr(att, "_unpacked", lambda *a: unpacked.append(1) or real_unpacked(*a))
+    fmt = PackedKV(PackedFormat("e4m3", "e4m3", 32, (64,)), torch.float32)
+    T, H, D = 4, 12, 64
+    q, sinks = rand(gen, T, H, D), rand(gen, H)
+    kv, cmp = fmt.pack(rand(gen, 50, D)), fmt.pack(rand(gen, 30, D))
+    kv_slots, cmp_slots = _slots(gen, T, 21, 50), _slots(gen, T, 13, 30)
+    got = ops.sparse_attention(
+        *dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, kv_format=fmt, cmp_format=fmt
+    )
+    want = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.1, kv_format=fmt, cmp_format=fmt)
+    assert unpacked == [1, 1] and rel_err(got, want) < BOUND[torch.float32]

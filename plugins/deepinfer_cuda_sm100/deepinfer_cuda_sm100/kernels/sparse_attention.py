@@ -6,7 +6,10 @@ The sink enters as the softmax's starting point (running max = sink, running sum
 whose slots are all padding returns zeros without a special case. Window slots and compressed
 slots are two loops over two pools that feed the same running state. Decode and prefill are the
 same kernel: every query token carries its own slot lists. With an FP8 KV cache the pools are packed byte
-rows (``deepinfer_core.ops.kv_fp8``) decoded in registers as the tile is loaded.
+rows (``deepinfer_core.ops.kv_fp8``) decoded in registers as the tile is loaded. DeepSeek-V4.1's packed entries
+(``deepinfer_core.kv.packed``: codes, then one scale byte per ``SB`` values) are decoded the same way, each
+pool with its own format (``KV_PACK`` / ``CMP_PACK``): 1 = e4m3 codes with ue8m0 scales (the window KV), 2 = e2m1
+codes (two per byte, low nibble first) with e4m3 scales (the compressed KV), 3 = e2m1 with ue8m0.
 
 Split-KV (flash decoding): with few query tokens (``T * H / BLOCK_H`` programs well under the SM count; at
 batch 1 that is 2 programs for 64 heads) the window and compressed slot lists, taken as one list, are cut
@@ -60,15 +63,45 @@ def _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, 
 
 
 @triton.jit
+def _load_packed(u8_ptr, e4m3_ptr, slot, valid, d, dmask, stride_pool, PACK: tl.constexpr, CODE_BYTES: tl.constexpr,
+                 SB: tl.constexpr):  # fmt: skip
+    """``[BLOCK_N, BLOCK_D]`` values of V4.1 packed entries at ``slot`` (``u8_ptr`` / ``e4m3_ptr``: the byte pool
+    read as bytes / as e4m3), ``code * scale`` as ``PackedKV.unpack`` computes them (exact in float32)."""
+    m = valid[:, None] & dmask[None, :]
+    row = slot[:, None].to(tl.int64) * stride_pool
+    sbyte = row + CODE_BYTES + (d // SB)[None, :]
+    if PACK == 2:  # e4m3 scales
+        scale = tl.load(e4m3_ptr + sbyte, mask=m, other=0.0).to(tl.float32)
+    else:  # ue8m0: the byte is a float32 exponent (byte 0, 2**-127, reads as 0 as in the GEMMs)
+        scale = (tl.load(u8_ptr + sbyte, mask=m, other=0).to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    if PACK == 1:  # e4m3 codes, one byte each
+        code = tl.load(e4m3_ptr + row + d[None, :], mask=m, other=0.0).to(tl.float32)
+    else:  # e2m1 codes, two per byte, value 2i in the low nibble; bit 3 the sign
+        b = tl.load(u8_ptr + row + (d // 2)[None, :], mask=m, other=0).to(tl.int32)
+        nib = (b >> ((d % 2) * 4)[None, :]) & 15
+        e = (nib >> 1) & 3
+        mant = (nib & 1).to(tl.float32)
+        mag = tl.where(e == 0, 0.5 * mant, (1.0 + 0.5 * mant) * tl.exp2((e - 1).to(tl.float32)))
+        code = tl.where((nib & 8) != 0, -mag, mag)
+    return code * scale
+
+
+@triton.jit
 def _attend(q, pool_ptr, rope_ptr, scale_ptr, slots_ptr, start, end, stride_pool, d, dmask, m_i, l_i, acc, qk_scale,
             NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T: tl.constexpr, BLOCK_N: tl.constexpr,
-            FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+            FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr, PACK: tl.constexpr = 0,
+            CODE_BYTES: tl.constexpr = 0, SB: tl.constexpr = 1):  # fmt: skip
+    """``PACK > 0``: V4.1 packed entries (:func:`_load_packed`; ``pool_ptr`` the byte view, ``rope_ptr`` the
+    e4m3 view)."""
     cols = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         slot = tl.load(slots_ptr + n0 + cols, mask=n0 + cols < end, other=-1)
         valid = slot >= 0
-        k = _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, NOPE, NG, ROPE_ROW, ROPE_OFF,
-                     SCALE_ROW, SCALE_OFF, FP8, GROUP, BLOCK_N, BLOCK_D)  # fmt: skip
+        if PACK > 0:
+            k = _load_packed(pool_ptr, rope_ptr, slot, valid, d, dmask, stride_pool, PACK, CODE_BYTES, SB)
+        else:
+            k = _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, NOPE, NG, ROPE_ROW,
+                         ROPE_OFF, SCALE_ROW, SCALE_OFF, FP8, GROUP, BLOCK_N, BLOCK_D)  # fmt: skip
         k = k.to(DOT_T)
         s = mma(q, tl.trans(k), None, DOT_T) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -90,6 +123,8 @@ def _sparse_attn_kernel(
     qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF,
     HAS_CMP: tl.constexpr, DOT_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr,
+    KV_PACK: tl.constexpr = 0, KV_CODE: tl.constexpr = 0, KV_SB: tl.constexpr = 1,
+    CMP_PACK: tl.constexpr = 0, CMP_CODE: tl.constexpr = 0, CMP_SB: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``SPLIT``: program ``(t, h, s)`` covers slots ``[s * CHUNK, (s + 1) * CHUNK)`` of the window list followed
@@ -119,12 +154,13 @@ def _sparse_attn_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     m_i, l_i, acc = _attend(q, kv_ptr, kv_rope_ptr, kv_scale_ptr, kv_slots_ptr + t * stride_kvs, tl.minimum(lo, n_kv),
                             tl.minimum(hi, n_kv), stride_kv, d, dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW,
-                            ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T, BLOCK_N, FP8, GROUP, BLOCK_D)  # fmt: skip
+                            ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T, BLOCK_N, FP8, GROUP, BLOCK_D, KV_PACK, KV_CODE,
+                            KV_SB)  # fmt: skip
     if HAS_CMP:
         m_i, l_i, acc = _attend(q, cmp_ptr, cmp_rope_ptr, cmp_scale_ptr, cmp_slots_ptr + t * stride_cmps,
                                 tl.maximum(lo - n_kv, 0), tl.maximum(tl.minimum(hi - n_kv, n_cmp), 0), stride_cmp, d,
                                 dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T,
-                                BLOCK_N, FP8, GROUP, BLOCK_D)  # fmt: skip
+                                BLOCK_N, FP8, GROUP, BLOCK_D, CMP_PACK, CMP_CODE, CMP_SB)  # fmt: skip
     if SPLIT:
         row = (t * tl.num_programs(2) + tl.program_id(2)) * H + heads
         tl.store(part_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hm[:, None])
@@ -177,8 +213,25 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _views(pool: torch.Tensor, fmt: Fp8KVFormat | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pointers a pool is read through: itself three times, or a packed pool's e4m3 / RoPE / scale views."""
+#: V4.1 packed entries the kernel decodes: (code format, scale format) -> ``PACK``
+PACK_KINDS = {("e4m3", "ue8m0"): 1, ("e2m1", "e4m3"): 2, ("e2m1", "ue8m0"): 3}
+
+
+def packed_layout(fmt, d: int) -> tuple[int, int, int] | None:
+    """``(PACK, code bytes, values per scale)`` of a V4.1 codec (``PackedKV``) whose entry is one row of ``d``
+    values, or None when the kernel does not decode it (the caller unpacks instead)."""
+    p = getattr(fmt, "fmt", None)
+    kind = PACK_KINDS.get((getattr(p, "values", None), getattr(p, "scales", None)))
+    if kind is None or tuple(p.shape) != (d,):
+        return None
+    return kind, p.code_bytes, p.block
+
+
+def _views(pool: torch.Tensor, fmt: Fp8KVFormat | None, pack: int = 0) -> tuple[torch.Tensor, ...]:
+    """The pointers a pool is read through: itself three times, a V4 FP8 pool's e4m3 / RoPE / scale views, or a
+    V4.1 packed pool's byte / e4m3 / byte views."""
+    if pack:
+        return pool, pool.view(torch.float8_e4m3fn), pool
     if fmt is None:
         return pool, pool, pool
     return pool.view(torch.float8_e4m3fn), pool.view(fmt.rope_dtype), pool.view(torch.float32)
@@ -194,9 +247,13 @@ def sparse_attention(
     scale: float,
     kv_format: Fp8KVFormat | None = None,
     splits: int | None = None,
+    kv_pack: tuple[int, int, int] | None = None,
+    cmp_pack: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.attention.AttentionOps.sparse_attention`. ``splits``: split-KV chunks
-    (default: :func:`dispatch.attention_splits`; 1 = one program per token and head block)."""
+    (default: :func:`dispatch.attention_splits`; 1 = one program per token and head block). ``kv_pack`` /
+    ``cmp_pack``: a pool of V4.1 packed entries, as :func:`packed_layout` describes it (``kv_format`` then
+    ``None``)."""
     T, H, D = q.shape
     out = torch.empty_like(q)
     if T == 0:
@@ -213,8 +270,11 @@ def sparse_attention(
         rs = fmt.rope_dtype.itemsize
         layout = (fmt.nope, fmt.num_scales, fmt.row_bytes // rs, fmt.rope_offset // rs, fmt.row_bytes // 4,
                   fmt.scale_offset // 4)  # fmt: skip
+    kv_pack = kv_pack or (0, 0, 1)
+    cmp_pack = (cmp_pack or (0, 0, 1)) if has_cmp else kv_pack
     n_kv, n_cmp = kv_slots.shape[1], cmp_slots.shape[1] if has_cmp else 0
-    cfg = dispatch.attention_config(T, H, D, n_kv + n_cmp, fp8=fmt is not None)
+    packed = kv_pack[0] > 0 or cmp_pack[0] > 0
+    cfg = dispatch.attention_config(T, H, D, n_kv + n_cmp, fp8=fmt is not None or packed)
     hb = triton.cdiv(H, cfg.block_h)
     splits = dispatch.attention_splits(T * hb, n_kv + n_cmp, cfg.block_n) if splits is None else splits
     chunk = triton.cdiv(triton.cdiv(n_kv + n_cmp, max(splits, 1)), cfg.block_n) * cfg.block_n
@@ -226,13 +286,15 @@ def sparse_attention(
         ml = torch.empty((T, splits, H, 2), dtype=torch.float32, device=q.device)
     sinks = sinks.float().contiguous()
     _sparse_attn_kernel[(T, hb, splits)](
-        q, *_views(kv_pool, fmt), kv_slots, *_views(cmp_pool, fmt), cmp_slots, sinks, out, part, ml,
+        q, *_views(kv_pool, fmt, kv_pack[0]), kv_slots, *_views(cmp_pool, fmt, cmp_pack[0]), cmp_slots, sinks, out,
+        part, ml,
         H, D, n_kv, n_cmp, chunk,
         q.stride(0), q.stride(1), kv_pool.stride(0), kv_slots.stride(0), cmp_pool.stride(0), cmp_slots.stride(0),
         out.stride(0), out.stride(1), scale * LOG2E, *layout,
         HAS_CMP=has_cmp, DOT_T=dot_dtype(q.dtype), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=bd,
-        FP8=fmt is not None, GROUP=GROUP, SPLIT=splits > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **dispatch.pdl_args(T),
+        FP8=fmt is not None, GROUP=GROUP, SPLIT=splits > 1, KV_PACK=kv_pack[0], KV_CODE=kv_pack[1], KV_SB=kv_pack[2],
+        CMP_PACK=cmp_pack[0], CMP_CODE=cmp_pack[1], CMP_SB=cmp_pack[2], num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **dispatch.pdl_args(T),
     )  # fmt: skip
     if splits > 1:
         _combine_kernel[(T, H)](part, ml, sinks, out, H, D, splits, out.stride(0), out.stride(1), BLOCK_D=bd,

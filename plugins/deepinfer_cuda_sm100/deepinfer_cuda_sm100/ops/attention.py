@@ -2,9 +2,10 @@
 scoring, compressor (all Triton).
 
 V4.1's packed cache (``packed_kv``: FP8 window KV, FP4 compressed KV and index keys, any codec with
-``pack``/``unpack``) runs without kernels of its own yet (issue #27): stores pack in torch, attention unpacks
-the rows each token reads into plain rows for the Triton kernel, and the indexer scores unpacked keys in
-torch. All of it has static shapes and no host synchronisation, so V4.1 steps still run as CUDA graphs.
+``pack``/``unpack``): the attention kernel decodes V4.1's entry formats as it loads them
+(``sparse_attention.packed_layout``); other codecs are unpacked, for the rows each token reads, into plain rows
+for it. Stores pack in torch and the indexer scores unpacked keys in torch (no kernels of their own yet, issue
+#27). All of it has static shapes and no host synchronisation, so V4.1 steps still run as CUDA graphs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,22 @@ class CudaAttentionOps(AttentionOps):
         pool without its own ``cmp_format`` uses ``kv_format`` (DSpark's block rows)."""
         cmp_format = kv_format if cmp_format is None else cmp_format
         if _codec(kv_format) or _codec(cmp_format):
+            d = q.shape[-1]
+            kv_pack = sparse_attention.packed_layout(kv_format, d)
+            has_cmp = cmp_pool is not None and cmp_slots is not None
+            cmp_pack = sparse_attention.packed_layout(cmp_format, d) if has_cmp else None
+            if kv_pack is not None and (cmp_pack is not None or not has_cmp):
+                return sparse_attention.sparse_attention(
+                    q,
+                    kv_pool,
+                    kv_slots,
+                    cmp_pool,
+                    cmp_slots,
+                    sinks,
+                    scale,
+                    kv_pack=kv_pack,
+                    cmp_pack=cmp_pack,
+                )
             if kv_format is not None:
                 kv_pool, kv_slots = _unpacked(kv_pool, kv_slots, kv_format)
             if cmp_pool is not None and cmp_slots is not None and cmp_format is not None:

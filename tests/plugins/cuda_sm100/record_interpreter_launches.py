@@ -1,0 +1,84 @@
+"""Add to the SM100 manifest (``launches_h200.json``) the launches of plugin paths the V4 slice never takes, as
+the CPU interpreter makes them (``"source": "interpreter"``, tiny shapes): V4.1's single-pass mHC kernels, its
+GEMMs with 32 x 32 FP8 scale blocks (``SB = 32``) and its packed-KV attention (``KV_PACK`` / ``CMP_PACK``).
+They stay there until ``benchmarks/gpu/record_launches.py v41`` records them on a GPU.
+
+    PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python tests/plugins/cuda_sm100/record_interpreter_launches.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import launch_manifest as lm  # noqa: E402
+import torch  # noqa: E402
+
+NOTE = (
+    "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
+    "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
+    "KV attention: KV_PACK/CMP_PACK): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "(record_interpreter_launches.py); not yet recorded on the H200"
+)
+
+
+def v41_launches() -> dict:
+    from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
+    from deepinfer_core.ops.mhc import HCParams
+    from deepinfer_core.ops.quant_formats import quantize_fp8_block
+    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+    from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+
+    dense, attn = CudaDenseOps(), CudaAttentionOps()
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, dt=torch.float32):
+        return torch.randn(*shape, generator=g).to(dt)
+
+    store: dict = {}
+    with lm.record(store):
+        for T in (1, 16):
+            for dt in (torch.bfloat16, torch.float32):
+                x = r(T, 4, 128, dt=dt)
+                hc = HCParams(r(24, 512) * 0.05, r(24), torch.rand(3, generator=g) + 0.5, 20, 1e-6, 1e-6)
+                pre, _, _ = dense.hc_mixes(x, hc)
+                dense.hc_collapse(x, pre)
+                w = quantize_fp8_block(r(96, 128) * 0.1, "ue8m0", block=32)
+                dense.linear(r(T, 128, dt=dt), w)
+                w1, w3 = (quantize_fp8_block(r(64, 128) * 0.1, "ue8m0", block=32) for _ in range(2))
+                w2 = quantize_fp8_block(r(128, 64) * 0.1, "ue8m0", block=32)
+                dense.swiglu_mlp(r(T, 128, dt=dt), w1, w3, w2, 10.0)
+                f = kv_formats("auto", 64, 64, dt)
+                q = r(T, 8, 64, dt=dt)
+                kv, cmp = f.window.pack(r(40, 64, dt=dt)), f.compressed.pack(r(20, 64, dt=dt))
+                slots = torch.randint(0, 20, (T, 12), generator=g)
+                for c, cf in ((cmp, f.compressed), (f.window.pack(r(20, 64, dt=dt)), None)):
+                    attn.sparse_attention(
+                        q, kv, slots, c, slots, r(8), 0.1, kv_format=f.window, cmp_format=cf
+                    )
+    keep = ("_hc_coeffs_kernel", "_hc_collapse_kernel")
+    return {
+        k: dict(e, source="interpreter")
+        for k, e in store.items()
+        if e["kernel"] in keep or e["constexprs"].get("SB") == 32 or e["constexprs"].get("KV_PACK", 0) > 0
+    }
+
+
+def main() -> None:
+    m = json.loads(lm.MANIFEST.read_text())
+    have = {json.dumps(e, sort_keys=True) for e in m["entries"]}
+    added = [e for e in v41_launches().values() if json.dumps(e, sort_keys=True) not in have]
+    m["entries"] = sorted(m["entries"] + added, key=lambda e: json.dumps(e, sort_keys=True))
+    m["meta"]["interpreter_entries"] = NOTE
+    lm.MANIFEST.write_text(json.dumps(m, indent=1) + "\n")
+    print(f"{len(added)} entries added: {sorted({e['kernel'] for e in added})}")
+
+
+if __name__ == "__main__":
+    main()
