@@ -1,6 +1,7 @@
 """Add to the SM100 manifest (``launches_h200.json``) the launches of plugin paths the V4 slice never takes, as
 the CPU interpreter makes them (``"source": "interpreter"``, tiny shapes): V4.1's single-pass mHC kernels, its
-GEMMs with 32 x 32 FP8 scale blocks (``SB = 32``) and its packed-KV attention (``KV_PACK`` / ``CMP_PACK``).
+GEMMs with 32 x 32 FP8 scale blocks (``SB = 32``), its packed-KV attention (``KV_PACK`` / ``CMP_PACK``) and the
+indexer over its FP4 keys (``KEY_PACK``).
 They stay there until ``benchmarks/gpu/record_launches.py v41`` records them on a GPU.
 
     PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python tests/plugins/cuda_sm100/record_interpreter_launches.py
@@ -23,7 +24,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); not yet recorded on the H200"
 )
 
@@ -62,11 +63,16 @@ def v41_launches() -> dict:
                     attn.sparse_attention(
                         q, kv, slots, c, slots, r(8), 0.1, kv_format=f.window, cmp_format=cf
                     )
+                keys = f.keys.pack(r(20, 64, dt=dt))
+                attn.indexer_scores(r(T, 8, 64, dt=dt), r(T, 8), keys, slots, key_format=f.keys)
     keep = ("_hc_coeffs_kernel", "_hc_collapse_kernel")
     return {
         k: dict(e, source="interpreter")
         for k, e in store.items()
-        if e["kernel"] in keep or e["constexprs"].get("SB") == 32 or e["constexprs"].get("KV_PACK", 0) > 0
+        if e["kernel"] in keep
+        or e["constexprs"].get("SB") == 32
+        or e["constexprs"].get("KV_PACK", 0) > 0
+        or e["constexprs"].get("KEY_PACK", 0) > 0
     }
 
 

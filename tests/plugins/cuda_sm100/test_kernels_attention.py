@@ -476,3 +476,32 @@ def test_other_packed_codecs_are_unpacked_for_the_kernel(ops, gen, monkeypatch):
     )
     want = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.1, kv_format=fmt, cmp_format=fmt)
     assert unpacked == [1, 1] and rel_err(got, want) < BOUND[torch.float32]
+
+
+@pytest.mark.parametrize("codec", ["v41_keys", "e2m1_e4m3"])
+def test_fp4_index_keys_are_decoded_in_the_scoring_kernel(ops, gen, monkeypatch, codec):
+    """V4.1's FP4 index keys (e2m1 + ue8m0/32) go through the Triton scoring kernel, decoded as gathered; a key
+    codec it does not decode (e2m1 + e4m3/16) is unpacked in torch. Both equal the reference."""
+    from deepinfer_core.kv.packed import PackedFormat
+    from deepinfer_core.models.deepseek_v41.kv_formats import PackedKV
+    from deepinfer_cuda_sm100.kernels import indexer
+
+    launches = []
+    real = indexer.indexer_scores
+    monkeypatch.setattr(indexer, "indexer_scores", lambda *a, **k: launches.append(1) or real(*a, **k))
+    D = 64
+    fmt = (
+        _v41_formats(torch.float32).keys
+        if codec == "v41_keys"
+        else PackedKV(PackedFormat("e2m1", "e4m3", 16, (D,)), torch.float32)
+    )
+    T, H, S, C = 5, 8, 40, 29
+    q, w = rand(gen, T, H, D), rand(gen, T, H)
+    pool = fmt.pack(rand(gen, S, D, scale=3.0))
+    cand = _slots(gen, T, C, S)
+    got = ops.indexer_scores(*dev(q, w, pool, cand), key_format=fmt).cpu()
+    ref = REF.indexer_scores(q, w, pool, cand, key_format=fmt)
+    assert launches == ([1] if codec == "v41_keys" else [])
+    assert torch.equal(torch.isinf(got), torch.isinf(ref))
+    finite = ~torch.isinf(ref)
+    assert rel_err(got[finite], ref[finite]) < BOUND[torch.float32]

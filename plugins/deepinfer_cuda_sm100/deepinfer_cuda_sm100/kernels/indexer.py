@@ -6,6 +6,9 @@ Grid ``(T, splits)``: each program keeps one token's ``[Hi, Di]`` query tile on 
 where :func:`dispatch.indexer_select` picks it: one program per token finds the k-th largest score by
 bisection on the scores' order-preserving integer image and writes the chosen columns by prefix sums,
 no sort. (Not yet run on a GPU: the device budget of the session that wrote it was spent.)
+
+DeepSeek-V4.1's FP4 index keys (e2m1 codes with a ue8m0 scale per 32, ``deepinfer_core.kv.packed``) are decoded
+in the scoring kernel as they are gathered (``KEY_PACK``, the attention kernel's ``_load_packed``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pdl_enter, pow2
+from deepinfer_cuda_sm100.kernels.sparse_attention import _load_packed, packed_layout
 
 
 @triton.jit
@@ -23,8 +27,10 @@ def _indexer_score_kernel(
     q_ptr, w_ptr, key_ptr, cand_ptr, out_ptr,
     Hi, Di, C, stride_qt, stride_qh, stride_wt, stride_key, stride_ct, stride_ot, w_scale,
     DOT_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+    KEY_PACK: tl.constexpr = 0, KEY_CODE: tl.constexpr = 0, KEY_SB: tl.constexpr = 1,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
+    """``KEY_PACK`` 3: ``key_ptr`` is a byte pool of V4.1's FP4 index keys (e2m1 + ue8m0 per ``KEY_SB``)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -43,9 +49,14 @@ def _indexer_score_kernel(
         cm = c0 + cols < C
         slot = tl.load(cand_ptr + t * stride_ct + c0 + cols, mask=cm, other=-1)
         valid = slot >= 0
-        k = tl.load(
-            key_ptr + slot[:, None] * stride_key + d[None, :], mask=valid[:, None] & dm[None, :], other=0.0
-        )
+        if KEY_PACK > 0:
+            k = _load_packed(key_ptr, key_ptr, slot, valid, d, dm, stride_key, KEY_PACK, KEY_CODE, KEY_SB)
+        else:
+            k = tl.load(
+                key_ptr + slot[:, None] * stride_key + d[None, :],
+                mask=valid[:, None] & dm[None, :],
+                other=0.0,
+            )
         s = mma(k.to(DOT_T), tl.trans(q), None, DOT_T)
         score = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
         score = tl.where(valid, score, float("-inf"))
@@ -58,8 +69,10 @@ def indexer_scores(
     key_pool: torch.Tensor,
     cand_slots: torch.Tensor,
     w_scale: float = 1.0,
+    key_format=None,
 ) -> torch.Tensor:
-    """``[T, C]`` float32 scores with ``weights.float() * w_scale``, ``-inf`` for invalid candidates."""
+    """``[T, C]`` float32 scores with ``weights.float() * w_scale``, ``-inf`` for invalid candidates. ``key_format``:
+    V4.1's FP4 index keys (:func:`key_pack`), decoded in the kernel."""
     T, Hi, Di = q.shape
     C = cand_slots.shape[1]
     out = torch.empty((T, C), dtype=torch.float32, device=q.device)
@@ -70,13 +83,24 @@ def indexer_scores(
     cand_slots = cand_slots.contiguous()
     weights = weights.contiguous()
     cfg = dispatch.indexer_config(T, Hi, Di, C)
+    pack = key_pack(key_format, Di) if key_format is not None else (0, 0, 1)
+    if pack is None:
+        raise ValueError(f"the scoring kernel does not decode {key_format}: see key_pack")
     _indexer_score_kernel[(T, cfg.splits)](
         q, weights, key_pool, cand_slots, out,
         Hi, Di, C, q.stride(0), q.stride(1), weights.stride(0), key_pool.stride(0), cand_slots.stride(0), out.stride(0),
         float(w_scale), DOT_T=dot_dtype(q.dtype), BLOCK_H=pow2(Hi, 16), BLOCK_D=pow2(Di, 16), BLOCK_C=cfg.block_c,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(T),
+        KEY_PACK=pack[0], KEY_CODE=pack[1], KEY_SB=pack[2], num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **dispatch.pdl_args(T),
     )  # fmt: skip
     return out
+
+
+def key_pack(key_format, d: int) -> tuple[int, int, int] | None:
+    """The kernel's ``(KEY_PACK, code bytes, values per scale)`` for a V4.1 key codec: e2m1 codes with ue8m0
+    scales (what V4.1's index keys are; the kernel reads the pool as bytes only), else None."""
+    pack = packed_layout(key_format, d)
+    return pack if pack is not None and pack[0] == 3 else None
 
 
 @triton.jit

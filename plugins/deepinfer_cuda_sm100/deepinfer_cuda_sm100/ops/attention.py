@@ -4,8 +4,8 @@ scoring, compressor (all Triton).
 V4.1's packed cache (``packed_kv``: FP8 window KV, FP4 compressed KV and index keys, any codec with
 ``pack``/``unpack``): the attention kernel decodes V4.1's entry formats as it loads them
 (``sparse_attention.packed_layout``); other codecs are unpacked, for the rows each token reads, into plain rows
-for it. Stores pack in torch and the indexer scores unpacked keys in torch (no kernels of their own yet, issue
-#27). All of it has static shapes and no host synchronisation, so V4.1 steps still run as CUDA graphs.
+for it. The indexer's scoring kernel decodes V4.1's FP4 index keys the same way. Stores pack in torch (no kernel of
+their own yet, issue #27). All of it has static shapes and no host synchronisation, so V4.1 steps still run as CUDA graphs.
 """
 
 from __future__ import annotations
@@ -100,9 +100,10 @@ class CudaAttentionOps(AttentionOps):
 
     def indexer_scores(self, q, weights, key_pool, cand_slots, key_format=None) -> torch.Tensor:
         """Every candidate's score with no host synchronisation (graph capture): the Triton scoring kernel on
-        plain key pools; packed keys (V4.1's FP4 index keys) unpacked for all candidates at once, in torch."""
-        if key_format is None:
-            return indexer.indexer_scores(q, weights, key_pool, cand_slots)
+        plain key pools and on V4.1's FP4 index keys (decoded as they are gathered); other packed keys unpacked
+        for all candidates at once, in torch."""
+        if key_format is None or indexer.key_pack(key_format, q.shape[-1]) is not None:
+            return indexer.indexer_scores(q, weights, key_pool, cand_slots, key_format=key_format)
         t, c = cand_slots.shape
         rows = key_pool.index_select(0, cand_slots.clamp(min=0).flatten())
         keys = key_format.unpack(rows).float().view(t, c, -1)
