@@ -1,7 +1,7 @@
 """Host time per engine decode step, outside the forward pass, on the real tiny DeepSeek-V4 model.
 
-The engine runs the built-in demo checkpoint (``deepinfer_core/demo_model``: 4 layers, CSA and HCA,
-vocabulary 8192) on the reference backend, so every step goes through the whole host path a user's step
+The engine runs a built-in demo checkpoint (``--model``; default ``demo-v4``, ``deepinfer_core/demo_model``: 4
+layers, CSA and HCA, vocabulary 8192; ``demo-v41`` is the V4.1 demo) on the reference backend, so every step goes through the whole host path a user's step
 takes: scheduling, building the batch, ``model.plan`` (slot tables) and the copy of both to the device,
 sampling, output processing. Each decode step is timed as CPU time of the engine thread
 (``time.thread_time``, torch on one thread: robust to other load on the machine), and split by wrapping
@@ -81,8 +81,11 @@ def stub_forward(model) -> None:
 PROMPT_LEN = 64
 
 
-def build(num_seqs: int, greedy: bool, async_: bool, real: bool, seed: int = 0) -> tuple[LLM, Clock]:
+def build(
+    num_seqs: int, greedy: bool, async_: bool, real: bool, seed: int = 0, model: str = "demo-v4"
+) -> tuple[LLM, Clock]:
     llm = LLM(
+        model=model,
         max_num_seqs=num_seqs,
         max_num_batched_tokens=max(2048, num_seqs),
         max_model_len=PROMPT_LEN + 960,
@@ -112,12 +115,12 @@ def build(num_seqs: int, greedy: bool, async_: bool, real: bool, seed: int = 0) 
 
 
 def measure(
-    num_seqs: int, steps: int, greedy: bool, async_: bool, real: bool, repeats: int
+    num_seqs: int, steps: int, greedy: bool, async_: bool, real: bool, repeats: int, model: str = "demo-v4"
 ) -> dict[str, float]:
     """Per-step means (ms) over ``steps`` decode steps; the best of ``repeats`` fresh engines."""
     best: dict[str, list[float]] = defaultdict(list)
     for _ in range(repeats):
-        llm, clock = build(num_seqs, greedy, async_, real)
+        llm, clock = build(num_seqs, greedy, async_, real, model=model)
         e = llm.engine
         total = 0.0
         for _ in range(steps):
@@ -149,18 +152,21 @@ def main() -> None:
     ap.add_argument("--async", dest="async_", action="store_true", help="async_scheduling=True")
     ap.add_argument("--real-forward", action="store_true", help="run the model's forward pass too")
     ap.add_argument("--prompt-len", type=int, default=PROMPT_LEN, help="prompt tokens (the context)")
+    ap.add_argument(
+        "--model", default="demo-v4", help="a shipped demo (demo-v4, demo-v41) or a checkpoint path"
+    )
     args = ap.parse_args()
     globals()["PROMPT_LEN"] = args.prompt_len
     torch.set_num_threads(1)
     print(
-        f"demo DeepSeek-V4 (reference backend); sampling: {'greedy' if args.greedy else 'top-p 0.95, seeded'}; "
+        f"{args.model} (reference backend); sampling: {'greedy' if args.greedy else 'top-p 0.95, seeded'}; "
         f"async_scheduling={args.async_}; forward: {'real' if args.real_forward else 'random logits'}; "
         f"{args.prompt_len}-token prompts; {args.steps} decode steps, best of {args.repeats}"
     )
     cols = ["schedule", "prepare", "rest", "host", "forward", "sampling_ops"]
     print(f"{'seqs':>6} " + " ".join(f"{c:>12}" for c in cols) + "  (ms/step, CPU time)")
     for n in args.seqs:
-        r = measure(n, args.steps, args.greedy, args.async_, args.real_forward, args.repeats)
+        r = measure(n, args.steps, args.greedy, args.async_, args.real_forward, args.repeats, args.model)
         print(f"{n:>6} " + " ".join(f"{r[c]:>12.3f}" for c in cols), flush=True)
 
 

@@ -335,7 +335,20 @@ def gemm_config(
     fmt = "fp8_block" if fmt == "fp8_block32" else fmt  # V4.1's 32 x 32 scale blocks: V4's tiles
     experts = active[1] if active is not None else 1
     weight_bytes = n * k * experts * (2 if gated else 1) * _BYTES_PER_WEIGHT.get(fmt, 2)
-    return fit_split_k(_gemm_tiles(rows_per_expert, fmt, gated, weight_bytes), n, k, active)
+    return fit_split_k(whole_k_steps(_gemm_tiles(rows_per_expert, fmt, gated, weight_bytes), k), n, k, active)
+
+
+def whole_k_steps(cfg: GemmConfig, k: int) -> GemmConfig:
+    """GEMV tiles whose K step does not divide ``k`` take the largest halving of it (down to 128) that does: the
+    kernel's unmasked 16-byte loads and the float16-pair FP4 path need whole steps. V4's depths (1,024-7,168)
+    keep their steps; V4.1's 1,280 (``wq_b``) and 2,304 (the experts' and shared expert's down projections)
+    take 256. (Prediction from the masked path's cost, NOTES.md v7; not measured on V4.1's shapes.)"""
+    if not cfg.gemv or k % cfg.block_k == 0:
+        return cfg
+    bk = cfg.block_k
+    while bk > 128 and k % bk:
+        bk //= 2
+    return replace(cfg, block_k=bk) if k % bk == 0 else cfg
 
 
 def fit_split_k(cfg: GemmConfig, n: int, k: int, active: tuple[int, int] | None) -> GemmConfig:

@@ -229,3 +229,15 @@ def test_indexer_select_kernel_choice(monkeypatch):
     monkeypatch.setattr(dispatch, "arch", lambda: "interpreter")
     monkeypatch.setattr(dispatch, "SELECT_KERNEL_ON_GPU", False)
     assert dispatch.indexer_select(2048) == "kernel"
+
+
+def test_decode_gemv_steps_divide_v41_depths(monkeypatch):
+    """V4.1's GEMM depths that 512 and 1,024 do not divide (wq_b's 1,280, the down projections' 2,304) get whole
+    K steps of 256; V4's keep theirs."""
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
+    for k, fmt in ((1280, "fp8_block32"), (2304, "fp8_block32"), (2304, "fp4_e2m1")):
+        cfg = dispatch.gemm_config(1, 5120, k, fmt, gated=False, active=(6, 6))
+        assert cfg.gemv and cfg.block_k == 256 and k % cfg.block_k == 0, (k, fmt, cfg)
+    assert dispatch.gemm_config(1, 4096, 2048, "fp4_e2m1", gated=False, active=(6, 6)).block_k == 512
+    assert dispatch.gemm_config(1, 1024, 4096, "fp8_block", gated=False, active=(1, 1)).block_k == 1024
