@@ -1,0 +1,68 @@
+"""DeepSeek-V4.1 through the plugin's ops, whole forward passes, under the Triton interpreter (CI has no GPU).
+
+The engine runs a committed tiny V4.1 checkpoint (``reindex_r2``: Engram, ratio-2 Full / Reuse / Reindex layers,
+FP8 32 x 32 weights, FP4 experts) with its trained cache (``kv_cache_dtype="auto"``: FP8 window KV, FP4
+compressed KV and index keys), float32, once on the reference backend and once with the model's dense and
+attention ops replaced by ``cuda_sm100``'s: the FP8 32 x 32 GEMMs, single-pass mHC, the Engram gate on all rows,
+attention decoding packed entries in the kernel and the indexer decoding FP4 keys. (The plugin's MoE ops, the
+V4 kernels, stay the reference's here: the interpreter is slow, and they have their own tests.) Greedy tokens must be
+equal and every sampled token's logprob within 1e-4 of the reference backend's (itself held to DeepSeek's
+reference by ``tests/models/deepseek_v41``)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from deepinfer_core import LLM, SamplingParams
+from tests.models.deepseek_v41.goldens import checkpoint
+
+from .cuda_sm100_helpers import needs_triton
+
+pytestmark = needs_triton
+
+
+def _generate(plugin_ops: bool, launches: list | None = None):
+    llm = LLM(
+        model=str(checkpoint("reindex_r2")),
+        dtype="float32",
+        kv_cache_dtype="auto",
+        max_num_batched_tokens=256,
+    )
+    if plugin_ops:
+        from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+        from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+
+        model = llm.engine.model
+        model.backends = replace(model.backends, dense=CudaDenseOps(), attention=CudaAttentionOps())
+    rng = random.Random(5)
+    prompts = [{"prompt_token_ids": [rng.randrange(3, 300) for _ in range(n)]} for n in (9, 40)]
+    params = SamplingParams(max_tokens=4, temperature=0.0, logprobs=0, ignore_eos=True)
+    return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(monkeypatch):
+    from deepinfer_cuda_sm100.kernels import indexer, sparse_attention
+
+    used = {"packed_attention": 0, "packed_keys": 0}
+    real_attn, real_scores = sparse_attention.sparse_attention, indexer.indexer_scores
+
+    def attn(*a, kv_pack=None, **k):
+        used["packed_attention"] += kv_pack is not None
+        return real_attn(*a, kv_pack=kv_pack, **k)
+
+    def scores(*a, key_format=None, **k):
+        used["packed_keys"] += key_format is not None
+        return real_scores(*a, key_format=key_format, **k)
+
+    monkeypatch.setattr(sparse_attention, "sparse_attention", attn)
+    monkeypatch.setattr(indexer, "indexer_scores", scores)
+    want = _generate(False)
+    got = _generate(True)
+    assert used["packed_attention"] > 0 and used["packed_keys"] > 0  # the in-kernel decodes ran
+    for w, g in zip(want, got, strict=True):
+        assert g.token_ids == w.token_ids
+        for lw, lg, t in zip(w.logprobs, g.logprobs, w.token_ids, strict=True):
+            assert lg[t].logprob == pytest.approx(lw[t].logprob, abs=1e-4)
