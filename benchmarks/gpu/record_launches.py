@@ -8,8 +8,8 @@ this run are meaningless (the recorder sits on every launch).
 
     run (carry [".whl"]):  python3 benchmarks/gpu/record_launches.py [v41]
 
-``v41``: instead, V4.1 on the plugin (``v41_greedy.py``: float32, eager and graphed, DSpark k = 3, and the
-trained FP8 / FP4 cache), which launches the V4.1 paths (FP8 32 x 32 weights, single-pass mHC, packed KV) at
+``v41``: instead, V4.1 on the plugin (``v41_greedy.py``: float32, eager and graphed, DSpark k = 3, with
+unquantized KV and with the trained FP8 / FP4 cache), which launches the V4.1 paths (FP8 32 x 32 weights, single-pass mHC, packed KV) at
 the tiny checkpoints' shapes; its entries are added to the manifest's.
 """
 
@@ -103,8 +103,8 @@ def main() -> None:
         parts = [
             ("v41_greedy", ["--modes", "eager", "graphs", "--configs", "flash_mini", "--dspark", "3", "--out",
                             str(out / "v41_exact")]),
-            ("v41_greedy", ["--modes", "graphs", "--configs", "reindex_r2", "--kv", "auto", "--out",
-                            str(out / "v41_auto")]),
+            ("v41_greedy", ["--modes", "eager", "graphs", "--configs", "reindex_r2", "--kv", "auto", "--dspark", "3",
+                            "--out", str(out / "v41_auto")]),
         ]  # fmt: skip
     with launch_manifest.record(store):
         for name, argv in parts:
