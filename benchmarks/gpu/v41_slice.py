@@ -437,6 +437,7 @@ def section_engine(args, model, rt, ceil) -> None:
             tokens[(k, b)] = [o.outputs[0].token_ids for o in outs]
             log("v41 engine", tag, b, row[tag])
             RESULTS["engine_rows"] = list(rows.values())  # kept if a later part fails
+            save(args.out)  # and written now: a device call cut at its time limit still returns them
         runner = engine.runner
         if k == 0 and args.profile:
             RESULTS["profile"] = profile_graph(runner, args.profile)
@@ -447,6 +448,7 @@ def section_engine(args, model, rt, ceil) -> None:
         for key, ms in graphs.items():
             log("v41 graph", tag, key, f"{ms:.3f} ms")
         RESULTS.setdefault("graphs", {})[tag] = graphs
+        save(args.out)
         engine = llm = runner = None
         if not SMOKE:
             torch.cuda.empty_cache()
@@ -465,6 +467,11 @@ def section_engine(args, model, rt, ceil) -> None:
         "bytes": wb,
     }
     log("v41 engine", RESULTS["engine"])
+
+
+def save(out: str) -> None:
+    with open(os.path.join(out, "v41_slice.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
 
 
 def main() -> None:
@@ -509,8 +516,7 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - keep what was measured
             log(traceback.format_exc()[-3000:])
             RESULTS["error"] = traceback.format_exc()[-1500:]
-        with open(os.path.join(args.out, "v41_slice.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1, default=str)
+        save(args.out)
 
 
 if __name__ == "__main__":
