@@ -256,8 +256,8 @@ def mma_kind(entry: dict) -> str | None:
 
 
 #: integer constexprs that pick a code path rather than a tile size: the FP8 scale block (128, or V4.1's 32) and
-#: the packed-KV formats of the attention's two pools and of the indexer's keys
-CODE_PATH_INTS = ("SB", "KV_PACK", "CMP_PACK", "KEY_PACK")
+#: the packed-KV formats of the attention's two pools, of the indexer's keys and of the packed store
+CODE_PATH_INTS = ("SB", "KV_PACK", "CMP_PACK", "KEY_PACK", "PACK")
 
 
 def cover(entries: list[dict]) -> list[dict]:

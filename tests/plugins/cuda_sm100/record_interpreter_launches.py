@@ -1,7 +1,7 @@
 """Add to the SM100 manifest (``launches_h200.json``) the launches of plugin paths the V4 slice never takes, as
 the CPU interpreter makes them (``"source": "interpreter"``, tiny shapes): V4.1's single-pass mHC kernels, its
 GEMMs with 32 x 32 FP8 scale blocks (``SB = 32``), its packed-KV attention (``KV_PACK`` / ``CMP_PACK``) and the
-indexer over its FP4 keys (``KEY_PACK``).
+indexer over its FP4 keys (``KEY_PACK``) and its packed KV stores (``_pack_v41_kernel``).
 They stay there until ``benchmarks/gpu/record_launches.py v41`` records them on a GPU.
 
     PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python tests/plugins/cuda_sm100/record_interpreter_launches.py
@@ -24,7 +24,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); not yet recorded on the H200"
 )
 
@@ -63,9 +63,12 @@ def v41_launches() -> dict:
                     attn.sparse_attention(
                         q, kv, slots, c, slots, r(8), 0.1, kv_format=f.window, cmp_format=cf
                     )
+                for fmt in (f.window, f.compressed, f.keys):
+                    pool = torch.zeros(8, fmt.row_bytes, dtype=torch.uint8)
+                    attn.store_kv(pool, torch.arange(T) % 8, r(T, 64, dt=dt), fmt)
                 keys = f.keys.pack(r(20, 64, dt=dt))
                 attn.indexer_scores(r(T, 8, 64, dt=dt), r(T, 8), keys, slots, key_format=f.keys)
-    keep = ("_hc_coeffs_kernel", "_hc_collapse_kernel")
+    keep = ("_hc_coeffs_kernel", "_hc_collapse_kernel", "_pack_v41_kernel")
     return {
         k: dict(e, source="interpreter")
         for k, e in store.items()

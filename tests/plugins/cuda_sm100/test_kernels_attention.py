@@ -505,3 +505,31 @@ def test_fp4_index_keys_are_decoded_in_the_scoring_kernel(ops, gen, monkeypatch,
     assert torch.equal(torch.isinf(got), torch.isinf(ref))
     finite = ~torch.isinf(ref)
     assert rel_err(got[finite], ref[finite]) < BOUND[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v41_store_kernel_packs_edge_values_as_the_codec(ops, gen, monkeypatch, dtype):
+    """One launch per store (``kv_store.store_v41``) writes the codec's bytes for every V4.1 format, on rows that
+    reach its edge cases: all zeros (the amax floor), tiny negatives (codes of -0), e2m1 midpoints (ties to even),
+    values at and beyond the block's amax, and a wide spread of magnitudes."""
+    from deepinfer_cuda_sm100.kernels import kv_store
+
+    launches = []
+    real = kv_store.store_v41
+    monkeypatch.setattr(kv_store, "store_v41", lambda *a: launches.append(a[3]) or real(*a))
+    f = _v41_formats(dtype)
+    rows = [torch.zeros(64), torch.full((64,), -1e-30), rand(gen, 64) * 1e-3, rand(gen, 64) * 1e3]
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 8)
+    rows += [
+        mids * torch.where(torch.arange(64) % 3 == 0, -1.0, 1.0),
+        rand(gen, 64) * torch.logspace(-6, 4, 64),
+    ]
+    values = torch.stack(rows).to(dtype)
+    slots = torch.tensor([3, 0, 5, -1, 1, 4])
+    for fmt in (f.window, f.compressed, f.keys):
+        pool = torch.zeros(7, fmt.row_bytes, dtype=torch.uint8)
+        got = dev(pool.clone())
+        ops.store_kv(got, *dev(slots, values), fmt)
+        REF.store_kv(pool, slots, values, fmt)
+        assert torch.equal(got.cpu(), pool), fmt.fmt.name
+    assert launches == [f.window, f.compressed, f.keys]

@@ -112,3 +112,100 @@ def store_plain(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -
         values, slots.contiguous(), rows, D, rows.shape[0], values.stride(0), rows.stride(0),
         BLOCK_D=pow2(D, 16), num_warps=4 if D >= 512 else 1, **dispatch.pdl_args(n),
     )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------- V4.1 packed entries
+
+#: V4.1's packed entry formats this store writes: (code format, scale format) -> ``PACK`` (as the attention
+#: kernel reads them, ``sparse_attention.PACK_KINDS``)
+STORE_KINDS = {("e4m3", "ue8m0"): 1, ("e2m1", "e4m3"): 2, ("e2m1", "ue8m0"): 3}
+_E2M1_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+@triton.jit
+def _pow2_ceil(a):
+    """``2**ceil(log2(a))`` for positive normal float32 ``a``, from its bits (``kv_quant.pow2_ceil_bits``), and its
+    biased exponent (the ue8m0 byte)."""
+    bits = a.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return (e << 23).to(tl.float32, bitcast=True), e
+
+
+@triton.jit
+def _e2m1_code(v):
+    """float32 ``v`` in ``[-6, 6]`` -> 4-bit codes (``kv_quant.e2m1_codes``: the count of midpoints below
+    ``|v|``, a tie on a midpoint taking the even code; bit 3 the sign bit of ``v``, so -0.0 is code 8)."""
+    mag = tl.abs(v)
+    code = tl.zeros(v.shape, tl.int32)
+    tie = tl.zeros(v.shape, tl.int1)
+    for mid in tl.static_range(7):
+        m = tl.where(mid == 0, 0.25, tl.where(mid == 1, 0.75, tl.where(mid == 2, 1.25, tl.where(
+            mid == 3, 1.75, tl.where(mid == 4, 2.5, tl.where(mid == 5, 3.5, 5.0))))))  # fmt: skip
+        code += (mag > m).to(tl.int32)
+        tie = tie | (mag == m)
+    code = tl.where(tie & (code % 2 == 1), code + 1, code)
+    return code | ((v.to(tl.int32, bitcast=True) < 0).to(tl.int32) << 3)
+
+
+@triton.jit
+def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr, D: tl.constexpr,
+                     B: tl.constexpr, PACK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """Row ``program_id(0)`` of ``x [N, D]`` packed as ``PackedKV.pack`` packs it into byte row ``slots[r]``:
+    ``D`` codes (bytes, or nibbles two a byte), then ``D / B`` scale bytes."""
+    pdl_enter(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    slot = pool_slot(slots_ptr, r, S)
+    NB: tl.constexpr = D // B
+    g = tl.arange(0, NB)
+    x = tl.load(x_ptr + r * stride_x + g[:, None] * B + tl.arange(0, B)[None, :]).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    row = pool_ptr + slot * ROW
+    if PACK == 1:  # e4m3 codes, ue8m0 scale: kv_quant.quantize_fp8
+        s, e = _pow2_ceil(tl.maximum(amax, 1e-4) * (1.0 / 448.0))
+        inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1 / s, exact
+        y = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
+        q = _e4m3_grid(y)
+        code = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        neg_zero = (q == 0.0) & (y.to(tl.int32, bitcast=True) < 0)
+        code = tl.where(neg_zero, tl.full(code.shape, 0x80, tl.uint8), code)
+        tl.store(row + g[:, None] * B + tl.arange(0, B)[None, :], code)
+        tl.store(row + D + g, e.to(tl.uint8))
+    else:  # e2m1 codes: kv_quant.quantize_fp4 with e4m3 (PACK 2) or ue8m0 (PACK 3) scales
+        if PACK == 2:
+            s = _e4m3_grid(tl.minimum(tl.maximum(amax, 6.0 * 0.001953125) * (1.0 / 6.0), 448.0))
+            sbyte = s.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:
+            s, e = _pow2_ceil(tl.maximum(amax, 6.0 * 1.1754943508222875e-38) * (1.0 / 6.0))
+            sbyte = e.to(tl.uint8)
+        v = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -6.0), 6.0)
+        c = tl.reshape(_e2m1_code(v), (D // 2, 2))
+        lo, hi = tl.split(c)
+        tl.store(row + tl.arange(0, D // 2), (lo | (hi << 4)).to(tl.uint8))
+        tl.store(row + D // 2 + g, sbyte)
+
+
+def v41_store_kind(fmt, d: int) -> int:
+    """``PACK`` of a V4.1 codec (``PackedKV``) with one row of ``d`` values this store writes, else 0."""
+    p = getattr(fmt, "fmt", None)
+    kind = STORE_KINDS.get((getattr(p, "values", None), getattr(p, "scales", None)), 0)
+    ok = (
+        kind
+        and tuple(p.shape) == (d,)
+        and d % p.block == 0
+        and triton.next_power_of_2(d // p.block) == d // p.block
+    )
+    return kind if ok and triton.next_power_of_2(p.block) == p.block else 0
+
+
+def store_v41(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt) -> None:
+    """``pool[slots] = fmt.pack(values)`` for a flat byte pool ``[S, entry_bytes]`` and a codec of
+    :func:`v41_store_kind`, one launch."""
+    n, d = values.shape
+    if n == 0:
+        return
+    values = values if values.stride(-1) == 1 else values.contiguous()
+    _pack_v41_kernel[(n,)](
+        values, slots.contiguous(), pool, values.stride(0), pool.shape[0],
+        ROW=fmt.fmt.entry_bytes, D=d, B=fmt.fmt.block, PACK=v41_store_kind(fmt, d), num_warps=4,
+        **dispatch.pdl_args(n),
+    )  # fmt: skip

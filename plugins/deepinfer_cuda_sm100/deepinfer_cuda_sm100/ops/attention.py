@@ -4,8 +4,8 @@ scoring, compressor (all Triton).
 V4.1's packed cache (``packed_kv``: FP8 window KV, FP4 compressed KV and index keys, any codec with
 ``pack``/``unpack``): the attention kernel decodes V4.1's entry formats as it loads them
 (``sparse_attention.packed_layout``); other codecs are unpacked, for the rows each token reads, into plain rows
-for it. The indexer's scoring kernel decodes V4.1's FP4 index keys the same way. Stores pack in torch (no kernel of
-their own yet, issue #27). All of it has static shapes and no host synchronisation, so V4.1 steps still run as CUDA graphs.
+for it. The indexer's scoring kernel decodes V4.1's FP4 index keys the same way, and one launch packs and stores
+V4.1's entries (``kv_store.store_v41``) byte for byte as the codec's ``pack``; other codecs pack in torch. All of it has static shapes and no host synchronisation, so V4.1 steps still run as CUDA graphs.
 """
 
 from __future__ import annotations
@@ -71,7 +71,10 @@ class CudaAttentionOps(AttentionOps):
     def store_kv(self, pool, slots, values, kv_format) -> None:
         """One Triton launch: a cast copy into plain pools, or the FP8 pack and scatter; packed codecs in torch."""
         if _codec(kv_format):
-            super().store_kv(pool, slots, values, kv_format)
+            if kv_store.v41_store_kind(kv_format, values.shape[-1]) and pool.dim() == 2:
+                kv_store.store_v41(pool, slots, values, kv_format)
+            else:
+                super().store_kv(pool, slots, values, kv_format)
         elif kv_format is None:
             if (
                 pool.dim() != 2
