@@ -22,6 +22,7 @@ from deepinfer_core.plugin_api import E4M3_MAX, Fp8KVFormat
 from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import pdl_enter, pool_slot, pow2
+from deepinfer_cuda_sm100.kernels.sparse_attention import packed_layout
 
 _MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.ops.kv_fp8
 _MAX = tl.constexpr(E4M3_MAX)
@@ -116,11 +117,6 @@ def store_plain(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -
 
 # ----------------------------------------------------------------------------------------- V4.1 packed entries
 
-#: V4.1's packed entry formats this store writes: (code format, scale format) -> ``PACK`` (as the attention
-#: kernel reads them, ``sparse_attention.PACK_KINDS``)
-STORE_KINDS = {("e4m3", "ue8m0"): 1, ("e2m1", "e4m3"): 2, ("e2m1", "ue8m0"): 3}
-_E2M1_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-
 
 @triton.jit
 def _pow2_ceil(a):
@@ -185,16 +181,15 @@ def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr,
 
 
 def v41_store_kind(fmt, d: int) -> int:
-    """``PACK`` of a V4.1 codec (``PackedKV``) with one row of ``d`` values this store writes, else 0."""
-    p = getattr(fmt, "fmt", None)
-    kind = STORE_KINDS.get((getattr(p, "values", None), getattr(p, "scales", None)), 0)
-    ok = (
-        kind
-        and tuple(p.shape) == (d,)
-        and d % p.block == 0
-        and triton.next_power_of_2(d // p.block) == d // p.block
-    )
-    return kind if ok and triton.next_power_of_2(p.block) == p.block else 0
+    """``PACK`` of a V4.1 codec (``PackedKV``) with one row of ``d`` values this store writes (the formats the
+    attention kernel reads, ``sparse_attention.packed_layout``, with power-of-two blocks and block counts), else
+    0."""
+    layout = packed_layout(fmt, d)
+    if layout is None:
+        return 0
+    kind, _, block = layout
+    pow2_ok = triton.next_power_of_2(block) == block and triton.next_power_of_2(d // block) == d // block
+    return kind if pow2_ok else 0
 
 
 def store_v41(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt) -> None:
