@@ -163,8 +163,9 @@ def build_slice(layers: int, backends, dtype=torch.bfloat16, toy: bool = False, 
     return model
 
 
-def weight_bytes(model) -> dict[str, float]:
-    """Bytes of the routed experts (per expert per layer), of the embedding, and of everything else."""
+def weight_bytes(model, skip=lambda name: False) -> dict[str, float]:
+    """Bytes of the routed experts (per expert per layer), of the embedding, and of everything else; slots whose
+    name ``skip`` accepts are left out (V4.1: the DSpark stages and the host-resident Engram tables)."""
     from deepinfer_core.ops.weights import QuantizedWeight
 
     def nbytes(v) -> int:
@@ -181,6 +182,8 @@ def weight_bytes(model) -> dict[str, float]:
 
     expert = other = embed = 0
     for name, s in model.named_slots():
+        if skip(name):
+            continue
         b = nbytes(s.value)
         if ".ffn.experts." in name:
             expert += b

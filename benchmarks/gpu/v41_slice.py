@@ -46,6 +46,8 @@ from pathlib import Path
 
 import torch
 from bench_common import RESULTS, SMOKE, ceilings, cuda_runtime, log, sync
+from engine_sections import _timed_steps
+from slice_model import weight_bytes
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "deepinfer_core" / "demo_model_v41" / "config.json"
 
@@ -233,37 +235,9 @@ def build_v41_slice(backends, dtype, toy: bool, workdir: Path):
 
 
 def weight_bytes41(model) -> dict[str, float]:
-    """Bytes a decode step reads: routed experts (per expert per layer), the rest of the target (DSpark's
-    ``mtp.*`` stages and the host-resident Engram tables left out), and one embedding row."""
-    from deepinfer_core.ops.weights import QuantizedWeight
-
-    def nbytes(v) -> int:
-        if isinstance(v, QuantizedWeight):  # FP4 scales as the ue8m0 bytes the kernels read
-            per_scale = 1 if v.format == "fp4_e2m1" else v.scale.element_size()
-            return v.data.numel() * v.data.element_size() + v.scale.numel() * per_scale
-        if isinstance(v, torch.Tensor):
-            return v.numel() * v.element_size()
-        if isinstance(v, (list, tuple)):
-            return sum(nbytes(x) for x in v)
-        return 0
-
-    expert = other = embed = 0
-    for name, s in model.named_slots():
-        if name.startswith("mtp.") or ".engram.embed." in name:
-            continue
-        b = nbytes(s.value)
-        if ".ffn.experts." in name:
-            expert += b
-        elif name == "embed.weight":
-            embed += b
-        else:
-            other += b
-    c = model.cfg
-    return {
-        "per_expert": expert / (c.num_hidden_layers * c.n_routed_experts),
-        "other": other,
-        "embed_row": embed / c.vocab_size,
-    }
+    """Bytes a decode step reads (``slice_model.weight_bytes``): routed experts (per expert per layer), the rest of
+    the target (DSpark's ``mtp.*`` stages and the host-resident Engram tables left out), one embedding row."""
+    return weight_bytes(model, skip=lambda name: name.startswith("mtp.") or ".engram.embed." in name)
 
 
 def kv_bytes_per_row(model, ctx: int) -> float:
@@ -299,28 +273,6 @@ def decode_bytes(model, wb, batch: int, ctx: int) -> float:
 
 
 # ----------------------------------------------------------------------------------------- the engine
-
-
-def _timed_steps(engine):
-    """Wrap ``engine.step``: ``(sequences, wall ms)`` of each step call that scheduled something."""
-    steps: list[tuple[int, float]] = []
-    schedule, step = engine.scheduler.schedule, engine.step
-    seen: list[int] = []
-
-    def scheduled():
-        s = schedule()
-        seen.append(len(s.scheduled))
-        return s
-
-    def timed():
-        seen.clear()
-        t0 = time.perf_counter()
-        r = step()
-        steps.append((seen[-1] if seen else 0, (time.perf_counter() - t0) * 1e3))
-        return r
-
-    engine.scheduler.schedule, engine.step = scheduled, timed
-    return steps
 
 
 def replay_ms(runner, match) -> dict[str, float]:
@@ -414,7 +366,7 @@ def section_engine(args, model, rt, ceil) -> None:
             outs = llm.generate(prompts[:b], sp, use_tqdm=False)
             sync()
             wall = time.perf_counter() - t0
-            full = sorted(ms for n, ms in steps if n == b)
+            full = sorted(ms for n, _, ms in steps if n == b)
             step_ms = full[len(full) // 2] if full else float("nan")
             n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
             row = rows.setdefault(b, {"batch": b})
