@@ -16,6 +16,9 @@
 #                                    greedyhc greedy equality with DEEPINFER_CUDA_SM100__HC_FUSED=1
 #                                    engine   greedy equality (overlap on by default) + LLM.generate on the slice vs
 #                                             forward-only at batch 1/16/64/256, overlap off and on
+#                                    v41tests the plugin's attention and dense kernel tests, compiled (V4.1's packed paths)
+#                                    v41auto  V4.1 float32 greedy on the plugin with the trained cache, eager/graphs, DSpark
+#                                    v41slice the V4.1-Flash-shaped slice, plain against DSpark k = 5, batch 1 (V41SLICE_ARGS)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
 set -u
@@ -49,15 +52,21 @@ for part in "${@:-check slice gemm}"; do
                    ' "$OUT/abhc") ;;
       engine) cmd=(timeout 560 python3 benchmarks/gpu/v4_slice.py --sections greedy engine --batches 1 16 64 256
                    --engine-prompt 64 --engine-tokens 128 --out "$OUT/engine") ;;
+      v41tests) cmd=(timeout 170 python3 -m pytest -q -p no:cacheprovider tests/plugins/cuda_sm100/test_kernels_attention.py
+                     tests/plugins/cuda_sm100/test_kernels_dense.py) ;;
+      v41auto) cmd=(timeout 150 python3 benchmarks/gpu/v41_greedy.py --configs reindex_r2 --kv auto --modes eager graphs
+                    --dspark 3 --out "$OUT/v41auto") ;;
+      v41slice) cmd=(timeout "${V41SLICE_TIMEOUT:-300}" python3 benchmarks/gpu/v41_slice.py ${V41SLICE_ARGS:---batches 1 --ks 5 --tokens 32}
+                     --out "$OUT/v41slice_$(date +%s)") ;;
       splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
       checkfin) cmd=(env DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1
                  --out "$OUT/gemm") ;;
       *) echo "unknown part $p"; exit 2 ;;
     esac
-    start=$(date +%s)
-    "${cmd[@]}" > "$OUT/$p.log" 2>&1
+    start=$(date +%s); n=$(( ${n:-0} + 1 )); log="$OUT/$n-$p.log"
+    "${cmd[@]}" > "$log" 2>&1
     echo "== $p: rc $? in $(( $(date +%s) - start )) s"
-    grep -h "^engine\|^-- DEEPINFER\|tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$OUT/$p.log" | cut -c1-240 | head -30
+    grep -h "^v41 engine\|^v41 graph\|passes\|passed\|failed\|^engine\|^-- DEEPINFER\|tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$log" | cut -c1-240 | head -30
   done
 done
