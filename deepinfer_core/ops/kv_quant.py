@@ -86,7 +86,9 @@ def fp4_scale(amax: torch.Tensor, scale: Fp4Scale) -> torch.Tensor:
     """The float32 scale of a block with largest magnitude ``amax`` (see the module docstring)."""
     sixth = torch.tensor(1.0 / FP4_MAX, dtype=torch.float32)
     if scale == "e4m3":
-        return (amax.clamp_min(FP4_MAX * 2.0**-9) * sixth).to(torch.float8_e4m3fn).float()
+        # saturated at e4m3's largest value before the cast: torch's own cast of larger values is NaN in some
+        # versions (2.11) and 448 in others (2.13)
+        return (amax.clamp_min(FP4_MAX * 2.0**-9) * sixth).clamp_max(448.0).to(torch.float8_e4m3fn).float()
     if scale == "ue8m0":
         return pow2_ceil_bits(amax.clamp_min(FP4_MAX * 2.0**-126) * sixth)
     raise ValueError(f"unknown FP4 scale format {scale!r}; expected 'ue8m0' or 'e4m3'")

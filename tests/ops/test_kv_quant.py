@@ -62,3 +62,13 @@ def test_fp8_32x32_block_weights_dequantise_per_32_block():
     expect = q.data.float() * q.scale.repeat_interleave(32, 0)[:70].repeat_interleave(32, 1)[:, :96]
     assert torch.equal(dequant(q), expect)
     assert (dequant(q) - w).abs().max() <= (w.abs().max() / 8)
+
+
+def test_fp4_e4m3_scale_saturates_at_448_whatever_torch_casts():
+    """A block whose amax / 6 passes e4m3's largest value (448) gets the scale 448 and clamped codes, not a NaN
+    scale: torch's own float32 -> float8_e4m3fn cast of such values differs between versions."""
+    x = torch.tensor([[3125.78, -100.0, 2000.0, 0.5] + [0.0] * 12])
+    packed, scales = quantize_fp4(x, 16, "e4m3")
+    assert scales.float().flatten().tolist() == [448.0]
+    values = dequantize_fp4(packed, scales, 16)
+    assert values[0, :4].tolist() == [6 * 448.0, 0.0, 4 * 448.0, 0.0]  # codes x / 448, nearest e2m1

@@ -278,9 +278,9 @@ def test_compress_into_matches_the_reference_glue(ops, gen, dtype, overlap, fp8)
     fmt = Fp8KVFormat(48, 16, dtype) if fp8 else None
     old = rand(gen, 12, 48)  # rows already in the pool: written rows must change, the others not
     entries = fmt.pack(old) if fp8 else old.to(dtype)
-    slots = torch.tensor(
-        [7, 0, 11, -1, 5]
-    )  # the window with no source goes to the scratch slot (-1: the last)
+    # the window with no source goes to the scratch slot (-1: the last, 11), which no other window writes: the
+    # programs run in any order on a GPU
+    slots = torch.tensor([7, 0, 10, -1, 5])
     ref = entries.clone()
     REF.compress_into(state, src, overlap, w, 1e-6, pos, inv_freq, ref, slots, fmt)
     got = dev(entries.clone())
@@ -289,7 +289,7 @@ def test_compress_into_matches_the_reference_glue(ops, gen, dtype, overlap, fp8)
     if fp8:
         got, ref = fmt.unpack(got), fmt.unpack(ref)
     assert torch.equal(got[11], torch.zeros(48, dtype=got.dtype))  # no source: zeros, in the last slot
-    assert torch.equal(got[[1, 2, 4, 6, 8, 9, 10]], ref[[1, 2, 4, 6, 8, 9, 10]])  # untouched rows
+    assert torch.equal(got[[1, 2, 3, 4, 6, 8, 9]], ref[[1, 2, 3, 4, 6, 8, 9]])  # untouched rows
     assert rel_err(got, ref) < (BOUND[dtype] if not fp8 else 0.07)
 
 
