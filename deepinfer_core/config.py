@@ -122,6 +122,12 @@ class EngineConfig(BaseModel):
         False,
         description="let checkpoint shards (or their symlinks) resolve outside the checkpoint directory",
     )
+    engram_in_step: bool | None = Field(
+        None,
+        description="V4.1's Engram tables copied to page-locked host memory that the device reads in place, so "
+        "a step (and its graph) reads its rows with no host wait; False: the rows are read by a host thread and "
+        "copied; None: on where the platform reads host memory and the tables fit in half the host's memory",
+    )
     enforce_eager: bool = Field(False, description="never capture decode steps as graphs")
     async_scheduling: bool | None = Field(
         None,

@@ -35,9 +35,12 @@ Run from the repository root (as the other GPU scripts; ``--smoke``: toy sizes o
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import math
 import os
+import pstats
 import sys
 import tempfile
 import time
@@ -197,6 +200,9 @@ def write_engram_file(reader: RandomReader41) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+ENGRAM_IN_STEP = ["auto"]  # --engram-in-step
+
+
 def build_v41_slice(backends, dtype, toy: bool, workdir: Path):
     """The slice model with DSpark stages, loaded through the V4.1 loader from :class:`RandomReader41`."""
     from deepinfer_core.models.deepseek_v41.engram import (
@@ -227,6 +233,9 @@ def build_v41_slice(backends, dtype, toy: bool, workdir: Path):
     model.loaded = load_weights(model, reader, dtype, device, LoadOptions(check_weights_finite=False))
     sync()
     model.use_kv_cache_dtype("auto")
+    t1 = time.perf_counter()
+    placed = model.place_engram({"auto": None, "off": False, "on": True}[ENGRAM_IN_STEP[0]])
+    log(f"Engram tables read in the step: {placed} (placed in {time.perf_counter() - t1:.1f} s)")
     log(f"slice built in {time.perf_counter() - t0:.1f} s; Engram table file {table_bytes / 1e9:.2f} GB")
     return model
 
@@ -322,6 +331,17 @@ def profile_graph(runner, batch: int) -> list[dict]:
     return top
 
 
+def host_profile_text(prof) -> dict[str, str]:
+    """The 40 costliest functions of a profiled ``generate`` (Python's cProfile: host time; the step times of
+    a profiled run are not figures), by own time and by cumulative time."""
+    out = {}
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(40)
+        out[key] = buf.getvalue()[-12000:]
+    return out
+
+
 def section_engine(args, model, rt, ceil) -> None:
     from cuda_settings import cuda_env
 
@@ -362,10 +382,16 @@ def section_engine(args, model, rt, ceil) -> None:
             llm.generate(prompts[:b], sp, use_tqdm=False)  # captures this batch's graphs
             before = dict(engine.spec_stats.as_dict()) if k else {}
             steps.clear()
+            prof = cProfile.Profile() if b == args.host_profile else None
             t0 = time.perf_counter()
+            if prof:
+                prof.enable()
             outs = llm.generate(prompts[:b], sp, use_tqdm=False)
             sync()
             wall = time.perf_counter() - t0
+            if prof:
+                prof.disable()
+                RESULTS.setdefault("host_profile", {})[f"{tag} {b}"] = host_profile_text(prof)
             full = sorted(ms for n, _, ms in steps if n == b)
             step_ms = full[len(full) // 2] if full else float("nan")
             n_tok = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -437,9 +463,19 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--kv-bytes", type=int, default=16 << 30)
     ap.add_argument("--profile", type=int, default=0, help="profile the plain decode graph of this batch")
+    ap.add_argument(
+        "--host-profile", type=int, default=0, help="cProfile the timed generate of this batch (host time)"
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument(
+        "--engram-in-step",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="EngineConfig.engram_in_step: the device reads the Engram tables in place (auto: if they fit)",
+    )
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU reference backend")
     args = ap.parse_args()
+    ENGRAM_IN_STEP[0] = args.engram_in_step
     if SMOKE:
         args.kv_bytes = min(args.kv_bytes, 256 << 20)
     os.makedirs(args.out, exist_ok=True)
@@ -459,6 +495,7 @@ def main() -> None:
         try:
             model = build_v41_slice(rt.backends, dtype, SMOKE, Path(tmp))
             RESULTS["build"] = {
+                "engram_in_step": model.engram_in_step,
                 "layers": model.cfg.num_hidden_layers,
                 "roles": [str(r) for r in model.cfg.roles],
             }

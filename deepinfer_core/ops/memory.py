@@ -15,6 +15,9 @@ class MemoryOps(ABC):
     #: queued device work runs while the host goes on (a stream), so overlap scheduling pays: the engine's
     #: ``async_scheduling`` defaults to this
     overlaps_host: bool = False
+    #: the device reads page-locked host memory in place (:meth:`host_rows`), inside a step and its graph:
+    #: a host tier that fits in host memory (V4.1's Engram tables) is then read with no host wait
+    reads_host_memory: bool = False
 
     @abstractmethod
     def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:
@@ -31,6 +34,17 @@ class MemoryOps(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Wait for all queued device work."""
+
+    def readable_host_copy(self, t: torch.Tensor) -> torch.Tensor:
+        """Host tensor ``t`` where :meth:`host_rows` reads it in place (a page-locked copy on a GPU). The
+        default: ``t`` itself (a CPU device reads host memory as it is)."""
+        return t
+
+    def host_rows(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``table[ids]`` on the device, for ``table [rows, width]`` from :meth:`readable_host_copy` and ``ids``
+        on the device: read in place by the device, so the host never waits and a graph may hold the read.
+        The default indexes on the host (correct anywhere, waits for ``ids``)."""
+        return table[ids.to(table.device)].to(self.device)
 
     def capture_graph(self, fn: Callable[[], object]) -> Callable[[], object] | None:
         """Capture ``fn`` (which reads and writes only static buffers) as a replayable graph.

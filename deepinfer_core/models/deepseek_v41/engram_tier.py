@@ -17,6 +17,12 @@ rows are late. The rows of a step cannot be read before its hash ids exist: a de
 token the previous step samples, so there is nothing to fetch a whole step ahead. A static step (one a
 platform may replay as a graph) reads its rows before it starts instead (``prepare_static``): a graph cannot
 wait for the host mid-step.
+
+**In step.** Where the device reads page-locked host memory in place (``MemoryOps.reads_host_memory``, CUDA)
+and the tables fit (``engram_in_step``), :meth:`EngramTable.in_step` copies them there once, and a step reads
+its rows on the device itself (``MemoryOps.host_rows``), right after hashing the ids it just wrote: no thread,
+no host wait, and a graph holds the read, so overlap scheduling keeps preparing the next step while the
+device runs this one.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import os
 import struct
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -65,18 +71,33 @@ class EngramTable:
     codes: torch.Tensor
     scales: torch.Tensor
     device: torch.device
+    #: (memory ops, codes bytes, scales bytes) the device reads in place (:meth:`in_step`), or None
+    readable: tuple | None = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales))
+
+    def in_step(self, memory) -> None:
+        """Copy the table where ``memory``'s device reads it in place (``MemoryOps.readable_host_copy``): from
+        now on a fetch is a device read inside the step."""
+        codes, scales = (memory.readable_host_copy(t.view(torch.uint8)) for t in (self.codes, self.scales))
+        self.readable = (memory, codes, scales)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids [...]`` dequantised (code times the scale of its 32) -> ``[..., dim]`` in ``dtype``."""
         return self.fetch(ids).wait(dtype)
 
     def fetch(self, ids: torch.Tensor) -> PendingRows:
-        """Start reading rows ``ids [...]`` (on the table's device) in the background; returns at once."""
+        """Start reading rows ``ids [...]`` (on the table's device) in the background; returns at once. A table
+        :meth:`in_step` is read by the device now (queued on its stream)."""
         flat = ids.reshape(-1)
+        if self.readable is not None:
+            memory, codes, scales = self.readable
+            done: Future = Future()
+            rows = memory.host_rows(codes, flat).view(self.codes.dtype)
+            done.set_result((rows, memory.host_rows(scales, flat).view(self.scales.dtype), None))
+            return PendingRows(done, tuple(ids.shape))
         ready = None
         if self.device.type == "cuda":
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)

@@ -13,6 +13,7 @@ and makes :meth:`forward` append the target layers' taps to every hidden row.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,11 @@ from deepinfer_core.ops.backends import Backends
 
 ARCHITECTURE = "DeepseekV41ForCausalLM"
 MODEL_TYPE = "deepseek_v41"
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this host, bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def read_config(path: Path) -> DeepseekV41Config:
@@ -134,6 +140,8 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             self.num_dspark_stages, self.dspark_block_size = self.dspark.num_stages, self.dspark.block_size
         #: DSpark is on: stage caches in :meth:`cache_specs`, taps in :meth:`forward`'s rows
         self.dspark_on = False
+        #: the device reads the Engram tables in place, inside the step (:meth:`place_engram`)
+        self.engram_in_step = False
 
     @classmethod
     def from_checkpoint(
@@ -158,6 +166,28 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         finally:
             reader.close()
         return model
+
+    def place_engram(self, in_step: bool | None) -> bool:
+        """Make the Engram tables readable by the device in place (``EngineConfig.engram_in_step``): steps then
+        read their rows on the device, inside their graphs (:mod:`.engram_tier`). ``None``: where the platform
+        reads host memory and the tables take at most half the host's memory. Returns whether they are."""
+        tables = [b.engram.embed.value for b in self.layers if b.engram is not None]
+        memory = self.backends.memory
+        if not tables or in_step is False:
+            return False
+        if not memory.reads_host_memory:
+            if in_step:
+                raise ValueError(
+                    "engram_in_step=True: this platform's device cannot read host memory in place "
+                    "(MemoryOps.reads_host_memory); use engram_in_step=None or False"
+                )
+            return False
+        if in_step is None and self.host_tier_bytes > host_memory_bytes() // 2:
+            return False
+        for t in tables:
+            t.in_step(memory)
+        self.engram_in_step = True
+        return True
 
     @property
     def host_tier_bytes(self) -> int:
@@ -283,8 +313,9 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         """A static step may be replayed as a graph, which cannot wait for the host tier mid-step: write the
         step's compressed ids, hash them and read every Engram layer's rows now (waiting for them), and keep
         the rows in the plan, among its graph inputs. The rows then do not overlap this step's first layers
-        (they do in dynamic steps)."""
-        if self.hasher is None:
+        (they do in dynamic steps). Tables the device reads in place (:meth:`place_engram`) are read inside
+        the step instead, graph and all: nothing to wait for here."""
+        if self.hasher is None or self.engram_in_step:
             return
         plan = batch.plan
         rows = self._fetch_engram(batch.input_ids, plan, kv)

@@ -118,3 +118,71 @@ def test_a_failed_read_is_raised_where_the_layer_waits(model):
     with pytest.raises(IndexError):
         pending.wait(torch.float32)
     assert table.rows(torch.tensor([[1, 2]]), torch.float32).shape[:2] == (1, 2)  # the thread goes on
+
+
+def _greedy(llm, prompts):
+    from deepinfer_core import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=12, logprobs=1, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    return [(o.outputs[0].token_ids, [lp[t] for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)])
+            for o in outs]  # fmt: skip
+
+
+def _logprob_value(x):
+    return getattr(x, "logprob", x)
+
+
+def test_tables_read_in_the_step_give_the_thread_path_s_tokens_and_logprobs(monkeypatch):
+    """``engram_in_step``: where the device reads host memory in place (``MemoryOps.reads_host_memory``, here
+    the CPU reference platform made to declare it), a step reads its rows through ``MemoryOps.host_rows``
+    itself, right after hashing, with no fetch thread and nothing prepared before static steps; the tokens and
+    logprobs are those of the fetch-thread path (the same bytes dequantised the same way), batched, over
+    several steps."""
+    import threading
+
+    from deepinfer_core.models.deepseek_v41 import engram_tier
+    from deepinfer_core.ops.reference.memory import ReferenceMemoryOps
+
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 200, (n,), generator=g).tolist() for n in (9, 23, 40)]
+    kw = dict(model=str(checkpoint("flash_mini")), kv_cache_dtype="unquantized", dtype="float32")
+    want = _greedy(LLM(**kw, engram_in_step=False), prompts)
+
+    reads, gathers = [], []
+    monkeypatch.setattr(ReferenceMemoryOps, "reads_host_memory", True)
+    real_rows, real_gather = ReferenceMemoryOps.host_rows, engram_tier._gather
+    monkeypatch.setattr(
+        ReferenceMemoryOps,
+        "host_rows",
+        lambda self, table, ids: reads.append(threading.current_thread().name) or real_rows(self, table, ids),
+    )
+    monkeypatch.setattr(engram_tier, "_gather", lambda t, ids: gathers.append(1) or real_gather(t, ids))
+    llm = LLM(**kw, engram_in_step=True)
+    assert llm.engine.model.engram_in_step
+    got = _greedy(llm, prompts)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for (_, lp_got), (_, lp_want) in zip(got, want):
+        assert [_logprob_value(x) for x in lp_got] == [_logprob_value(x) for x in lp_want]
+    assert reads and set(reads) == {threading.main_thread().name} and not gathers
+
+
+def test_engram_in_step_is_refused_where_the_device_cannot_read_host_memory():
+    from deepinfer_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="engram_in_step=True.*reads_host_memory"):
+        LLM(model=str(checkpoint("flash_mini")), kv_cache_dtype="unquantized", engram_in_step=True)
+
+
+def test_tables_larger_than_half_the_host_s_memory_stay_on_the_fetch_thread(monkeypatch):
+    from deepinfer_core.models.deepseek_v41 import model as model_mod
+    from deepinfer_core.ops.reference.memory import ReferenceMemoryOps
+
+    monkeypatch.setattr(ReferenceMemoryOps, "reads_host_memory", True)
+    llm = LLM(model=str(checkpoint("flash_mini")), kv_cache_dtype="unquantized", dtype="float32")
+    model = llm.engine.model
+    assert model.engram_in_step  # auto: the tiny tables fit
+    monkeypatch.setattr(model_mod, "host_memory_bytes", lambda: 2 * model.host_tier_bytes - 2)
+    fresh = DeepseekV41ForCausalLM.from_checkpoint(checkpoint("flash_mini"), model.backends, torch.float32)
+    assert not fresh.place_engram(None) and not fresh.engram_in_step
+    assert fresh.place_engram(True) and fresh.engram_in_step  # asked for: placed whatever the size

@@ -1,7 +1,8 @@
 """Add to the SM100 manifest (``launches_h200.json``) the launches of plugin paths the V4 slice never takes, as
 the CPU interpreter makes them (``"source": "interpreter"``, tiny shapes): V4.1's single-pass mHC kernels, its
 GEMMs with 32 x 32 FP8 scale blocks (``SB = 32``), its packed-KV attention (``KV_PACK`` / ``CMP_PACK``) and the
-indexer over its FP4 keys (``KEY_PACK``) and its packed KV stores (``_pack_v41_kernel``).
+indexer over its FP4 keys (``KEY_PACK``), its packed KV stores (``_pack_v41_kernel``) and its Engram rows read in
+the step from page-locked host memory (``_host_rows_kernel``).
 They stay there until ``benchmarks/gpu/record_launches.py v41`` records them on a GPU.
 
     PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python tests/plugins/cuda_sm100/record_interpreter_launches.py
@@ -24,7 +25,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; Engram rows read in the step: _host_rows_kernel): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); not yet recorded on the H200"
 )
 
@@ -34,6 +35,7 @@ def v41_launches() -> dict:
     from deepinfer_core.ops.mhc import HCParams
     from deepinfer_core.ops.quant_formats import quantize_fp8_block
     from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+    from deepinfer_cuda_sm100.kernels.host_rows import host_rows
     from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
 
     dense, attn = CudaDenseOps(), CudaAttentionOps()
@@ -68,7 +70,10 @@ def v41_launches() -> dict:
                     attn.store_kv(pool, torch.arange(T) % 8, r(T, 64, dt=dt), fmt)
                 keys = f.keys.pack(r(20, 64, dt=dt))
                 attn.indexer_scores(r(T, 8, 64, dt=dt), r(T, 8), keys, slots, key_format=f.keys)
-    keep = ("_hc_coeffs_kernel", "_hc_collapse_kernel", "_pack_v41_kernel")
+            for width in (256, 8):  # an Engram table's codes and scales rows, read in the step
+                table = torch.randint(0, 256, (30, width), generator=g, dtype=torch.uint8)
+                host_rows(table, torch.randint(0, 30, (T * 4,), generator=g), torch.device("cpu"))
+    keep = ("_hc_coeffs_kernel", "_hc_collapse_kernel", "_pack_v41_kernel", "_host_rows_kernel")
     return {
         k: dict(e, source="interpreter")
         for k, e in store.items()

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer_core.plugin_api import MemoryOps
+from deepinfer_cuda_sm100.kernels.host_rows import host_rows
 
 
 def kv_budget(free: int, total: int, gpu_memory_utilization: float, model_bytes: int) -> int:
@@ -22,6 +23,7 @@ def kv_budget(free: int, total: int, gpu_memory_utilization: float, model_bytes:
 class CudaMemoryOps(MemoryOps):
     supports_graphs = True
     overlaps_host = True  # kernels run on a stream: the engine overlaps scheduling by default
+    reads_host_memory = True  # page-locked host memory is mapped for the device (unified addressing)
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
@@ -37,6 +39,15 @@ class CudaMemoryOps(MemoryOps):
 
     def pinned_host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def readable_host_copy(self, t: torch.Tensor) -> torch.Tensor:
+        """A page-locked copy of host tensor ``t``, which the device reads in place (:meth:`host_rows`)."""
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buf.copy_(t)
+        return buf
+
+    def host_rows(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return host_rows(table, ids, self.device)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
