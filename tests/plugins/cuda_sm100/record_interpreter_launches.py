@@ -34,8 +34,8 @@ def v41_launches() -> dict:
     from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
     from deepinfer_core.ops.mhc import HCParams
     from deepinfer_core.ops.quant_formats import quantize_fp8_block
-    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
     from deepinfer_cuda_sm100.kernels.host_rows import host_rows
+    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
     from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
 
     dense, attn = CudaDenseOps(), CudaAttentionOps()
