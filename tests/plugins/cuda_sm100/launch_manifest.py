@@ -262,13 +262,18 @@ CODE_PATH_INTS = ("SB", "KV_PACK", "CMP_PACK", "KEY_PACK", "PACK")
 
 def cover(entries: list[dict]) -> list[dict]:
     """A small subset that still compiles every kernel, every value of each of its code-path constexprs (flags
-    and dtypes; not tile sizes) and its largest dispatched tile: greedy set cover, deterministic."""
+    and dtypes; not tile sizes), every MMA kind its launches compile to (:func:`mma_kind`) and its largest
+    dispatched tile: greedy set cover, deterministic."""
 
     def feats(e):
-        out = {(e["kernel"], "kernel")}
+        out, mma = {(e["kernel"], "kernel")}, mma_kind(e)
         for k, v in e["constexprs"].items():
             if isinstance(v, bool) or not isinstance(v, int) or k in CODE_PATH_INTS:
                 out.add((e["kernel"], k, json.dumps(v)))
+                if (
+                    mma is not None
+                ):  # each code path with every MMA it compiles to (FMA, warp MMA, tensor memory)
+                    out.add((e["kernel"], k, json.dumps(v), mma))
         return out
 
     def tile(e):

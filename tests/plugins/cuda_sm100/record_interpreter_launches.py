@@ -26,7 +26,7 @@ NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
     "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; Engram rows read in the step: _host_rows_kernel): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
-    "(record_interpreter_launches.py); not yet recorded on the H200"
+    "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
 
