@@ -359,7 +359,8 @@ def section_engine(args, model, rt, ceil) -> None:
     ]
     ctx = args.prompt + args.tokens
     rows, tokens = {}, {}
-    for k in [0, *args.ks]:
+    ks = [k for k in args.ks if k]  # --ks 0: plain decode only
+    for k in [0, *ks]:
         spec = {"method": "dspark", "num_speculative_tokens": k} if k else None
         config = load_config(
             environ={} if SMOKE else cuda_env(),
@@ -436,7 +437,7 @@ def section_engine(args, model, rt, ceil) -> None:
     for b, row in rows.items():
         row["roofline_bytes"] = decode_bytes(model, wb, b, ctx)
         row["roofline_ms"] = row["roofline_bytes"] / ceil["copy_bytes_per_s"] * 1e3 if ceil else float("nan")
-        for k in args.ks:
+        for k in ks:
             row[f"dspark_k{k}"]["greedy_equal_plain"] = tokens[(k, b)] == tokens[(0, b)]
     RESULTS["engine"] = {
         "prompt": args.prompt,
@@ -458,7 +459,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--ks", type=int, nargs="+", default=[5])
+    ap.add_argument(
+        "--ks", type=int, nargs="+", default=[5], help="DSpark drafts a round (0: plain decode only)"
+    )
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--kv-bytes", type=int, default=16 << 30)
@@ -472,6 +475,9 @@ def main() -> None:
         default="auto",
         choices=["auto", "on", "off"],
         help="EngineConfig.engram_in_step: the device reads the Engram tables in place (auto: if they fit)",
+    )
+    ap.add_argument(
+        "--float32", action="store_true", help="activations and unquantized weights in float32 (default bf16)"
     )
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU reference backend")
     args = ap.parse_args()
@@ -490,11 +496,12 @@ def main() -> None:
     dev = rt.backends.memory.device
     ceil = {} if SMOKE else ceilings(dev)
     RESULTS["ceilings"] = ceil
-    dtype = torch.float32 if SMOKE else torch.bfloat16
+    dtype = torch.float32 if SMOKE or args.float32 else torch.bfloat16
     with tempfile.TemporaryDirectory(prefix="v41slice_") as tmp:
         try:
             model = build_v41_slice(rt.backends, dtype, SMOKE, Path(tmp))
             RESULTS["build"] = {
+                "dtype": str(dtype),
                 "engram_in_step": model.engram_in_step,
                 "layers": model.cfg.num_hidden_layers,
                 "roles": [str(r) for r in model.cfg.roles],
