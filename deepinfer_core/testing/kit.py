@@ -11,6 +11,7 @@ import torch
 
 from deepinfer_core.ops.backends import CONCERNS, Backends
 from deepinfer_core.ops.fusions import COMPOSED, Fusion, resolve_fusions
+from deepinfer_core.testing import world
 from deepinfer_core.testing.opcase import OpCase
 
 
@@ -108,9 +109,7 @@ def check_case(backends: Backends, case: OpCase, reference: Backends | None = No
     Each side gets its own copy of the inputs (ops may write into them). A case of ``world > 1`` runs in
     that many processes (:mod:`deepinfer_core.testing.world`)."""
     if case.world > 1:
-        from deepinfer_core.testing.world import world_failure
-
-        failure = world_failure(backends, case, reference, seed)
+        failure = world.world_failure(backends, case, reference, seed, WORLD_FNS)
         if failure is not None:
             raise AssertionError(failure)
         return
@@ -136,3 +135,14 @@ def compare_outcomes(case: OpCase, actual: Any, expected: Any, inputs: Any) -> N
         case.compare(actual, expected, inputs)
     else:
         _compare(actual, expected, case)
+
+
+#: what the ranks of a multi-process case run (:mod:`deepinfer_core.testing.world` takes it from here)
+WORLD_FNS = world.WorldFns(all_cases, reference_backends, outcomes, compare_outcomes)
+
+
+def run_world(
+    backends: Any, cases: list[OpCase], reference: Any, seed: int, size: int
+) -> dict[OpCase, str | None]:
+    """Run ``cases`` in a new group of ``size`` processes; ``{case: failure or None}``."""
+    return world.run_world(backends, cases, reference, seed, size, WORLD_FNS)

@@ -16,6 +16,8 @@ import os
 import pickle
 import socket
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +26,20 @@ import torch.distributed as dist
 from deepinfer_core.testing.opcase import OpCase
 
 TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class WorldFns:
+    """What a rank runs, from the conformance kit (:mod:`deepinfer_core.testing.kit`, which imports this module
+    and hands these in: this module never imports the kit). Module-level functions, so the spawned ranks
+    receive them by name."""
+
+    all_cases: Callable[[], list[OpCase]]
+    reference_backends: Callable[[], Any]
+    outcomes: Callable[..., tuple[Any, Any, Any]]
+    compare_outcomes: Callable[..., None]
+
+
 _RESULTS: dict[tuple, tuple[Any, Any, dict[OpCase, str | None]]] = {}
 
 
@@ -34,24 +50,24 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def world_failure(backends: Any, case: OpCase, reference: Any, seed: int) -> str | None:
+def world_failure(backends: Any, case: OpCase, reference: Any, seed: int, fns: WorldFns) -> str | None:
     """What went wrong with ``case`` on ``backends`` (``None``: it conforms), running the kit's cases of
     the same world size in one group the first time."""
-    from deepinfer_core.testing.kit import all_cases
-
     key = (id(backends), id(reference), seed, case.world)
     _, _, results = _RESULTS.setdefault(key, (backends, reference, {}))
     if case not in results:
         batch = (
-            [] if results else [c for c in all_cases() if c.world == case.world and c.applies_to(backends)]
+            []
+            if results
+            else [c for c in fns.all_cases() if c.world == case.world and c.applies_to(backends)]
         )
         batch += [] if case in batch else [case]
-        results.update(run_world(backends, batch, reference, seed, case.world))
+        results.update(run_world(backends, batch, reference, seed, case.world, fns))
     return results[case]
 
 
 def run_world(
-    backends: Any, cases: list[OpCase], reference: Any, seed: int, world: int
+    backends: Any, cases: list[OpCase], reference: Any, seed: int, world: int, fns: WorldFns
 ) -> dict[OpCase, str | None]:
     """Run ``cases`` in a new group of ``world`` processes; ``{case: failure or None}``."""
     import torch.multiprocessing as mp
@@ -60,7 +76,7 @@ def run_world(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        args = (world, port, backends, reference, cases, seed, tmp)
+        args = (world, port, backends, reference, cases, seed, tmp, fns)
         mp.spawn(_rank_main, args=args, nprocs=world, join=True)
         per_rank = []
         for r in range(world):
@@ -74,10 +90,16 @@ def run_world(
 
 
 def _rank_main(
-    rank: int, world: int, port: int, backends: Any, reference: Any, cases: list[OpCase], seed: int, out: str
+    rank: int,
+    world: int,
+    port: int,
+    backends: Any,
+    reference: Any,
+    cases: list[OpCase],
+    seed: int,
+    out: str,
+    fns: WorldFns,
 ) -> None:
-    from deepinfer_core.testing.kit import reference_backends
-
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
@@ -88,9 +110,9 @@ def _rank_main(
     )
     results: list[str | None] = []
     try:
-        ref = reference if reference is not None else reference_backends()
+        ref = reference if reference is not None else fns.reference_backends()
         for case in cases:
-            failure, fatal = _check_rank(backends, case, ref, seed + 7919 * rank, rank)
+            failure, fatal = _check_rank(backends, case, ref, seed + 7919 * rank, rank, fns)
             results.append(failure)
             if fatal:
                 break
@@ -101,16 +123,16 @@ def _rank_main(
         dist.destroy_process_group()
 
 
-def _check_rank(backends: Any, case: OpCase, reference: Any, seed: int, rank: int) -> tuple[str | None, bool]:
+def _check_rank(
+    backends: Any, case: OpCase, reference: Any, seed: int, rank: int, fns: WorldFns
+) -> tuple[str | None, bool]:
     """``(failure, fatal)`` of one case on this rank; fatal when an op raised (the group is out of step)."""
-    from deepinfer_core.testing.kit import compare_outcomes, outcomes
-
     try:
-        result = outcomes(backends, case, reference, seed)
+        result = fns.outcomes(backends, case, reference, seed)
     except Exception as e:  # noqa: BLE001 - reported as the case's failure
         return f"{case.id} on rank {rank} raised {type(e).__name__}: {e}", True
     try:
-        compare_outcomes(case, *result)
+        fns.compare_outcomes(case, *result)
     except AssertionError as e:
         return f"{case.id} on rank {rank}: {e}", False
     return None, False

@@ -12,8 +12,7 @@ import torch.distributed as dist
 
 from deepinfer_core.ops.reference.comm import ReferenceCommOps
 from deepinfer_core.testing import cases_comm, check_case
-from deepinfer_core.testing.kit import reference_backends
-from deepinfer_core.testing.world import run_world
+from deepinfer_core.testing.kit import reference_backends, run_world
 
 ONE_PROCESS = {c.op: c for c in cases_comm.CASES if c.world == 1}
 TWO_PROCESSES = [c for c in cases_comm.CASES if c.world == 2]

@@ -12,8 +12,7 @@ import torch
 from deepinfer_core.ops.moe import Dispatched
 from deepinfer_core.ops.reference import ReferenceMoEOps
 from deepinfer_core.testing import cases_ep, check_case
-from deepinfer_core.testing.kit import reference_backends
-from deepinfer_core.testing.world import run_world
+from deepinfer_core.testing.kit import reference_backends, run_world
 
 CASES = {c.id: c for c in cases_ep.CASES}
 ONE_RANK = [c for c in cases_ep.CASES if c.world == 1]
