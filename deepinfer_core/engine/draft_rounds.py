@@ -33,12 +33,20 @@ def draft_round(
     first_rows: list[int],
     running: list[Sequence],
     max_model_len: int,
-) -> None:
+    disable_above: int | None = None,
+) -> bool:
     """After a step: let the proposer see it, then store drafts on every decoding running sequence
-    (all tokens but the last computed); the others keep none."""
+    (all tokens but the last computed); the others keep none. With more than ``disable_above`` running
+    sequences (``speculative_config.disable_by_batch_size``) nobody gets drafts this round: the next step is
+    plain decode, while the proposer still sees every step, so drafting resumes as soon as the batch shrinks.
+    Returns whether drafting ran."""
     proposer.observe(verified_rows(sched, first_rows))
     k = proposer.num_speculative_tokens
     seqs, limits = [], []
+    if disable_above is not None and len(running) > disable_above:
+        for seq in running:
+            seq.set_drafts([])
+        return False
     for seq in running:
         seq.set_drafts([])
         if seq.num_computed == len(seq.token_ids) - 1 and seq.finish_reason is None:
@@ -52,6 +60,7 @@ def draft_round(
                 seq.set_drafts(list(drafts.token_ids[:limit]), _draft_probs(drafts, limit))
             else:
                 seq.set_drafts(list(drafts[:limit]))
+    return True
 
 
 def _draft_probs(draft: Draft, limit: int) -> torch.Tensor | None:

@@ -64,6 +64,8 @@ class LLMEngine:
         self.max_model_len = _max_model_len(config, model)
         self.proposer = build_proposer(config.speculative_config, proposers or {}, model, config)
         self.spec_stats = SpecStats()
+        #: speculative_config.disable_by_batch_size: no drafts while more sequences run (validated above)
+        self.spec_disable_above = (config.speculative_config or {}).get("disable_by_batch_size")
         specs = model.cache_specs()
         check_specs(specs, model.num_layers)
         taps_hidden = self.proposer is not None and self.proposer.needs_hidden
@@ -227,9 +229,11 @@ class LLMEngine:
         finished, failed, retried = self._run(sched)
         errors = self._fail(failed) + self._post_step(sched)
         if self.proposer is not None and not retried:  # (after a step retried alone, no drafts this round)
-            draft_round(
-                self.proposer, sched, self.runner.last_rows, self.scheduler.running, self.max_model_len
-            )
+            drafted = draft_round(
+                self.proposer, sched, self.runner.last_rows, self.scheduler.running, self.max_model_len,
+                self.spec_disable_above,
+            )  # fmt: skip
+            self.spec_stats.num_disabled_rounds += not drafted
         return aborted + errors + self._collect(finished)
 
     def _compute(self, sched: SchedulerOutput) -> tuple[list[Sequence], Failures]:

@@ -69,6 +69,12 @@ def build_proposer(
             f"speculative_config.num_speculative_tokens={k!r} is invalid: need an integer in "
             f"1..{MAX_SPECULATIVE_TOKENS}"
         )
+    limit = spec.get("disable_by_batch_size")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ConfigError(
+            f"speculative_config.disable_by_batch_size={limit!r} is invalid: need an integer >= 1 (the most "
+            "running sequences that still get drafts), or absent"
+        )
     proposer = factories[method](model, dict(spec), config)
     if not isinstance(proposer, Proposer):
         raise ConfigError(f"speculative_config.method={method!r}: its factory did not return a Proposer")

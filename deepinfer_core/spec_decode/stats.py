@@ -13,6 +13,8 @@ class SpecStats:
     #: per draft position j: drafts proposed at j, and how many of them were accepted
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    #: engine rounds without drafts because more sequences ran than ``disable_by_batch_size``
+    num_disabled_rounds: int = 0
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         if not num_drafts:
@@ -39,4 +41,5 @@ class SpecStats:
             "spec_acceptance_per_position": [
                 a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)
             ],
+            "spec_num_disabled_rounds": self.num_disabled_rounds,
         }

@@ -354,3 +354,33 @@ def test_bad_dspark_configs_fail_naming_the_parameter():
 
     with pytest.raises(ConfigError, match=r"method='dspark' needs DSpark weights"):
         make_dspark(_NoDSpark(), _dspark(3), None)
+
+
+def test_drafts_after_a_pause_for_batch_size_are_the_heads_on_the_whole_context(plain):
+    """``disable_by_batch_size=1``: three sequences of different lengths decode without drafts while two or
+    more run; the proposer still sees every step, so once one is left its drafts are the DSpark head's,
+    recomputed on fresh pools over the whole context (a window that missed the paused steps would differ)."""
+    _, outs = plain
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=2) for n in (4, 8, 24)]
+    llm = _engine(_dspark(3, disable_by_batch_size=1))
+    seen: list[tuple[list[int], list[int]]] = []
+    original = llm.engine.proposer.propose
+
+    def spy(seqs, limits):
+        drafts = original(seqs, limits)
+        seen.extend((list(s.token_ids), list(d)) for s, d in zip(seqs, drafts) if d)
+        return drafts
+
+    llm.engine.proposer.propose = spy
+    got = llm.generate(prompts, params, use_tqdm=False)
+    for o, want in zip(got, outs):  # plain decoding's tokens (a prefix of its 24)
+        assert o.outputs[0].token_ids == want.outputs[0].token_ids[: len(o.outputs[0].token_ids)]
+    s = llm.get_stats()
+    assert s["spec_num_disabled_rounds"] >= 6 and seen
+    longest = tuple(prompts[2]["prompt_token_ids"])
+    assert all(tuple(toks[: len(longest)]) == longest for toks, _ in seen)  # only the last one drafted
+    model = llm.engine.model
+    for toks, drafts in seen[:3]:
+        assert drafts == _head_drafts(model, toks, len(drafts))
+    _no_leaks(llm)

@@ -107,3 +107,31 @@ def test_dspark_on_the_demo_is_lossless_and_accepts_drafts():
     assert got == want
     assert st["spec_mean_acceptance_length"] >= FLOOR["mean_acceptance_length"]
     assert st["spec_acceptance_per_position"][0] >= FLOOR["first_position"]
+
+
+def test_drafting_pauses_above_the_batch_size_limit_and_resumes_with_accepted_drafts():
+    """``speculative_config.disable_by_batch_size`` on the trained demo: while more sequences run than the
+    limit, nobody gets drafts (plain decode steps); when the batch shrinks to the limit the last sequence drafts
+    again and its drafts are accepted; the tokens equal plain decoding's throughout. (That the resumed drafts are
+    the head's own on the whole context: ``tests/engine/test_spec_decode_dspark.py``.)"""
+    tok_src = LLM(model="demo", kv_cache_memory_bytes=64 << 20)
+    prompts = _heldout_prompts(tok_src.get_tokenizer(), 3, 64)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (5, 9, 40)]
+    want = [o.outputs[0].token_ids for o in tok_src.generate(prompts, params, use_tqdm=False)]
+    spec = LLM(model="demo", kv_cache_memory_bytes=64 << 20, speculative_config={
+        "method": "dspark", "num_speculative_tokens": 5, "disable_by_batch_size": 1})  # fmt: skip
+    got = [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)]
+    st = spec.get_stats()
+    assert got == want
+    # three sequences decode for 4 steps and two more for another 4: no drafts in those rounds
+    assert st["spec_num_disabled_rounds"] >= 8
+    assert st["spec_num_draft_tokens"] > 0 and st["spec_num_accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", True])
+def test_disable_by_batch_size_is_checked(bad):
+    from deepinfer_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"speculative_config.disable_by_batch_size=.*integer >= 1"):
+        LLM(model="demo", kv_cache_memory_bytes=64 << 20, speculative_config={
+            "method": "dspark", "num_speculative_tokens": 2, "disable_by_batch_size": bad})  # fmt: skip
