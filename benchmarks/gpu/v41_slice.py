@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+import zlib
 from pathlib import Path
 
 import torch
@@ -122,7 +123,6 @@ class RandomReader41:
         from deepinfer_core.models.deepseek_v41.weights import StoredSlot
 
         self.path, self.device = Path(path), device
-        self.g = torch.Generator(device).manual_seed(0)
         self.meta: dict[str, tuple[str, tuple[int, ...], str, int]] = {}
         for name, s in model.named_slots():
             if not isinstance(s, StoredSlot):
@@ -155,8 +155,11 @@ class RandomReader41:
         pass
 
     def get(self, key) -> torch.Tensor:
+        """Tensor ``key``, from a generator seeded by its name: the same values whoever asks and in whatever
+        order (DeepSeek's reference reads them too: ``v41_reference_peer.py``)."""
         dt, shape, kind, fan_in = self.meta[key]
-        d, g = self.device, self.g
+        d = self.device
+        g = torch.Generator(d).manual_seed(zlib.crc32(key.encode()))
         if kind == "fp8":  # codes ~ N(0, 1): weights of std ``scale``
             return torch.randn(shape, device=d, generator=g).to(torch.float8_e4m3fn)
         if kind == "fp8_scale":
@@ -342,6 +345,12 @@ def host_profile_text(prof) -> dict[str, str]:
     return out
 
 
+def slice_prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+    """``n`` random prompts of ``length`` ids (the first ``b`` are the same for any ``n >= b``)."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
+
+
 def section_engine(args, model, rt, ceil) -> None:
     from cuda_settings import cuda_env
 
@@ -352,10 +361,8 @@ def section_engine(args, model, rt, ceil) -> None:
 
     backend = "reference" if SMOKE else "cuda_sm100"
     wb = weight_bytes41(model)
-    g = torch.Generator().manual_seed(0)
     prompts = [
-        {"prompt_token_ids": torch.randint(3, model.vocab_size, (args.prompt,), generator=g).tolist()}
-        for _ in range(max(args.batches))
+        {"prompt_token_ids": p} for p in slice_prompts(max(args.batches), args.prompt, model.vocab_size)
     ]
     ctx = args.prompt + args.tokens
     rows, tokens = {}, {}
@@ -414,6 +421,8 @@ def section_engine(args, model, rt, ceil) -> None:
             else:
                 row[tag] = {"step_ms": step_ms, "tpot_ms": step_ms, "generate_tok_s": n_tok / wall}
             tokens[(k, b)] = [o.outputs[0].token_ids for o in outs]
+            if not k and args.save_tokens:
+                RESULTS.setdefault("tokens", {})[str(b)] = tokens[(k, b)]
             log("v41 engine", tag, b, row[tag])
             RESULTS["engine_rows"] = list(rows.values())  # kept if a later part fails
             save(args.out)  # and written now: a device call cut at its time limit still returns them
@@ -475,6 +484,9 @@ def main() -> None:
         default="auto",
         choices=["auto", "on", "off"],
         help="EngineConfig.engram_in_step: the device reads the Engram tables in place (auto: if they fit)",
+    )
+    ap.add_argument(
+        "--save-tokens", action="store_true", help="keep plain decode's greedy tokens in the JSON"
     )
     ap.add_argument(
         "--float32", action="store_true", help="activations and unquantized weights in float32 (default bf16)"
