@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from deepinfer_core.config import ConfigError, EngineConfig
-from deepinfer_core.engine.draft_rounds import draft_round
+from deepinfer_core.engine.draft_rounds import draft_round, verified_rows
 from deepinfer_core.engine.input_processor import InputProcessor, ProcessedPrompt
 from deepinfer_core.engine.layer_range import bounded_replay
 from deepinfer_core.engine.loader import model_bytes
@@ -247,7 +247,8 @@ class LLMEngine:
         """The step; if it raises, each sequence is stepped alone, and those that raise again fail. The
         failed attempt left nothing behind: KV is written by position and rewritten by the retry, and
         sequence state only changes after sampling, whose per-sequence errors are caught where they occur.
-        The last value says whether the step was retried so."""
+        The proposer sees each retried sequence's step (its draft windows stay complete). The last value says
+        whether the step was retried so."""
         try:
             return (*self._compute(sched), False)
         except Exception as exc:  # noqa: BLE001 - find the request(s) that break the step
@@ -260,7 +261,10 @@ class LLMEngine:
         failed: Failures = []
         for s in sched.scheduled:
             try:
-                done, bad = self._compute(SchedulerOutput([s]))
+                alone = SchedulerOutput([s])
+                done, bad = self._compute(alone)
+                if self.proposer is not None:  # its windows must not miss these positions
+                    self.proposer.observe(verified_rows(alone, self.runner.last_rows))
             except Exception as exc:  # noqa: BLE001 - this request fails alone
                 done, bad = [], [(s.seq, f"its step raised {type(exc).__name__}: {exc}")]
             finished += done

@@ -384,3 +384,36 @@ def test_drafts_after_a_pause_for_batch_size_are_the_heads_on_the_whole_context(
     for toks, drafts in seen[:3]:
         assert drafts == _head_drafts(model, toks, len(drafts))
     _no_leaks(llm)
+
+
+def test_after_a_step_retried_sequence_by_sequence_drafts_are_the_heads_on_the_whole_context(plain):
+    """A step that raises is retried one sequence at a time (``LLMEngine._run``); the proposer sees each of
+    those steps too, so the drafts of later rounds are still the DSpark head's over the whole context (a window
+    missing the retried step's positions would give others), and the output equals plain decoding's."""
+    _, outs = plain
+    llm = _engine(_dspark(3))
+    engine = llm.engine
+    seen: list[tuple[list[int], list[int]]] = []
+    original, execute = engine.proposer.propose, engine.runner.execute
+    state = {"steps": 0, "raised": 0}
+
+    def spy(seqs, limits):
+        drafts = original(seqs, limits)
+        if state["raised"]:
+            seen.extend((list(s.token_ids), list(d)) for s, d in zip(seqs, drafts) if d)
+        return drafts
+
+    def flaky(sched):
+        state["steps"] += 1
+        if state["steps"] == 6 and len(sched.scheduled) > 1:
+            state["raised"] += 1
+            raise RuntimeError("a transient failure of the batched step")
+        return execute(sched)
+
+    engine.proposer.propose, engine.runner.execute = spy, flaky
+    assert_same_outputs(outs, llm.generate(_prompts(), _params(logprobs=2), use_tqdm=False))
+    assert state["raised"] == 1 and seen
+    model = engine.model
+    for toks, drafts in seen[:4]:
+        assert drafts == _head_drafts(model, toks, len(drafts))
+    _no_leaks(llm)
