@@ -112,6 +112,9 @@ def scripted() -> Iterator[Scripted]:
         max_model_len=4096,
         kv_cache_memory_bytes=16 << 20,
         structured_outputs_backend="llguidance",
+        # the first grammar builds llguidance's view of the 129k-token vocabulary: on a loaded 2-core CI
+        # machine that may pass the 10-s default
+        structured_outputs_compile_timeout_s=60.0,
     )
     llm = AsyncLLM(LLMEngine(cfg, model, toy_backends(), tok, grammars))
     try:

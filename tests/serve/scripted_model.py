@@ -10,6 +10,8 @@ tool calls) with the real DeepSeek-V4 tokenizer.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from deepinfer_core.kv.spec import CacheSpec
@@ -23,6 +25,9 @@ class ScriptedLM(CausalLM):
         self.max_position_embeddings = max_pos
         self.eos_token_ids = [eos_token_id]
         self.scripts: dict[tuple[int, ...], list[int]] = {}
+        #: seconds each forward sleeps (a test that must observe a request mid-generation sets it, so that
+        #: a loaded machine cannot let the request finish before the test looks)
+        self.step_delay_s = 0.0
 
     @classmethod
     def from_checkpoint(cls, path, backends, dtype, options=None):  # pragma: no cover - built directly
@@ -36,6 +41,8 @@ class ScriptedLM(CausalLM):
         return [CacheSpec("script.tokens", "compressed", 1, (1,), torch.int64)]
 
     def forward(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         pool = kv["script.tokens"].view(-1)
         table, bs = batch.block_tables["compressed"], batch.block_size
         req, pos = batch.request_index(), batch.positions

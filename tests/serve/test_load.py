@@ -200,6 +200,7 @@ def test_a_client_that_leaves_frees_its_blocks_and_grammar_state_at_once(scripte
                     async for line in lines:
                         if line.startswith("data: "):
                             break
+                    assert '"error"' not in line, f"the request failed instead of generating: {line}"
                     await asyncio.to_thread(scripted.llm.wait_for_stats, generating, TIMEOUT)
                 await lines.aclose()
             else:
@@ -209,10 +210,16 @@ def test_a_client_that_leaves_frees_its_blocks_and_grammar_state_at_once(scripte
                 with pytest.raises(asyncio.CancelledError):
                     await post
 
-    with running_server(scripted.llm) as url:
-        asyncio.run(leave(url))
-        stats = scripted.llm.wait_for_stats(_idle, TIMEOUT)
-        metrics = httpx.get(url + "/metrics", timeout=TIMEOUT).text
+    # 5 ms a step: the 3,000 tokens take 15 s or more, however fast the machine, so the request is still
+    # generating when the test looks and when its client leaves (a loaded CI machine once let it finish first)
+    scripted.model.step_delay_s = 0.005
+    try:
+        with running_server(scripted.llm) as url:
+            asyncio.run(leave(url))
+            stats = scripted.llm.wait_for_stats(_idle, TIMEOUT)
+            metrics = httpx.get(url + "/metrics", timeout=TIMEOUT).text
+    finally:
+        scripted.model.step_delay_s = 0.0
     assert stats.num_grammars == 0 and not scripted.llm.engine.requests
     assert _counter(metrics, 'deepinfer_requests_total{outcome="abort"}') == 1
     assert _counter(metrics, 'deepinfer_requests_total{outcome="length"}') == 0
