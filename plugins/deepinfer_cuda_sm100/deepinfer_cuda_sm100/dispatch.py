@@ -48,11 +48,20 @@ def num_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
+@functools.lru_cache(maxsize=1)
+def has_griddepcontrol() -> bool:
+    """Triton has ``griddepcontrol`` (3.3+: ``triton.language.extra.cuda.gdc_wait``), which the kernels'
+    ``_common.pdl_enter`` compiles to. Looked up in Triton, not through the kernels (they import this module)."""
+    try:
+        import triton.language.extra.cuda as cuda_extra
+    except ImportError:
+        return False
+    return hasattr(cuda_extra, "gdc_wait")
+
+
 @functools.lru_cache(maxsize=8)
 def _pdl_args(arch_name: str, enabled: bool) -> dict:
-    from deepinfer_cuda_sm100.kernels._common import gdc_wait
-
-    if arch_name == "interpreter" or not enabled or gdc_wait is None:
+    if arch_name == "interpreter" or not enabled or not has_griddepcontrol():
         return {}
     return {"PDL": True, "launch_pdl": True}
 

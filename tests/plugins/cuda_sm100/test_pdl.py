@@ -68,6 +68,7 @@ def test_pdl_args_on_hopper_for_few_tokens_unless_disabled(monkeypatch):
     from deepinfer_cuda_sm100.kernels import _common
 
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    assert dispatch.has_griddepcontrol() == (_common.gdc_wait is not None)  # the kernels' own probe
     if _common.gdc_wait is None:
         assert dispatch.pdl_args(1) == {}
         return
