@@ -98,19 +98,27 @@ def _head_drafts(model, ids: list[int], n: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("k,budget", [(5, 16), (2, 64)])
-def test_dspark_greedy_output_is_unchanged_and_drafts_are_the_heads(plain, k, budget):
-    _, outs = plain
-    llm = _engine(_dspark(k), max_num_batched_tokens=budget)
+def _record_drafts(llm: LLM, when=lambda: True) -> list[tuple[list[int], list[int]]]:
+    """Wrap the engine's proposer: each non-empty draft it returns while ``when()`` holds, with the sequence's
+    tokens at that moment, lands in the returned list."""
     seen: list[tuple[list[int], list[int]]] = []
     original = llm.engine.proposer.propose
 
     def spy(seqs, limits):
         drafts = original(seqs, limits)
-        seen.extend((list(s.token_ids), list(d)) for s, d in zip(seqs, drafts) if d)
+        if when():
+            seen.extend((list(s.token_ids), list(d)) for s, d in zip(seqs, drafts) if d)
         return drafts
 
     llm.engine.proposer.propose = spy
+    return seen
+
+
+@pytest.mark.parametrize("k,budget", [(5, 16), (2, 64)])
+def test_dspark_greedy_output_is_unchanged_and_drafts_are_the_heads(plain, k, budget):
+    _, outs = plain
+    llm = _engine(_dspark(k), max_num_batched_tokens=budget)
+    seen = _record_drafts(llm)
     assert_same_outputs(outs, llm.generate(_prompts(), _params(logprobs=2), use_tqdm=False))
     s = llm.get_stats()
     assert s["spec_num_draft_tokens"] > 0 and len(s["spec_acceptance_per_position"]) == k
@@ -364,15 +372,7 @@ def test_drafts_after_a_pause_for_batch_size_are_the_heads_on_the_whole_context(
     prompts = _prompts()
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=2) for n in (4, 8, 24)]
     llm = _engine(_dspark(3, disable_by_batch_size=1))
-    seen: list[tuple[list[int], list[int]]] = []
-    original = llm.engine.proposer.propose
-
-    def spy(seqs, limits):
-        drafts = original(seqs, limits)
-        seen.extend((list(s.token_ids), list(d)) for s, d in zip(seqs, drafts) if d)
-        return drafts
-
-    llm.engine.proposer.propose = spy
+    seen = _record_drafts(llm)
     got = llm.generate(prompts, params, use_tqdm=False)
     for o, want in zip(got, outs):  # plain decoding's tokens (a prefix of its 24)
         assert o.outputs[0].token_ids == want.outputs[0].token_ids[: len(o.outputs[0].token_ids)]
@@ -393,15 +393,9 @@ def test_after_a_step_retried_sequence_by_sequence_drafts_are_the_heads_on_the_w
     _, outs = plain
     llm = _engine(_dspark(3))
     engine = llm.engine
-    seen: list[tuple[list[int], list[int]]] = []
-    original, execute = engine.proposer.propose, engine.runner.execute
     state = {"steps": 0, "raised": 0}
-
-    def spy(seqs, limits):
-        drafts = original(seqs, limits)
-        if state["raised"]:
-            seen.extend((list(s.token_ids), list(d)) for s, d in zip(seqs, drafts) if d)
-        return drafts
+    seen = _record_drafts(llm, when=lambda: state["raised"])
+    execute = engine.runner.execute
 
     def flaky(sched):
         state["steps"] += 1
@@ -410,7 +404,7 @@ def test_after_a_step_retried_sequence_by_sequence_drafts_are_the_heads_on_the_w
             raise RuntimeError("a transient failure of the batched step")
         return execute(sched)
 
-    engine.proposer.propose, engine.runner.execute = spy, flaky
+    engine.runner.execute = flaky
     assert_same_outputs(outs, llm.generate(_prompts(), _params(logprobs=2), use_tqdm=False))
     assert state["raised"] == 1 and seen
     model = engine.model
