@@ -4,7 +4,7 @@ Runs the release's ``inference/model.py`` and ``engram.py`` (checked by sha256, 
 ``docs/v41_reference.md``) with ``kernel_cpu.py``, the PyTorch stand-in for DeepSeek's TileLang kernels (the
 TileLang ``inference/kernel.py`` is not published where this workplace can read it), on the slice of
 ``v41_slice.py``: its config rendered in ``ModelArgs`` names, the same random weights (each tensor drawn from a
-generator seeded by its name, ``RandomReader41.get``) and the same Engram table file. The model runs as the
+generator seeded by its name, ``slice_model41.RandomReader41.get``) and the same Engram table file. The model runs as the
 release does: bf16 default dtype on the GPU, prefill of the whole prompt in one forward, then one token a step
 for the whole batch, greedy (``temperature = 0``), KV quantisation simulated in place, the decode fix of
 ``docs/v41_reference.md`` on. Per batch and numerics mode (``--modes``: the release's, and float32 GEMMs like
@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "tools")]
 
-from v41_slice import DEMO_CONFIG, RandomReader41, slice_config, slice_prompts, write_engram_file  # noqa: E402
+from slice_model41 import DEMO_CONFIG, RandomReader41, slice_config, slice_prompts, write_engram_file  # noqa: E402
 from v41golden import patches  # noqa: E402
 from v41golden.hf_config import TEXT_TO_ARGS  # noqa: E402
 from v41golden.reference import _stored_value, load_reference  # noqa: E402
