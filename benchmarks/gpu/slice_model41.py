@@ -202,7 +202,9 @@ def build_v41_slice(backends, dtype, toy: bool, workdir: Path, engram_in_step: b
     return model
 
 
-def slice_prompts(n: int, length: int, vocab: int) -> list[list[int]]:
-    """``n`` random prompts of ``length`` ids (the first ``b`` are the same for any ``n >= b``)."""
+def slice_prompts(n: int, length: int, vocab: int, shared: int = 0) -> list[list[int]]:
+    """``n`` random prompts of ``length`` ids (the first ``b`` are the same for any ``n >= b``); ``shared``:
+    they all start with the same ``min(shared, length)`` ids."""
     g = torch.Generator().manual_seed(0)
-    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
+    prefix = torch.randint(3, vocab, (min(shared, length),), generator=g).tolist()
+    return [prefix + torch.randint(3, vocab, (length - len(prefix),), generator=g).tolist() for _ in range(n)]

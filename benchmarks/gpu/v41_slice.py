@@ -47,7 +47,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from bench_common import RESULTS, SMOKE, ceilings, cuda_runtime, log, sync
+from bench_common import RESULTS, SMOKE, ceilings, cuda_runtime, log, sync, time_call
 from engine_sections import _timed_steps
 from slice_model import weight_bytes
 from slice_model41 import build_v41_slice, slice_prompts
@@ -57,8 +57,11 @@ from slice_model41 import build_v41_slice, slice_prompts
 
 def weight_bytes41(model) -> dict[str, float]:
     """Bytes a decode step reads (``slice_model.weight_bytes``): routed experts (per expert per layer), the rest of
-    the target (DSpark's ``mtp.*`` stages and the host-resident Engram tables left out), one embedding row."""
-    return weight_bytes(model, skip=lambda name: name.startswith("mtp.") or ".engram.embed." in name)
+    the target (DSpark's ``mtp.*`` stages and the host-resident Engram tables left out), one embedding row; and
+    ``head``: the head's and final norm's part of ``other``."""
+    wb = weight_bytes(model, skip=lambda name: name.startswith("mtp.") or ".engram.embed." in name)
+    wb["head"] = sum(t.numel() * t.element_size() for t in (model.head.value, model.norm.value))
+    return wb
 
 
 def kv_bytes_per_row(model, ctx: int) -> float:
@@ -91,6 +94,51 @@ def decode_bytes(model, wb, batch: int, ctx: int) -> float:
         + batch * wb["embed_row"]
         + batch * kv_bytes_per_row(model, ctx)
     )
+
+
+def prefill_flops41(model, tokens: int, decoder_rows: int | None = None) -> dict[str, float]:
+    """2 x multiply-adds of one ``tokens``-row prefill (one chunk from position 0), a stated model: each layer's
+    matrices from the model's own slots (logical shapes; routed experts x top-k per row, the Engram table and the
+    embedding gathered, not multiplied), attention over each row's window and its selected compressed entries
+    (``4 h d`` an entry: scores and values), each indexer query scoring the compressed keys before it (inside the
+    candidate pool after the candidate source), and the head on the last row. ``decoder_rows``: the decoder
+    layers (after the last Full layer) run on that many rows (bounded replay: the chunk's last window)."""
+    from deepinfer_core.ops.weights import QuantizedWeight
+
+    c = model.cfg
+    h, d, idx = c.num_attention_heads, c.head_dim, c.index_n_heads * c.index_head_dim
+    pool = c.candidate_topk_blocks * c.candidate_block_size
+    macs: dict[int, float] = {}
+    for name, s in model.named_slots():
+        parts = name.split(".")
+        if parts[0] != "layers" or ".engram.embed." in name:
+            continue
+        v = s.value
+        if isinstance(v, QuantizedWeight):
+            m = v.shape[0] * v.shape[1]
+        elif isinstance(v, torch.Tensor) and v.dim() == 2:
+            m = v.numel()
+        else:
+            continue
+        if ".ffn.experts." in name:
+            m = m * c.num_experts_per_tok / c.n_routed_experts
+        macs[int(parts[1])] = macs.get(int(parts[1]), 0.0) + m
+    t = torch.arange(tokens, dtype=torch.float64)
+    total = matmul = 0.0
+    for i, role in enumerate(c.roles):
+        rows = tokens if decoder_rows is None or i < (model.decoder_start or 0) else min(decoder_rows, tokens)
+        tt = t[tokens - rows :]
+        matmul += 2 * rows * macs.get(i, 0.0)
+        entries = torch.clamp(tt + 1, max=c.sliding_window)
+        if role.ratio:
+            n = torch.floor((tt + 1) / role.ratio)
+            entries = entries + torch.clamp(n, max=c.index_topk)
+            if role.owns_query:
+                scored = torch.clamp(n, max=pool) if role.uses_candidates else n
+                total += 2 * idx * float(scored.sum())
+        total += 4 * h * d * float(entries.sum())
+    matmul += 2 * c.hidden_size * c.vocab_size
+    return {"flops": total + matmul, "weight_flops": matmul, "attention_flops": total}
 
 
 # ----------------------------------------------------------------------------------------- the engine
@@ -143,6 +191,77 @@ def profile_graph(runner, batch: int) -> list[dict]:
     return top
 
 
+def head_ms(model, rows: int) -> float:
+    """The head alone (final norm and logits of ``rows`` rows: ``compute_logits``), captured in a graph and
+    replayed (median of 20), as the decode graph runs it."""
+    x = torch.randn(rows, model.cfg.hidden_size, dtype=model.dtype, device=model.head.value.device)
+    if SMOKE:
+        return time_call(lambda: model.compute_logits(x))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            model.compute_logits(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model.compute_logits(x)
+    return time_call(graph.replay)
+
+
+def prefill_section(args, model, rt, ceil) -> None:
+    """One ``--prefill``-token prompt (a chunk) through ``LLM.generate`` (``max_tokens=1``: the prefill step and
+    its first token), plain and with SWA bounded replay (the decoder layers on the chunk's last window), each
+    the median of 3 distinct prompts after a warm-up one; FLOPs by :func:`prefill_flops41` over the BF16 matmul
+    rate measured at the start of the run."""
+    from cuda_settings import cuda_env
+
+    from deepinfer_core import SamplingParams
+    from deepinfer_core.config import load_config
+    from deepinfer_core.engine.llm import LLM
+    from deepinfer_core.engine.llm_engine import LLMEngine
+
+    n = args.prefill
+    prompts = [{"prompt_token_ids": p} for p in slice_prompts(4, n, model.vocab_size)]
+    sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    out = {"tokens": n}
+    for replay in (False, True):
+        config = load_config(
+            environ={} if SMOKE else cuda_env(),
+            backend="reference" if SMOKE else "cuda_sm100",
+            max_model_len=n + 16,
+            max_num_seqs=1,
+            max_num_batched_tokens=n,
+            kv_cache_memory_bytes=args.kv_bytes,
+            enable_prefix_caching=False,
+            swa_bounded_replay=replay,
+            enforce_eager=SMOKE,
+        )
+        engine = LLMEngine(config, model, rt.backends, None, rt.registry.structured_backends, rt.registry.proposers)
+        llm = LLM.from_engine(engine)
+        llm.generate(prompts[:1], sp, use_tqdm=False)
+        ts = []
+        for p in prompts[1:]:
+            sync()
+            t0 = time.perf_counter()
+            llm.generate([p], sp, use_tqdm=False)
+            sync()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        ms = sorted(ts)[len(ts) // 2]
+        fl = prefill_flops41(model, n, model.cfg.sliding_window if replay else None)
+        row = {"ms": ms, "all_ms": ts, **fl, "tflops": fl["flops"] / ms / 1e9}
+        if ceil:
+            row["matmul_share"] = fl["flops"] / (ms * 1e-3) / ceil["bf16_matmul_flops"]
+        out["bounded_replay" if replay else "plain"] = row
+        log("v41 prefill", "bounded replay" if replay else "plain", row)
+        RESULTS["prefill"] = out
+        save(args.out)
+        engine = llm = None
+        if not SMOKE:
+            torch.cuda.empty_cache()
+            rt.backends.memory._pool = None
+
+
 def host_profile_text(prof) -> dict[str, str]:
     """The 40 costliest functions of a profiled ``generate`` (Python's cProfile: host time; the step times of
     a profiled run are not figures), by own time and by cumulative time."""
@@ -165,7 +284,8 @@ def section_engine(args, model, rt, ceil) -> None:
     backend = "reference" if SMOKE else "cuda_sm100"
     wb = weight_bytes41(model)
     prompts = [
-        {"prompt_token_ids": p} for p in slice_prompts(max(args.batches), args.prompt, model.vocab_size)
+        {"prompt_token_ids": p}
+        for p in slice_prompts(max(args.batches), args.prompt, model.vocab_size, args.shared_prefix)
     ]
     ctx = args.prompt + args.tokens
     rows, tokens = {}, {}
@@ -177,7 +297,7 @@ def section_engine(args, model, rt, ceil) -> None:
             backend=backend,
             max_model_len=ctx + 16,
             max_num_seqs=max(args.batches),
-            max_num_batched_tokens=max(8192, args.prompt),
+            max_num_batched_tokens=8192,
             kv_cache_memory_bytes=args.kv_bytes,
             speculative_config=spec,
             enforce_eager=SMOKE,
@@ -234,6 +354,11 @@ def section_engine(args, model, rt, ceil) -> None:
             RESULTS["profile"] = profile_graph(runner, args.profile)
         if k == 0:
             graphs = replay_ms(runner, lambda key: key and key[0] != "draft" and key[-1] == 1)
+            for b in args.batches:
+                key = runner.graph_key(b, ctx - 1)
+                if key is not None and str(key) in graphs:
+                    rows[b]["layers"] = {"graph_key": str(key), "graph_ms": graphs[str(key)]}
+                    rows[b]["layers"]["head_ms"] = head_ms(model, key[0])
         else:
             graphs = replay_ms(runner, lambda key: True)
         for key, ms in graphs.items():
@@ -246,13 +371,22 @@ def section_engine(args, model, rt, ceil) -> None:
             # the engines share these memory ops: the next one captures into a fresh graph pool (the old pool,
             # its graphs freed, is released, and capturing into its stale handle fails an allocator assert)
             rt.backends.memory._pool = None
+    copy = ceil["copy_bytes_per_s"] if ceil else float("nan")
     for b, row in rows.items():
         row["roofline_bytes"] = decode_bytes(model, wb, b, ctx)
-        row["roofline_ms"] = row["roofline_bytes"] / ceil["copy_bytes_per_s"] * 1e3 if ceil else float("nan")
+        row["roofline_ms"] = row["roofline_bytes"] / copy * 1e3
+        if "layers" in row:  # the per-layer share: the graph without the head, against the layers' bytes
+            lay = row["layers"]
+            lay["bytes"] = row["roofline_bytes"] - wb["head"] - b * wb["embed_row"]
+            lay["ms"] = lay["graph_ms"] - lay["head_ms"]
+            lay["share"] = lay["bytes"] / copy * 1e3 / lay["ms"]
+            lay["ms_per_layer"] = lay["ms"] / model.cfg.num_hidden_layers
+            lay["head_share"] = (wb["head"] + b * wb["embed_row"]) / copy * 1e3 / lay["head_ms"]
         for k in ks:
             row[f"dspark_k{k}"]["greedy_equal_plain"] = tokens[(k, b)] == tokens[(0, b)]
     RESULTS["engine"] = {
         "prompt": args.prompt,
+        "shared_prefix": args.shared_prefix,
         "tokens": args.tokens,
         "rows": list(rows.values()),
         "bytes": wb,
@@ -270,11 +404,19 @@ def main() -> None:
     from deepinfer_core.runtime import build_runtime
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 16, 64])
     ap.add_argument(
         "--ks", type=int, nargs="+", default=[5], help="DSpark drafts a round (0: plain decode only)"
     )
     ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="the prompts share their first N tokens (prefilled once through the prefix cache; decode still "
+        "reads each sequence's own blocks, which hold the same entries)",
+    )
+    ap.add_argument("--prefill", type=int, default=0, help="time a prefill of N tokens (0: not measured)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--kv-bytes", type=int, default=16 << 30)
     ap.add_argument("--profile", type=int, default=0, help="profile the plain decode graph of this batch")
@@ -323,7 +465,10 @@ def main() -> None:
             }
             if not SMOKE:
                 RESULTS["build"]["gpu_bytes_allocated"] = torch.cuda.memory_allocated()
-            section_engine(args, model, rt, ceil)
+            if args.batches:
+                section_engine(args, model, rt, ceil)
+            if args.prefill:
+                prefill_section(args, model, rt, ceil)
         except Exception:  # noqa: BLE001 - keep what was measured
             log(traceback.format_exc()[-3000:])
             RESULTS["error"] = traceback.format_exc()[-1500:]
