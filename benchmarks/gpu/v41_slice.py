@@ -237,7 +237,9 @@ def prefill_section(args, model, rt, ceil) -> None:
             swa_bounded_replay=replay,
             enforce_eager=SMOKE,
         )
-        engine = LLMEngine(config, model, rt.backends, None, rt.registry.structured_backends, rt.registry.proposers)
+        engine = LLMEngine(
+            config, model, rt.backends, None, rt.registry.structured_backends, rt.registry.proposers
+        )
         llm = LLM.from_engine(engine)
         llm.generate(prompts[:1], sp, use_tqdm=False)
         ts = []
