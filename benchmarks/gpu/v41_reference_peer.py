@@ -122,10 +122,21 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_batch(model, prompts: list[list[int]], tokens: int, device) -> dict:
-    """Prefill every prompt in one forward, then ``tokens - 1`` decode steps of the whole batch."""
+def run_batch(model, prompts: list[list[int]], tokens: int, device, dtype) -> dict:
+    """Prefill every prompt in one forward, then ``tokens - 1`` decode steps of the whole batch, with the default
+    device and dtype the release's ``generate.py`` sets (the stand-in kernels make their tensors there)."""
     ids = torch.tensor(prompts, device=device)
     start = ids.shape[1]
+    prev_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return _run(model, ids, start, tokens, device)
+    finally:
+        torch.set_default_dtype(prev_dtype)
+
+
+def _run(model, ids: torch.Tensor, start: int, tokens: int, device) -> dict:
     with torch.inference_mode():
         out = [model(ids, 0)[0]]
         steps = []
@@ -137,9 +148,9 @@ def run_batch(model, prompts: list[list[int]], tokens: int, device) -> dict:
             steps.append((time.perf_counter() - t0) * 1e3)
     step = statistics.median(steps) if steps else float("nan")
     return {
-        "batch": len(prompts),
+        "batch": ids.shape[0],
         "step_ms": step,
-        "tok_s": len(prompts) / step * 1e3,
+        "tok_s": ids.shape[0] / step * 1e3,
         "tokens": torch.stack(out, 1).tolist(),
     }
 
@@ -200,7 +211,7 @@ def main() -> None:
             model = build_reference(ref, rargs, tensors, b, args.prompt + args.tokens, device, dtype)
             prompts = slice_prompts(b, args.prompt, rargs["vocab_size"])
             with patches.numerics(ref, mode):
-                row = {"numerics": mode, **run_batch(model, prompts, args.tokens, device)}
+                row = {"numerics": mode, **run_batch(model, prompts, args.tokens, device, dtype)}
             if engine is not None:
                 mine = engine.get("tokens", {}).get(str(b))
                 erow = next((r for r in engine["engine"]["rows"] if r["batch"] == b), None)

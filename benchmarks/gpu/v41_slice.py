@@ -250,6 +250,8 @@ def prefill_section(args, model, rt, ceil) -> None:
             sync()
             ts.append((time.perf_counter() - t0) * 1e3)
         ms = sorted(ts)[len(ts) // 2]
+        if args.profile_prefill and not replay and not SMOKE:
+            out["profile"] = profile_call(lambda g=llm.generate: g(prompts[1:2], sp, use_tqdm=False))
         fl = prefill_flops41(model, n, model.cfg.sliding_window if replay else None)
         row = {"ms": ms, "all_ms": ts, **fl, "tflops": fl["flops"] / ms / 1e9}
         if ceil:
@@ -262,6 +264,23 @@ def prefill_section(args, model, rt, ceil) -> None:
         if not SMOKE:
             torch.cuda.empty_cache()
             rt.backends.memory._pool = None
+
+
+def profile_call(fn) -> list[dict]:
+    """GPU time per kernel name of one call of ``fn`` (a prefill: which ops hold it back from the matmul rate)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    rows = sorted(
+        ((e.key, e.self_device_time_total / 1e3, e.count) for e in prof.key_averages()), key=lambda r: -r[1]
+    )
+    log(f"profile: {sum(r[1] for r in rows):.3f} ms of kernels")
+    top = [{"kernel": name[:100], "ms": round(ms, 3), "calls": n} for name, ms, n in rows[:30]]
+    for r in top:
+        log("   ", r)
+    return top
 
 
 def host_profile_text(prof) -> dict[str, str]:
@@ -419,6 +438,7 @@ def main() -> None:
         "reads each sequence's own blocks, which hold the same entries)",
     )
     ap.add_argument("--prefill", type=int, default=0, help="time a prefill of N tokens (0: not measured)")
+    ap.add_argument("--profile-prefill", action="store_true", help="GPU time per kernel of one plain prefill")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--kv-bytes", type=int, default=16 << 30)
     ap.add_argument("--profile", type=int, default=0, help="profile the plain decode graph of this batch")
