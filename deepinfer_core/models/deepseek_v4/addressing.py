@@ -17,7 +17,9 @@ per kind and ``context_bucket // r`` candidate columns; unused entries write to 
 of each pool, which the model runner keeps as a scratch block that no request owns. The candidate tables
 (``rows x context_bucket / ratio``, megabytes at long contexts) are not built on the host in static mode:
 the host checks that every block they need is present, and :meth:`StepAddressing.to` builds them on the
-device from the block table (tensor ops only, no synchronisation).
+device from the block table (tensor ops only, no synchronisation). Dynamic steps (prefill chunks) defer them
+the same way, ``max((p + 1) // r)`` wide: an 8k-token chunk's ratio-1 table is 8192 x 8192 slots (512 MB of
+int64), which the host would build in seconds and copy, where the device builds it in milliseconds.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ class Compression:
     src_slots: (
         torch.Tensor
     )  # [E, L] window-pool slots of the source tokens (L = 2r with overlap, else r); -1 empty
-    cand_slots: torch.Tensor  # [T, C] compressed-pool slots query t may attend (e < (p+1)//r); -1 padding
+    cand_slots: (
+        torch.Tensor | None
+    )  # [T, C] compressed-pool slots query t may attend (e < (p+1)//r); -1 padding
+    #: ``C``; on the host ``cand_slots`` is ``None`` until :meth:`StepAddressing.to` (or first use) builds it
+    cand_width: int = 0
 
 
 class StepAddressing:
@@ -117,10 +123,9 @@ class StepAddressing:
         table = next(moved) if deferred else None
         out._compressions = {}
         for (ratio, overlap), c, t in parts:
-            if c.cand_slots is None:  # deferred (static mode): build it where it is used
-                width = self.context_bucket // ratio
-                t.append(candidate_slots(table, out.req, out.positions, ratio, width, self.block_size))
-            out._compressions[(ratio, overlap)] = Compression(*t)
+            if c.cand_slots is None:  # deferred: build it where it is used
+                t.append(candidate_slots(table, out.req, out.positions, ratio, c.cand_width, self.block_size))
+            out._compressions[(ratio, overlap)] = Compression(*t, cand_width=c.cand_width)
         return out
 
     def tensors(self) -> list[torch.Tensor]:
@@ -153,12 +158,21 @@ class StepAddressing:
         return torch.where(valid, block * epb + entry % epb, -1)
 
     def compression(self, ratio: int, overlap: bool) -> Compression:
+        """The compression of ``(ratio, overlap)``, its candidate table built where this addressing lives if
+        it was deferred (a host addressing used without :meth:`to`)."""
         key = (ratio, overlap)
         if key not in self._compressions:
             if self.batch is None:
                 raise RuntimeError(f"compression {key} was not planned on the host (StepAddressing kinds)")
             self._compressions[key] = self._build(ratio, overlap)
-        return self._compressions[key]
+        c = self._compressions[key]
+        if c.cand_slots is None:
+            table = self.batch.block_tables["compressed"].to(self.positions.device)
+            cand = candidate_slots(table, self.req, self.positions, ratio, c.cand_width, self.block_size)
+            c = self._compressions[key] = Compression(
+                c.entry_slots, c.entry_positions, c.src_slots, cand, c.cand_width
+            )
+        return c
 
     def _build(self, ratio: int, overlap: bool) -> Compression:
         pos, req = self.positions, self.req
@@ -179,14 +193,12 @@ class StepAddressing:
         src_pos = torch.where(live[:, None], src_pos, -1)
         src_slots = self.slots("window", c_req[:, None].expand_as(src_pos), src_pos, 1)
         n_visible = (pos + 1) // ratio
+        self._check_candidate_blocks(n_visible * ratio)
         if self.context_bucket is not None:
-            self._check_candidate_blocks(n_visible * ratio)
-            return Compression(entry_slots, first.clamp(min=0), src_slots, None)  # built by to()
-        width = int(n_visible.max()) if pos.numel() else 0
-        cols = torch.arange(width, dtype=torch.int64, device=dev)[None, :].expand(pos.shape[0], width)
-        cand_pos = torch.where(cols < n_visible[:, None], cols * ratio, -1)
-        cand_slots = self.slots("compressed", req[:, None].expand_as(cand_pos), cand_pos, ratio)
-        return Compression(entry_slots, first.clamp(min=0), src_slots, cand_slots)
+            width = self.context_bucket // ratio
+        else:
+            width = int(n_visible.max()) if pos.numel() else 0
+        return Compression(entry_slots, first.clamp(min=0), src_slots, None, width)  # built by to()
 
     def _check_candidate_blocks(self, covered: torch.Tensor) -> None:
         """Every ``compressed`` block holding a position below ``covered[t]`` (row ``t``'s visible entries)

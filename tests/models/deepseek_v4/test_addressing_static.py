@@ -71,3 +71,40 @@ def test_moving_to_another_device_packs_every_table_into_one_copy_and_keeps_thei
     moved = batch.to(torch.device("meta"))
     assert moved.block_tables["compressed"].shape == batch.block_tables["compressed"].shape
     assert moved.input_ids.device.type == "meta" and moved.logits_indices.shape == batch.logits_indices.shape
+
+
+def _candidates_by_hand(positions: list[int], tables: list[list[int]], ratio: int) -> list[list[int]]:
+    """The docstring's rule, one entry at a time: entry ``e < (p + 1) // r`` of request ``b`` lives in block
+    ``table[b][e * r // BS]`` at offset ``e % (BS // r)``."""
+    epb = BS // ratio
+    return [
+        [tables[b][e * ratio // BS] * epb + e % epb for e in range((p + 1) // ratio)]
+        for b, p in enumerate(positions)
+    ]
+
+
+def test_prefill_candidate_tables_are_deferred_and_built_where_the_step_runs_as_the_rule_says():
+    """A dynamic step (a prefill chunk) keeps no ``[T, C]`` candidate table on the host: ``to()`` builds it
+    (the device, in the engine), and a host addressing used directly builds it on first use; both equal the
+    slots counted out entry by entry, ``-1`` past each row's visible entries."""
+    g = torch.Generator().manual_seed(1)
+    positions = [5, 63, 64, 100, 3, 47]
+    tables = [torch.randperm(40, generator=g)[: p // BS + 1].tolist() for p in positions]
+    addr = StepAddressing(_batch(positions, tables), sliding_window=8, kinds=KINDS)
+    assert all(c.cand_slots is None for c in addr._compressions.values())
+    moved = addr.to(torch.device("cpu"))
+    for ratio, overlap in KINDS:
+        want = _candidates_by_hand(positions, tables, ratio)
+        width = max(len(w) for w in want)
+        for got in (
+            moved.compression(ratio, overlap).cand_slots,
+            addr.compression(ratio, overlap).cand_slots,
+        ):
+            assert got.shape == (len(positions), width)
+            assert got.tolist() == [w + [-1] * (width - len(w)) for w in want]
+
+
+def test_a_prefill_step_refuses_a_released_compressed_block_on_the_host():
+    batch = _batch([40], [[0, -1, 2]])
+    with pytest.raises(RuntimeError, match="no 'compressed' block for position 16"):
+        StepAddressing(batch, sliding_window=8, kinds=((4, True),))
