@@ -186,10 +186,15 @@ def main() -> None:
         "--engine-json", type=Path, help="v41_slice.py's JSON of the same prompts (--save-tokens)"
     )
     ap.add_argument("--smoke", action="store_true", help="the demo's widths on the CPU, float32")
+    ap.add_argument(
+        "--float32",
+        action="store_true",
+        help="activations in float32 on the GPU too (against v41_slice.py --float32: greedy tokens, not speed)",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
-    dtype = torch.float32 if args.smoke else torch.bfloat16
+    dtype = torch.float32 if args.smoke or args.float32 else torch.bfloat16
     ref = load_reference(args.reference, args.allow_other_reference)
     rargs = reference_args(args.smoke)
     result: dict = {"meta": {"argv": sys.argv, "device": str(device), "dtype": str(dtype), "torch": torch.__version__,
