@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deepinfer_core import builtin
 from deepinfer_core.config import EngineConfig
 from deepinfer_core.ops.backends import Backends
 from deepinfer_core.platforms.base import Platform
@@ -11,7 +12,7 @@ from deepinfer_core.platforms.settings import bind_settings
 from deepinfer_core.plugins.registry import (
     PluginHookError,
     PluginRegistry,
-    build_registry,
+    load_registry,
     resolve_backends,
     select_platform,
 )
@@ -23,6 +24,13 @@ class Runtime:
     registry: PluginRegistry
     platform: Platform
     backends: Backends
+
+
+def build_registry(
+    allow: list[str] | None = None, strict: bool = False, extra_plugins: list[object] = (), entry_points=None
+) -> PluginRegistry:
+    """The plugins' registry with the core's built-in plugin first (:func:`load_registry`)."""
+    return load_registry(builtin, allow, strict, extra_plugins, entry_points)
 
 
 def build_runtime(config: EngineConfig, extra_plugins: list[object] = ()) -> Runtime:

@@ -9,7 +9,7 @@ from deepinfer_core.cli.settings_view import print_settings, settings_report
 from deepinfer_core.config import load_config
 from deepinfer_core.platforms.settings import bind_settings
 from deepinfer_core.plugins.manager import implemented_hooks
-from deepinfer_core.plugins.registry import build_registry
+from deepinfer_core.runtime import build_registry
 from deepinfer_core.version import PLUGIN_API_VERSION, __version__
 
 

@@ -127,14 +127,17 @@ class PluginRegistry:
             self.pm.unregister(plugin)
 
 
-def build_registry(
-    allow: list[str] | None = None, strict: bool = False, extra_plugins: list[object] = (), entry_points=None
+def load_registry(
+    builtin: object,
+    allow: list[str] | None = None,
+    strict: bool = False,
+    extra_plugins: list[object] = (),
+    entry_points=None,
 ) -> PluginRegistry:
-    """Load plugins (see :func:`make_plugin_manager`) plus the core's built-in plugin and call every
-    registration hook once, one plugin at a time, the built-in plugin first. A plugin whose registration
-    raises or takes a name already registered is dropped whole and reported."""
-    from deepinfer_core import builtin
-
+    """Load plugins (see :func:`make_plugin_manager`) plus ``builtin``, the core's own plugin (handed in by
+    :func:`deepinfer_core.runtime.build_registry`, which sits above both), and call every registration hook
+    once, one plugin at a time, the built-in plugin first. A plugin whose registration raises or takes a name
+    already registered is dropped whole and reported."""
     pm, report = make_plugin_manager(allow, strict, [builtin, *extra_plugins], entry_points)
     reg = PluginRegistry(pm, report, strict)
     names = [pm.get_name(p) for p in pm.get_plugins()]

@@ -7,7 +7,8 @@ import importlib.metadata as md
 import pytest
 
 from deepinfer_core.config import load_config
-from deepinfer_core.plugins.registry import BackendSelectionError, build_registry, select_platform
+from deepinfer_core.plugins.registry import BackendSelectionError, select_platform
+from deepinfer_core.runtime import build_registry
 
 installed = {ep.name for ep in md.entry_points(group="deepinfer")}
 needs_plugins = pytest.mark.skipif(

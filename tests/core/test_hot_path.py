@@ -5,7 +5,7 @@ from __future__ import annotations
 import pluggy
 
 from deepinfer_core import LLM, SamplingParams
-from deepinfer_core.plugins.registry import build_registry
+from deepinfer_core.runtime import build_registry
 
 from ..models.deepseek_v4.tiny import CSA, HCA, Schedule, build_hf
 

@@ -13,8 +13,7 @@ from deepinfer_core.cli.main import main
 from deepinfer_core.config import ConfigError, load_config
 from deepinfer_core.platforms.reference import ReferenceSettings
 from deepinfer_core.platforms.settings import bind_settings
-from deepinfer_core.plugins.registry import build_registry
-from deepinfer_core.runtime import build_runtime
+from deepinfer_core.runtime import build_registry, build_runtime
 
 ROUTES = ["argument", "environment", "config file"]
 

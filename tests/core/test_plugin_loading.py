@@ -8,8 +8,7 @@ import pytest
 
 from deepinfer_core.config import load_config
 from deepinfer_core.plugins.manager import PluginLoadError, api_compatible
-from deepinfer_core.plugins.registry import build_registry
-from deepinfer_core.runtime import build_runtime
+from deepinfer_core.runtime import build_registry, build_runtime
 from deepinfer_core.version import PLUGIN_API_VERSION
 
 GOOD = """

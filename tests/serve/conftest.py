@@ -98,7 +98,7 @@ class Scripted(Served):
 
 @pytest.fixture(scope="session")
 def scripted() -> Iterator[Scripted]:
-    from deepinfer_core.plugins.registry import build_registry
+    from deepinfer_core.runtime import build_registry
 
     tok = v4_tokenizer()
     grammars = build_registry(allow=["structured"]).structured_backends

@@ -15,7 +15,8 @@ t0 = time.perf_counter()
 import deepinfer_ascend950.plugin
 seconds = time.perf_counter() - t0
 added = sorted(set(sys.modules) - before)
-from deepinfer_core.plugins.registry import build_registry, select_platform
+from deepinfer_core.plugins.registry import select_platform
+from deepinfer_core.runtime import build_registry
 reg = build_registry()
 avail = reg.availability()["ascend950"]
 auto = select_platform(reg, "auto").name

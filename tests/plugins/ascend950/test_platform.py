@@ -11,7 +11,8 @@ import torch
 from deepinfer_ascend950 import plugin
 from deepinfer_ascend950.platform import FUSED_DEFAULTS, Ascend950Platform, Ascend950Settings
 from deepinfer_core.config import load_config
-from deepinfer_core.plugins.registry import BackendSelectionError, build_registry, select_platform
+from deepinfer_core.plugins.registry import BackendSelectionError, select_platform
+from deepinfer_core.runtime import build_registry
 
 
 def test_without_torch_npu_the_platform_says_so(monkeypatch):

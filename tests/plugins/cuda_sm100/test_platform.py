@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.plugins.registry import BackendSelectionError, build_registry, select_platform
+from deepinfer_core.plugins.registry import BackendSelectionError, select_platform
+from deepinfer_core.runtime import build_registry
 from deepinfer_cuda_sm100 import dispatch, plugin, settings
 from deepinfer_cuda_sm100.platform import probe_cuda
 

@@ -11,7 +11,7 @@ import torch
 
 from deepinfer_core.config import load_config
 from deepinfer_core.platforms.settings import bind_settings
-from deepinfer_core.plugins.registry import build_registry
+from deepinfer_core.runtime import build_registry
 from deepinfer_cuda_sm100 import dispatch, settings
 from deepinfer_cuda_sm100.kernels import _common
 from deepinfer_cuda_sm100.platform import CudaSM100Platform

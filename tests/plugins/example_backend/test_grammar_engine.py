@@ -9,7 +9,7 @@ import pytest
 from deepinfer_core import LLM, SamplingParams, StructuredOutputsParams
 from deepinfer_core.config import ConfigError, load_config
 from deepinfer_core.engine.llm_engine import LLMEngine
-from deepinfer_core.plugins.registry import build_registry
+from deepinfer_core.runtime import build_registry
 from deepinfer_example_backend.grammar import ChoiceBackend
 
 from .conftest import EOS

@@ -10,7 +10,7 @@ import torch
 
 from deepinfer_core.config import ConfigError
 from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps
-from deepinfer_core.plugins.registry import build_registry
+from deepinfer_core.runtime import build_registry
 from deepinfer_core.spec_decode import Proposer, build_proposer
 from deepinfer_core.spec_decode.verify import verify_greedy, verify_sampled
 from deepinfer_spec_decode import plugin

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer_core.plugins.registry import build_registry
+from deepinfer_core.runtime import build_registry
 from deepinfer_core.structured import GrammarCache, StructuredOutputManager
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
