@@ -138,6 +138,17 @@ def attention_config(t: int, h: int, d: int, n_slots: int, fp8: bool = False) ->
     return AttentionConfig(_p2(h, 16, 64), 64, 4, 2)
 
 
+#: query rows from which a step over V4.1's packed pools unpacks each distinct entry once before the attention
+#: instead of decoding entries in the kernel (prefill chunks). Not yet measured (v23 prediction: an 8k prefill's
+#: attention ~30 -> ~8 ms a layer); decode steps (at most a few hundred rows, graph-captured) stay in the kernel.
+UNPACK_DISTINCT_ROWS = 1024
+
+
+def attention_unpack_distinct(t: int) -> bool:
+    """Unpack the distinct packed entries a step reads before its attention (see :data:`UNPACK_DISTINCT_ROWS`)."""
+    return t >= UNPACK_DISTINCT_ROWS
+
+
 def attention_splits(programs: int, n_slots: int, block_n: int) -> int:
     """Split-KV chunks per (token, head block) for sparse attention: only while ``programs`` (tokens x head
     blocks) fill under half the SMs (batch 1 has 2 programs for 64 heads), enough chunks of whole tiles to

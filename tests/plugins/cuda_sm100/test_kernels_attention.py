@@ -456,6 +456,57 @@ def test_sparse_attention_decodes_v41_entries_in_the_kernel(ops, gen, monkeypatc
     assert rel_err(got, want) < BOUND[torch.float32]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [False, True], ids=["compressed", "dspark_block"])
+def test_a_prefill_chunk_unpacks_each_distinct_packed_entry_once(ops, gen, monkeypatch, dtype, block):
+    """From ``dispatch.UNPACK_DISTINCT_ROWS`` query rows on (a prefill chunk; lowered here), the step unpacks
+    each distinct entry its slots name once and runs the plain kernel: the rows unpacked are exactly the
+    distinct slots' codec values (not one per read), and the attention equals the reference's over the packed
+    pools within the dtype's bound."""
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+    from deepinfer_cuda_sm100.ops import attention as att
+
+    monkeypatch.setattr(dispatch, "UNPACK_DISTINCT_ROWS", 4)
+    calls, kernel_packs = [], []
+    real_distinct, real_kernel = att._distinct_unpacked, sa.sparse_attention
+
+    def distinct(pool, slots, fmt):
+        rows, new = real_distinct(pool, slots, fmt)
+        calls.append((fmt, rows, new))
+        return rows, new
+
+    def kernel(*a, **kw):
+        kernel_packs.append((kw.get("kv_pack"), kw.get("cmp_pack"), a[1].dtype))
+        return real_kernel(*a, **kw)
+
+    monkeypatch.setattr(att, "_distinct_unpacked", distinct)
+    monkeypatch.setattr(sa, "sparse_attention", kernel)
+    f = _v41_formats(dtype)
+    cf = f.window if block else f.compressed
+    T, H, D = 9, 12, 64
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv, cmp = (
+        f.window.pack(rand(gen, 40, D, dtype=dtype, scale=2.0)),
+        cf.pack(rand(gen, 25, D, dtype=dtype, scale=2.0)),
+    )
+    kv_slots, cmp_slots = _slots(gen, T, 16, 40), _slots(gen, T, 11, 25)  # many repeats across rows
+    kv_slots[3] = -1
+    sinks = rand(gen, H)
+    got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, kv_format=f.window,
+                               cmp_format=None if block else f.compressed)  # fmt: skip
+    ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.1, kv_format=f.window,
+                               cmp_format=None if block else f.compressed)  # fmt: skip
+    assert rel_err(got, ref) < BOUND[dtype]
+    assert kernel_packs == [(None, None, dtype)]  # the plain kernel over unpacked rows, no in-kernel decoding
+    assert len(calls) == 2
+    for (fmt, rows, new), packed, old in zip(calls, (kv, cmp), (kv_slots, cmp_slots), strict=True):
+        live = old >= 0
+        assert rows.shape[0] == len(set(old.clamp(min=0).flatten().tolist()))  # each distinct entry once
+        assert torch.equal((new.cpu() >= 0), live)
+        assert torch.equal(rows.cpu()[new.cpu()[live]], fmt.unpack(packed[old[live]]))
+
+
 def test_other_packed_codecs_are_unpacked_for_the_kernel(ops, gen, monkeypatch):
     """A codec the kernel does not decode (here e4m3 codes with e4m3 scales) still attends correctly: the rows
     each token reads are unpacked into plain rows first."""

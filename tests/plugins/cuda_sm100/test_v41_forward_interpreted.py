@@ -43,10 +43,25 @@ def _generate(plugin_ops: bool, launches: list | None = None):
     return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(monkeypatch):
+@pytest.mark.parametrize("prefill_unpacks", [False, True], ids=["in_kernel", "prefill_unpacks_distinct"])
+def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(monkeypatch, prefill_unpacks):
+    """``prefill_unpacks_distinct``: steps of 16 rows or more (the prompt chunks, 49 rows; the decode steps have
+    2) unpack each distinct packed entry once and run the plain attention kernel, as prefill chunks of 1,024
+    rows or more do on the GPU (``dispatch.UNPACK_DISTINCT_ROWS``)."""
+    from deepinfer_cuda_sm100 import dispatch
     from deepinfer_cuda_sm100.kernels import indexer, sparse_attention
+    from deepinfer_cuda_sm100.ops import attention as att
 
-    used = {"packed_attention": 0, "packed_keys": 0}
+    used = {"packed_attention": 0, "packed_keys": 0, "distinct": 0}
+    if prefill_unpacks:
+        monkeypatch.setattr(dispatch, "UNPACK_DISTINCT_ROWS", 16)
+        real_distinct = att._distinct_unpacked
+
+        def distinct(*a):
+            used["distinct"] += 1
+            return real_distinct(*a)
+
+        monkeypatch.setattr(att, "_distinct_unpacked", distinct)
     real_attn, real_scores = sparse_attention.sparse_attention, indexer.indexer_scores
 
     def attn(*a, kv_pack=None, **k):
@@ -62,6 +77,7 @@ def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(monkeypatch
     want = _generate(False)
     got = _generate(True)
     assert used["packed_attention"] > 0 and used["packed_keys"] > 0  # the in-kernel decodes ran
+    assert (used["distinct"] > 0) == prefill_unpacks
     for w, g in zip(want, got, strict=True):
         assert g.token_ids == w.token_ids
         for lw, lg, t in zip(w.logprobs, g.logprobs, w.token_ids, strict=True):

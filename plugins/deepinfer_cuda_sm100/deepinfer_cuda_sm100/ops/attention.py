@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_core.plugin_api import KV_CACHE_DTYPES, AttentionOps, Fp8KVFormat, Fusion
+from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, sparse_attention
 
 
@@ -30,6 +31,17 @@ def _unpacked(pool: torch.Tensor, slots: torch.Tensor, fmt) -> tuple[torch.Tenso
     return rows, torch.where(slots >= 0, own, -1)
 
 
+def _distinct_unpacked(pool: torch.Tensor, slots: torch.Tensor, fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows that ``slots [T, n]`` name in a packed pool, each unpacked once into a plain pool of
+    their own, and the slots into it (``-1`` kept). A prefill chunk's tokens read mostly the same entries (an
+    8k chunk: ~8k distinct compressed entries among its 4M top-k reads), so this unpacks about ``T`` rows where
+    :func:`_unpacked` would unpack ``T * n`` and the kernel's in-register decoding decodes each read again for
+    every head block. ``torch.unique`` synchronises with the host: prefill steps only (never captured)."""
+    distinct, inverse = torch.unique(slots.clamp(min=0), return_inverse=True)
+    rows = fmt.unpack(pool.index_select(0, distinct))
+    return rows, torch.where(slots >= 0, inverse, -1)
+
+
 class CudaAttentionOps(AttentionOps):
     kv_cache_dtypes = KV_CACHE_DTYPES
     fusions = frozenset({Fusion.INDEXER_SELECT})
@@ -40,10 +52,24 @@ class CudaAttentionOps(AttentionOps):
         """V4's pools (plain or FP8) straight into the kernel; packed codecs (V4.1) unpacked first. A compressed
         pool without its own ``cmp_format`` uses ``kv_format`` (DSpark's block rows)."""
         cmp_format = kv_format if cmp_format is None else cmp_format
+        has_cmp = cmp_pool is not None and cmp_slots is not None
+        if (
+            (_codec(kv_format) or _codec(cmp_format))
+            and not isinstance(kv_format, Fp8KVFormat)
+            and not isinstance(cmp_format, Fp8KVFormat)
+            and dispatch.attention_unpack_distinct(q.shape[0])
+            and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+        ):  # a prefill chunk: each distinct entry unpacked once, then the plain kernel (bf16 tiles, 64 slots)
+            if _codec(kv_format):
+                kv_pool, kv_slots = _distinct_unpacked(kv_pool, kv_slots, kv_format)
+            if has_cmp and _codec(cmp_format):
+                cmp_pool, cmp_slots = _distinct_unpacked(cmp_pool, cmp_slots, cmp_format)
+            if has_cmp and cmp_pool.dtype != kv_pool.dtype:
+                cmp_pool = cmp_pool.to(kv_pool.dtype)
+            return sparse_attention.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
         if _codec(kv_format) or _codec(cmp_format):
             d = q.shape[-1]
             kv_pack = sparse_attention.packed_layout(kv_format, d)
-            has_cmp = cmp_pool is not None and cmp_slots is not None
             cmp_pack = sparse_attention.packed_layout(cmp_format, d) if has_cmp else None
             if kv_pack is not None and (cmp_pack is not None or not has_cmp):
                 return sparse_attention.sparse_attention(
