@@ -411,3 +411,39 @@ def test_after_a_step_retried_sequence_by_sequence_drafts_are_the_heads_on_the_w
     for toks, drafts in seen[:4]:
         assert drafts == _head_drafts(model, toks, len(drafts))
     _no_leaks(llm)
+
+
+def test_a_step_the_proposer_never_saw_stops_drafting_until_the_hole_leaves_the_window():
+    """Should the engine ever not show the proposer a step (simulated here: one decode step's rows of the longest
+    prompt are dropped from ``observe``), the stages' windows miss those positions. That sequence then drafts
+    nothing until its block's window (``sliding_window`` positions back) no longer reaches them, and the drafts
+    after that are the DSpark head's over the whole context; the output stays plain decoding's."""
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    want = _engine(enable_prefix_caching=False).generate(_prompts(), params, use_tqdm=False)
+    llm = _engine(_dspark(3), enable_prefix_caching=False)
+    longest = _prompts()[2]["prompt_token_ids"]
+    seen = _record_drafts(llm)
+    observe, state = llm.engine.proposer.observe, {"calls": 0, "hole_end": None}
+
+    def dropping(rows):
+        state["calls"] += 1
+        mine = [r for r in rows if list(r.seq.token_ids[: len(longest)]) == longest]
+        decoding = mine and mine[0].start >= len(longest)
+        if decoding and state["hole_end"] is None and state["calls"] >= 4:
+            state["hole_end"] = mine[0].start + mine[0].num_verified
+            rows = [r for r in rows if r is not mine[0]]
+        return observe(rows)
+
+    llm.engine.proposer.observe = dropping
+    got = llm.generate(_prompts(), params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    end, window = state["hole_end"], llm.engine.model.cfg.sliding_window
+    assert end is not None
+    after = [(toks, d) for toks, d in seen if toks[: len(longest)] == longest and len(toks) - 1 >= end]
+    assert all(len(toks) - 1 >= end + window for toks, _ in after)  # nothing while the hole is in the window
+    resumed = [(toks, d) for toks, d in after if len(toks) - 1 >= end + window]
+    assert resumed  # and drafting resumes once it has left
+    model = llm.engine.model
+    for toks, drafts in resumed[:3]:
+        assert drafts == _head_drafts(model, toks, len(drafts))
+    _no_leaks(llm)

@@ -7,7 +7,9 @@ carry the target layers' taps and the stages' window caches are allocated.
 After every target step (:meth:`DSparkProposer.observe`) every stage's window KV is written at every row the
 step verified (prompt chunks, the accepted prefix and the last verified token), from those rows' taps: rejected
 draft positions are never written, and a later step's writes cover them, so the windows only ever hold the
-context. A round (:meth:`DSparkProposer.propose`) is one draft step per round, whatever ``k``: the block
+context. The engine shows every step; should a decoding sequence's rows ever start past what the stages hold
+(a step not shown), the positions in between are a hole in the windows, and the sequence drafts nothing (plain
+steps, still exact) until the hole is rewritten or has left the window. A round (:meth:`DSparkProposer.propose`) is one draft step per round, whatever ``k``: the block
 ``[y, noise, ...]`` (``y`` the sequence's last, uncomputed token) at the positions after the last computed one
 runs through all stages at once (:meth:`CausalLM.dspark_block`), writing nothing; its ``block_size`` slots
 give the base logits of the next ``block_size`` drafts. The Markov head then makes drafting sequential over
@@ -49,6 +51,10 @@ class DSparkProposer(Proposer):
         self.sample_drafts, self.confidence_threshold = sample_drafts, confidence_threshold
         #: seq_id -> positions whose context the stages hold (0 .. n - 1)
         self._written: dict[int, int] = {}
+        #: seq_id -> ``(first, end)``: positions a step verified but :meth:`observe` never saw; the stages'
+        #: windows miss them, so the sequence drafts nothing until they are overwritten or out of the window
+        self._holes: dict[int, tuple[int, int]] = {}
+        self.window = model.cfg.sliding_window
 
     def bind(self, ctx: ProposerContext) -> None:
         self.ctx = ctx
@@ -67,13 +73,23 @@ class DSparkProposer(Proposer):
         taps = hidden.index_select(0, torch.tensor(gather, dtype=torch.int64, device=hidden.device))
         self.ctx.run("dspark.context", self._context_step, batch, taps)
         for r in rows:
-            self._written[r.seq.seq_id] = r.start + r.num_verified
+            sid, end = r.seq.seq_id, r.start + r.num_verified
+            held = self._written.get(sid)
+            if held is not None and r.start > held:  # rows held .. start - 1 were never shown (a gap)
+                self._holes[sid] = (held, r.start)
+            hole = self._holes.get(sid)
+            if hole is not None and r.start <= hole[0] and end >= hole[1]:  # written now (a recompute)
+                del self._holes[sid]
+            self._written[sid] = end
 
     def propose(self, seqs: list[DraftSequence], limits: list[int]) -> list[list[int] | Draft]:
         live = {s.seq_id for s in seqs}
         self._written = {sid: n for sid, n in self._written.items() if sid in live}
+        self._holes = {sid: h for sid, h in self._holes.items() if sid in live}
         drafts: list[list[int]] = [[] for _ in seqs]
         active = [i for i, s in enumerate(seqs) if self._written.get(s.seq_id) == s.num_computed]
+        # the block's rows read the window of positions num_computed - window .. num_computed - 1
+        active = [i for i in active if self._clear_of_holes(seqs[i])]
         if not active:
             return list(drafts)
         chosen = [seqs[i] for i in active]
@@ -103,6 +119,10 @@ class DSparkProposer(Proposer):
                 drafts[active[a]].append(t)
                 prev[a] = t
         return [Draft(d, torch.stack(qi)) if qi else d for d, qi in zip(drafts, q)]
+
+    def _clear_of_holes(self, seq: DraftSequence) -> bool:
+        hole = self._holes.get(seq.seq_id)
+        return hole is None or seq.num_computed - self.window >= hole[1]
 
     def _pick(
         self,
