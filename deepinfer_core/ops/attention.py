@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from deepinfer_core.ops.fusions import Fusion
+from deepinfer_core.ops.fusion_kinds import Fusion
 from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 
 

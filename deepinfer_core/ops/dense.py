@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from deepinfer_core.ops.fusions import Fusion
+from deepinfer_core.ops.fusion_kinds import Fusion
 from deepinfer_core.ops.mhc import HCParams, collapse, mix_coefficients
 from deepinfer_core.ops.weights import Weight
 

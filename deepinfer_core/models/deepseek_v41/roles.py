@@ -14,14 +14,25 @@ the last Full layer; the layers after it (the decoder) compute no state but thei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from deepinfer_core.models.deepseek_v4.config import ModelConfigError
 
-if TYPE_CHECKING:
-    from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
-
 SWA, FULL, REINDEX, REUSE = "swa", "full", "reindex", "reuse"
+
+
+class RoleFields(Protocol):
+    """What the roles are computed from: these fields of
+    :class:`~deepinfer_core.models.deepseek_v41.config.DeepseekV41Config` (which imports this module)."""
+
+    num_hidden_layers: int
+    compress_ratios: tuple[int, ...]
+    kv_source_layers: tuple[int, ...]
+    index_source_layers: tuple[int, ...]
+    candidate_source_layer: int
+    candidate_topk_blocks: int
+    candidate_block_size: int
+    index_topk: int
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,7 @@ class LayerRole:
         return self.kind in (FULL, REINDEX)
 
 
-def layer_roles(c: DeepseekV41Config) -> tuple[LayerRole, ...]:
+def layer_roles(c: RoleFields) -> tuple[LayerRole, ...]:
     """Each backbone layer's role, checked against the rules any config must follow (else
     :class:`ModelConfigError` naming the layer)."""
     out, kv_src, idx_src, ratio_of = [], -1, -1, 0
@@ -72,7 +83,7 @@ def layer_roles(c: DeepseekV41Config) -> tuple[LayerRole, ...]:
     return tuple(out)
 
 
-def _check_candidates(c: DeepseekV41Config) -> None:
+def _check_candidates(c: RoleFields) -> None:
     cand = c.candidate_source_layer
     if cand < 0:
         return

@@ -1,0 +1,26 @@
+"""The names of the fused ops a backend may declare (:class:`Fusion`), apart from their resolution
+(:mod:`deepinfer_core.ops.fusions`), so the op contracts can name them without importing the compositions."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Fusion(StrEnum):
+    """A fused op a backend may declare; its semantics are those of the composition of the same name."""
+
+    #: ``rms_norm`` then ``rope`` (:func:`~deepinfer_core.ops.compose.compose_rms_norm_rope`), dense
+    RMS_NORM_ROPE = "rms_norm_rope"
+    #: a sublayer's mHC entry and its norm (:func:`~deepinfer_core.ops.compose.compose_hc_pre_norm`), dense
+    HC_PRE_NORM = "hc_pre_norm"
+    #: a sublayer's mHC exit and the next one's entry (:func:`~deepinfer_core.ops.compose.compose_hc_post_pre`)
+    HC_POST_PRE = "hc_post_pre"
+    #: ``linear`` with a float32 result (:func:`~deepinfer_core.ops.compose.compose_linear_f32`), dense
+    LINEAR_F32 = "linear_f32"
+    #: the indexer's top-k as slot ids (:func:`~deepinfer_core.ops.compose.compose_indexer_select`), attention
+    INDEXER_SELECT = "indexer_select"
+
+    @property
+    def concern(self) -> str:
+        """The ops object that declares it: ``"dense"`` or ``"attention"``."""
+        return "attention" if self is Fusion.INDEXER_SELECT else "dense"
