@@ -19,6 +19,10 @@
 #                                    v41tests the plugin's attention and dense kernel tests, compiled (V4.1's packed paths)
 #                                    v41auto  V4.1 float32 greedy on the plugin with the trained cache, eager/graphs, DSpark
 #                                    v41slice the V4.1-Flash-shaped slice, plain against DSpark k = 5, batch 1 (V41SLICE_ARGS)
+#                                    v41prefill  the V4.1 slice's 8k prefill, plain and bounded replay, profiled
+#                                    v41fp32  the V4.1 slice in float32 and DeepSeek's reference (carry .v41ref): greedy tokens
+#                                    v41ctx4k the V4.1 slice at batch 1/16/64/256, context 4k (shared prefix)
+#                                    v41ctx32k the V4.1 slice at batch 1/16, context 32k (shared prefix)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
 set -u
@@ -58,6 +62,16 @@ for part in "${@:-check slice gemm}"; do
                     --dspark 3 --out "$OUT/v41auto") ;;
       v41slice) cmd=(timeout "${V41SLICE_TIMEOUT:-300}" python3 benchmarks/gpu/v41_slice.py ${V41SLICE_ARGS:---batches 1 --ks 5 --tokens 32}
                      --out "$OUT/v41slice_$(date +%s)") ;;
+      v41prefill) cmd=(timeout 110 python3 benchmarks/gpu/v41_slice.py --batches --prefill 8192 --profile-prefill
+                       --out "$OUT/v41prefill") ;;
+      v41fp32) cmd=(bash -c 'timeout 130 python3 benchmarks/gpu/v41_slice.py --float32 --batches 1 --ks 0 --tokens 32 \
+                   --save-tokens --out "$0/eng" && timeout 90 python3 benchmarks/gpu/v41_reference_peer.py --float32 \
+                   --modes kvq_only --batches 1 --tokens 32 --engine-json "$0/eng/v41_slice.json" --out "$0/ref"' \
+                   "$OUT/v41fp32") ;;
+      v41ctx4k) cmd=(timeout 180 python3 benchmarks/gpu/v41_slice.py --batches 1 16 64 256 --ks 0 --tokens 16 --prompt 4096
+                     --shared-prefix 4080 --out "$OUT/v41ctx4k_$(date +%s)") ;;
+      v41ctx32k) cmd=(timeout 150 python3 benchmarks/gpu/v41_slice.py --batches 1 16 --ks 0 --tokens 16 --prompt 32768
+                      --shared-prefix 32752 --out "$OUT/v41ctx32k") ;;
       splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
       checkfin) cmd=(env DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1
@@ -67,6 +81,6 @@ for part in "${@:-check slice gemm}"; do
     start=$(date +%s); n=$(( ${n:-0} + 1 )); log="$OUT/$n-$p.log"
     "${cmd[@]}" > "$log" 2>&1
     echo "== $p: rc $? in $(( $(date +%s) - start )) s"
-    grep -h "^v41 engine\|^v41 graph\|passes\|passed\|failed\|^engine\|^-- DEEPINFER\|tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$log" | cut -c1-240 | head -30
+    grep -h "^v41 engine\|^v41 graph\|^v41 prefill\|^reference\|passes\|passed\|failed\|^engine\|^-- DEEPINFER\|tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$log" | cut -c1-240 | head -30
   done
 done
