@@ -9,9 +9,11 @@ the ``compressed`` group at block ``block_tables["compressed"][b, e*r // block_s
 Causality: query ``p`` sees window tokens ``max(0, p-W+1) .. p`` and compressed entries ``e < (p+1) // r``;
 the window of entry ``e`` closes at token ``p = e*r + r - 1``, i.e. when ``(p + 1) % r == 0``.
 
-The tables are built where the batch lives. The model runner builds them on the host (``ModelRunner.prepare``
-calls :meth:`DeepseekV4ForCausalLM.plan`) and moves them to the device with :meth:`StepAddressing.to`, so the
-forward pass itself never synchronises with the host. In *static* mode (CUDA-graph replay) every shape
+The tables are built on the host: the model runner's ``prepare`` calls :meth:`DeepseekV4ForCausalLM.plan` on the
+host batch and moves the tables to the device with :meth:`StepAddressing.to`, so the forward pass itself never
+synchronises with the host. They are computed with numpy (a step's tables are a few hundred tiny array ops:
+numpy's per-op cost is a third of torch's on the host, and the plan is most of a decode step's host work) and
+kept as torch tensors sharing that memory. In *static* mode (CUDA-graph replay) every shape
 depends only on the row count and a context bucket: each row has one (possibly unused) compression entry
 per kind and ``context_bucket // r`` candidate columns; unused entries write to slot ``-1``, the last slot
 of each pool, which the model runner keeps as a scratch block that no request owns. The candidate tables
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from deepinfer_core.models.batch import ForwardBatch, move_together
@@ -45,6 +48,17 @@ class Compression:
     )  # [T, C] compressed-pool slots query t may attend (e < (p+1)//r); -1 padding
     #: ``C``; on the host ``cand_slots`` is ``None`` until :meth:`StepAddressing.to` (or first use) builds it
     cand_width: int = 0
+
+
+def _host(t) -> np.ndarray:
+    """A host array of ``t`` (a torch tensor anywhere, or already an array)."""
+    if isinstance(t, np.ndarray):
+        return t
+    return (t if t.device.type == "cpu" else t.cpu()).numpy()
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
 
 
 class StepAddressing:
@@ -67,24 +81,27 @@ class StepAddressing:
         self.context_bucket = context_bucket
         self.req = batch.request_index()
         self.positions = batch.positions.long()
+        self._req, self._pos = _host(self.req), _host(self.positions)
         self.sliding_window = sliding_window
         self.token_slots, self.window_slots = self._window("window")
         self._compressions: dict[tuple[int, bool], Compression] = {k: self._build(*k) for k in kinds}
 
     def window_positions(self) -> torch.Tensor:
         """``[T, W]``: the position each column of :attr:`window_slots` holds (negative: before the start)."""
+        return self._tensor(self._window_positions())
+
+    def _window_positions(self) -> np.ndarray:
         w = self.sliding_window
-        offsets = torch.arange(w, dtype=torch.int64, device=self.positions.device) - (w - 1)
-        return self.positions[:, None] + offsets[None, :]
+        return self._pos[:, None] + (np.arange(w, dtype=np.int64) - (w - 1))[None, :]
 
     def _window(
         self, group: str, state_from: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        win_pos = self.window_positions()
+        win_pos = self._window_positions()
         if state_from is not None:  # never written: read nothing (and need no block)
-            win_pos = torch.where(win_pos < state_from[self.req][:, None], -1, win_pos)
-        token = self.slots(group, self.req, self.positions, 1)
-        return token, self.slots(group, self.req[:, None].expand_as(win_pos), win_pos, 1)
+            win_pos = np.where(win_pos < _host(state_from)[self._req][:, None], -1, win_pos)
+        token = self.slots(group, self._req, self._pos, 1)
+        return token, self.slots(group, np.broadcast_to(self._req[:, None], win_pos.shape), win_pos, 1)
 
     def with_window_group(self, group: str, state_from: torch.Tensor | None = None) -> StepAddressing:
         """(On the host.) These tables, sharing the compressions, with ``token_slots`` and ``window_slots`` in
@@ -136,26 +153,35 @@ class StepAddressing:
             out += [c.entry_slots, c.entry_positions, c.src_slots, c.cand_slots]
         return out
 
-    def slots(self, group: str, req: torch.Tensor, pos: torch.Tensor, tokens_per_entry: int) -> torch.Tensor:
-        """Slot of the entry holding position ``pos`` (``-1`` where ``pos < 0``); raises if a needed block is absent."""
-        table = self.batch.block_tables[group]
+    def slots(self, group: str, req, pos, tokens_per_entry: int) -> torch.Tensor:
+        """Slot of the entry holding position ``pos`` (``-1`` where ``pos < 0``), ``req`` the request of each
+        (torch tensors or host arrays); raises if a needed block is absent."""
+        return self._tensor(self._slots(group, _host(req), _host(pos), tokens_per_entry))
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        """A table as a tensor where the batch lives (sharing the array's memory on the host)."""
+        t = _tensor(a)
+        return t if self.positions.device.type == "cpu" else t.to(self.positions.device)
+
+    def _slots(self, group: str, req: np.ndarray, pos: np.ndarray, tokens_per_entry: int) -> np.ndarray:
+        table = _host(self.batch.block_tables[group])
         bs, epb = self.block_size, self.block_size // tokens_per_entry
         valid = pos >= 0
-        col = torch.where(valid, pos, 0) // bs
-        if bool((col >= table.shape[1]).any()):
+        p = np.where(valid, pos, 0)
+        col = p // bs
+        if (col >= table.shape[1]).any():
             raise RuntimeError(
                 f"block_tables[{group!r}] has {table.shape[1]} columns; position {int(pos.max())} needs more"
             )
         block = table[req, col]
         missing = valid & (block < 0)
-        if bool(missing.any()):
-            i = int(torch.nonzero(missing.flatten())[0])
+        if missing.any():
+            i = int(np.flatnonzero(missing)[0])
             raise RuntimeError(
-                f"no {group!r} block for position {int(pos.flatten()[i])} of request {int(req.flatten()[i])}: "
+                f"no {group!r} block for position {int(pos.flat[i])} of request {int(req.flat[i])}: "
                 "state still needed by this step was released"
             )
-        entry = torch.where(valid, pos, 0) // tokens_per_entry
-        return torch.where(valid, block * epb + entry % epb, -1)
+        return np.where(valid, block * epb + (p // tokens_per_entry) % epb, -1)
 
     def compression(self, ratio: int, overlap: bool) -> Compression:
         """The compression of ``(ratio, overlap)``, its candidate table built where this addressing lives if
@@ -175,46 +201,46 @@ class StepAddressing:
         return c
 
     def _build(self, ratio: int, overlap: bool) -> Compression:
-        pos, req = self.positions, self.req
-        dev = pos.device
+        pos, req = self._pos, self._req
         closes = (pos + 1) % ratio == 0
         if self.context_bucket is None:
-            rows = torch.nonzero(closes).flatten()
+            rows = np.flatnonzero(closes)
         else:  # one entry row per token; rows that close nothing address slot -1 (scratch)
-            rows = torch.arange(pos.shape[0], device=dev)
+            rows = np.arange(pos.shape[0])
         c_req = req[rows]
         entry = (pos[rows] + 1) // ratio - 1
         live = closes[rows] & (entry >= 0)
-        first = torch.where(live, entry * ratio, -1)
-        entry_slots = self.slots("compressed", c_req, first, ratio)
+        first = np.where(live, entry * ratio, -1)
+        entry_slots = self._slots("compressed", c_req, first, ratio)
         span = 2 * ratio if overlap else ratio
         start = first - (ratio if overlap else 0)
-        src_pos = start[:, None] + torch.arange(span, dtype=torch.int64, device=dev)[None, :]
-        src_pos = torch.where(live[:, None], src_pos, -1)
-        src_slots = self.slots("window", c_req[:, None].expand_as(src_pos), src_pos, 1)
+        src_pos = np.where(live[:, None], start[:, None] + np.arange(span, dtype=np.int64)[None, :], -1)
+        src_slots = self._slots("window", np.broadcast_to(c_req[:, None], src_pos.shape), src_pos, 1)
         n_visible = (pos + 1) // ratio
         self._check_candidate_blocks(n_visible * ratio)
         if self.context_bucket is not None:
             width = self.context_bucket // ratio
         else:
-            width = int(n_visible.max()) if pos.numel() else 0
-        return Compression(entry_slots, first.clamp(min=0), src_slots, None, width)  # built by to()
+            width = int(n_visible.max()) if pos.size else 0
+        entry_pos = np.maximum(first, 0)
+        tables = (self._tensor(entry_slots), self._tensor(entry_pos), self._tensor(src_slots))
+        return Compression(*tables, None, width)  # the candidates are built by to()
 
     def _check_candidate_blocks(self, covered: torch.Tensor) -> None:
         """Every ``compressed`` block holding a position below ``covered[t]`` (row ``t``'s visible entries)
         is present: the check :meth:`slots` makes on a full candidate table, made per block."""
-        table = self.batch.block_tables["compressed"]
+        table = _host(self.batch.block_tables["compressed"])
         need = (covered + self.block_size - 1) // self.block_size  # block columns row t reads
-        if bool((need > table.shape[1]).any()):
+        if (need > table.shape[1]).any():
             raise RuntimeError(
                 f"block_tables['compressed'] has {table.shape[1]} columns; a row needs {int(need.max())}"
             )
-        cols = torch.arange(table.shape[1], dtype=torch.int64)[None, :]
-        missing = (cols < need[:, None]) & (table[self.req] < 0)
-        if bool(missing.any()):
-            t, col = (int(i) for i in torch.nonzero(missing)[0])
+        cols = np.arange(table.shape[1], dtype=np.int64)[None, :]
+        missing = (cols < need[:, None]) & (table[self._req] < 0)
+        if missing.any():
+            t, col = (int(i) for i in np.argwhere(missing)[0])
             raise RuntimeError(
-                f"no 'compressed' block for position {col * self.block_size} of request {int(self.req[t])}: "
+                f"no 'compressed' block for position {col * self.block_size} of request {int(self._req[t])}: "
                 "state still needed by this step was released"
             )
 
