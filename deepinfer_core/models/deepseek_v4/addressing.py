@@ -86,11 +86,8 @@ class StepAddressing:
         self.token_slots, self.window_slots = self._window("window")
         self._compressions: dict[tuple[int, bool], Compression] = {k: self._build(*k) for k in kinds}
 
-    def window_positions(self) -> torch.Tensor:
-        """``[T, W]``: the position each column of :attr:`window_slots` holds (negative: before the start)."""
-        return self._tensor(self._window_positions())
-
     def _window_positions(self) -> np.ndarray:
+        """``[T, W]``: the position each column of :attr:`window_slots` holds (negative: before the start)."""
         w = self.sliding_window
         return self._pos[:, None] + (np.arange(w, dtype=np.int64) - (w - 1))[None, :]
 

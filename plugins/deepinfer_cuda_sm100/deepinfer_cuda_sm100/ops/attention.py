@@ -53,25 +53,16 @@ class CudaAttentionOps(AttentionOps):
         pool without its own ``cmp_format`` uses ``kv_format`` (DSpark's block rows)."""
         cmp_format = kv_format if cmp_format is None else cmp_format
         has_cmp = cmp_pool is not None and cmp_slots is not None
-        if (
-            (_codec(kv_format) or _codec(cmp_format))
-            and not isinstance(kv_format, Fp8KVFormat)
-            and not isinstance(cmp_format, Fp8KVFormat)
-            and dispatch.attention_unpack_distinct(q.shape[0])
-            and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
-        ):  # a prefill chunk: each distinct entry unpacked once, then the plain kernel (bf16 tiles, 64 slots)
-            if _codec(kv_format):
-                kv_pool, kv_slots = _distinct_unpacked(kv_pool, kv_slots, kv_format)
-            if has_cmp and _codec(cmp_format):
-                cmp_pool, cmp_slots = _distinct_unpacked(cmp_pool, cmp_slots, cmp_format)
-            if has_cmp and cmp_pool.dtype != kv_pool.dtype:
-                cmp_pool = cmp_pool.to(kv_pool.dtype)
-            return sparse_attention.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
         if _codec(kv_format) or _codec(cmp_format):
             d = q.shape[-1]
             kv_pack = sparse_attention.packed_layout(kv_format, d)
             cmp_pack = sparse_attention.packed_layout(cmp_format, d) if has_cmp else None
-            if kv_pack is not None and (cmp_pack is not None or not has_cmp):
+            # a prefill chunk reads mostly the same entries from every row: each distinct one is unpacked once,
+            # then the plain kernel runs (bf16 tiles, 64 slots); decode steps decode entries in the kernel
+            prefill = dispatch.attention_unpack_distinct(q.shape[0]) and not (
+                q.is_cuda and torch.cuda.is_current_stream_capturing()
+            )
+            if not prefill and kv_pack is not None and (cmp_pack is not None or not has_cmp):
                 return sparse_attention.sparse_attention(
                     q,
                     kv_pool,
@@ -83,10 +74,11 @@ class CudaAttentionOps(AttentionOps):
                     kv_pack=kv_pack,
                     cmp_pack=cmp_pack,
                 )
+            unpack = _distinct_unpacked if prefill else _unpacked
             if kv_format is not None:
-                kv_pool, kv_slots = _unpacked(kv_pool, kv_slots, kv_format)
-            if cmp_pool is not None and cmp_slots is not None and cmp_format is not None:
-                cmp_pool, cmp_slots = _unpacked(cmp_pool, cmp_slots, cmp_format)
+                kv_pool, kv_slots = unpack(kv_pool, kv_slots, kv_format)
+            if has_cmp and cmp_format is not None:
+                cmp_pool, cmp_slots = unpack(cmp_pool, cmp_slots, cmp_format)
             if cmp_pool is not None and cmp_pool.dtype != kv_pool.dtype:
                 cmp_pool = cmp_pool.to(kv_pool.dtype)
             kv_format = None
