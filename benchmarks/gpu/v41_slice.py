@@ -49,97 +49,8 @@ from pathlib import Path
 import torch
 from bench_common import RESULTS, SMOKE, ceilings, cuda_runtime, log, sync, time_call
 from engine_sections import _timed_steps
-from slice_model import weight_bytes
+from slice_cost41 import decode_bytes, prefill_flops41, weight_bytes41
 from slice_model41 import build_v41_slice, slice_prompts
-
-# ----------------------------------------------------------------------------------------- bytes
-
-
-def weight_bytes41(model) -> dict[str, float]:
-    """Bytes a decode step reads (``slice_model.weight_bytes``): routed experts (per expert per layer), the rest of
-    the target (DSpark's ``mtp.*`` stages and the host-resident Engram tables left out), one embedding row; and
-    ``head``: the head's and final norm's part of ``other``."""
-    wb = weight_bytes(model, skip=lambda name: name.startswith("mtp.") or ".engram.embed." in name)
-    wb["head"] = sum(t.numel() * t.element_size() for t in (model.head.value, model.norm.value))
-    return wb
-
-
-def kv_bytes_per_row(model, ctx: int) -> float:
-    """A model of the KV bytes one decode row reads at context ``ctx``: every layer's window (FP8 entries), the
-    top-k compressed entries (FP4) of compressed layers, and the index keys (FP4) an index source scores (all
-    compressed positions before the candidate source, the candidate pool after it)."""
-    c = model.cfg
-    window = c.head_dim + 2 * c.qk_rope_head_dim + c.head_dim // 32 * 4  # e4m3 + bf16 rope + scales (about)
-    entry = c.head_dim // 2 + c.head_dim // 16  # e2m1 + e4m3 scale per 16
-    key = c.index_head_dim // 2 + c.index_head_dim // 16
-    pool = c.candidate_topk_blocks * c.candidate_block_size
-    total = 0.0
-    for i, role in enumerate(model.cfg.roles):
-        total += min(ctx, c.sliding_window) * window
-        if role.ratio:
-            n = ctx // role.ratio
-            total += min(c.index_topk, n) * entry
-            if i in c.index_source_layers:
-                total += (n if i <= c.candidate_source_layer else min(n, pool)) * key
-    return total
-
-
-def decode_bytes(model, wb, batch: int, ctx: int) -> float:
-    c = model.cfg
-    e, k = c.n_routed_experts, c.num_experts_per_tok
-    touched = e * (1 - (1 - k / e) ** batch)
-    return (
-        wb["other"]
-        + c.num_hidden_layers * touched * wb["per_expert"]
-        + batch * wb["embed_row"]
-        + batch * kv_bytes_per_row(model, ctx)
-    )
-
-
-def prefill_flops41(model, tokens: int, decoder_rows: int | None = None) -> dict[str, float]:
-    """2 x multiply-adds of one ``tokens``-row prefill (one chunk from position 0), a stated model: each layer's
-    matrices from the model's own slots (logical shapes; routed experts x top-k per row, the Engram table and the
-    embedding gathered, not multiplied), attention over each row's window and its selected compressed entries
-    (``4 h d`` an entry: scores and values), each indexer query scoring the compressed keys before it (inside the
-    candidate pool after the candidate source), and the head on the last row. ``decoder_rows``: the decoder
-    layers (after the last Full layer) run on that many rows (bounded replay: the chunk's last window)."""
-    from deepinfer_core.ops.weights import QuantizedWeight
-
-    c = model.cfg
-    h, d, idx = c.num_attention_heads, c.head_dim, c.index_n_heads * c.index_head_dim
-    pool = c.candidate_topk_blocks * c.candidate_block_size
-    macs: dict[int, float] = {}
-    for name, s in model.named_slots():
-        parts = name.split(".")
-        if parts[0] != "layers" or ".engram.embed." in name:
-            continue
-        v = s.value
-        if isinstance(v, QuantizedWeight):
-            m = v.shape[0] * v.shape[1]
-        elif isinstance(v, torch.Tensor) and v.dim() == 2:
-            m = v.numel()
-        else:
-            continue
-        if ".ffn.experts." in name:
-            m = m * c.num_experts_per_tok / c.n_routed_experts
-        macs[int(parts[1])] = macs.get(int(parts[1]), 0.0) + m
-    t = torch.arange(tokens, dtype=torch.float64)
-    total = matmul = 0.0
-    for i, role in enumerate(c.roles):
-        rows = tokens if decoder_rows is None or i < (model.decoder_start or 0) else min(decoder_rows, tokens)
-        tt = t[tokens - rows :]
-        matmul += 2 * rows * macs.get(i, 0.0)
-        entries = torch.clamp(tt + 1, max=c.sliding_window)
-        if role.ratio:
-            n = torch.floor((tt + 1) / role.ratio)
-            entries = entries + torch.clamp(n, max=c.index_topk)
-            if role.owns_query:
-                scored = torch.clamp(n, max=pool) if role.uses_candidates else n
-                total += 2 * idx * float(scored.sum())
-        total += 4 * h * d * float(entries.sum())
-    matmul += 2 * c.hidden_size * c.vocab_size
-    return {"flops": total + matmul, "weight_flops": matmul, "attention_flops": total}
-
 
 # ----------------------------------------------------------------------------------------- the engine
 
@@ -191,6 +102,37 @@ def profile_graph(runner, batch: int) -> list[dict]:
     return top
 
 
+def slice_llm(model, rt, args, **settings):
+    """``LLM.generate`` over the built slice (its weights shared by every engine of the run): the CUDA platform
+    (the reference backend with ``--smoke``), graphs, the run's KV budget, and ``settings``."""
+    from cuda_settings import cuda_env
+
+    from deepinfer_core.config import load_config
+    from deepinfer_core.engine.llm import LLM
+    from deepinfer_core.engine.llm_engine import LLMEngine
+
+    config = load_config(
+        environ={} if SMOKE else cuda_env(),
+        backend="reference" if SMOKE else "cuda_sm100",
+        kv_cache_memory_bytes=args.kv_bytes,
+        enforce_eager=SMOKE,
+        **settings,
+    )
+    reg = rt.registry
+    return LLM.from_engine(
+        LLMEngine(config, model, rt.backends, None, reg.structured_backends, reg.proposers)
+    )
+
+
+def release(rt) -> None:
+    """After an engine is dropped: its memory back, and the next engine captures into a fresh graph pool (the
+    engines share these memory ops; the old pool, its graphs freed, is released, and capturing into its stale
+    handle fails an allocator assert)."""
+    if not SMOKE:
+        torch.cuda.empty_cache()
+        rt.backends.memory._pool = None
+
+
 def head_ms(model, rows: int) -> float:
     """The head alone (final norm and logits of ``rows`` rows: ``compute_logits``), captured in a graph and
     replayed (median of 20), as the decode graph runs it."""
@@ -214,33 +156,23 @@ def prefill_section(args, model, rt, ceil) -> None:
     its first token), plain and with SWA bounded replay (the decoder layers on the chunk's last window), each
     the median of 3 distinct prompts after a warm-up one; FLOPs by :func:`prefill_flops41` over the BF16 matmul
     rate measured at the start of the run."""
-    from cuda_settings import cuda_env
-
     from deepinfer_core import SamplingParams
-    from deepinfer_core.config import load_config
-    from deepinfer_core.engine.llm import LLM
-    from deepinfer_core.engine.llm_engine import LLMEngine
 
     n = args.prefill
     prompts = [{"prompt_token_ids": p} for p in slice_prompts(4, n, model.vocab_size)]
     sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     out = {"tokens": n}
     for replay in (False, True):
-        config = load_config(
-            environ={} if SMOKE else cuda_env(),
-            backend="reference" if SMOKE else "cuda_sm100",
+        llm = slice_llm(
+            model,
+            rt,
+            args,
             max_model_len=n + 16,
             max_num_seqs=1,
             max_num_batched_tokens=n,
-            kv_cache_memory_bytes=args.kv_bytes,
             enable_prefix_caching=False,
             swa_bounded_replay=replay,
-            enforce_eager=SMOKE,
         )
-        engine = LLMEngine(
-            config, model, rt.backends, None, rt.registry.structured_backends, rt.registry.proposers
-        )
-        llm = LLM.from_engine(engine)
         llm.generate(prompts[:1], sp, use_tqdm=False)
         ts = []
         for p in prompts[1:]:
@@ -260,10 +192,8 @@ def prefill_section(args, model, rt, ceil) -> None:
         log("v41 prefill", "bounded replay" if replay else "plain", row)
         RESULTS["prefill"] = out
         save(args.out)
-        engine = llm = None
-        if not SMOKE:
-            torch.cuda.empty_cache()
-            rt.backends.memory._pool = None
+        llm = None
+        release(rt)
 
 
 def profile_call(fn) -> list[dict]:
@@ -295,14 +225,8 @@ def host_profile_text(prof) -> dict[str, str]:
 
 
 def section_engine(args, model, rt, ceil) -> None:
-    from cuda_settings import cuda_env
-
     from deepinfer_core import SamplingParams
-    from deepinfer_core.config import load_config
-    from deepinfer_core.engine.llm import LLM
-    from deepinfer_core.engine.llm_engine import LLMEngine
 
-    backend = "reference" if SMOKE else "cuda_sm100"
     wb = weight_bytes41(model)
     prompts = [
         {"prompt_token_ids": p}
@@ -313,20 +237,16 @@ def section_engine(args, model, rt, ceil) -> None:
     ks = [k for k in args.ks if k]  # --ks 0: plain decode only
     for k in [0, *ks]:
         spec = {"method": "dspark", "num_speculative_tokens": k} if k else None
-        config = load_config(
-            environ={} if SMOKE else cuda_env(),
-            backend=backend,
+        llm = slice_llm(
+            model,
+            rt,
+            args,
             max_model_len=ctx + 16,
             max_num_seqs=max(args.batches),
             max_num_batched_tokens=8192,
-            kv_cache_memory_bytes=args.kv_bytes,
             speculative_config=spec,
-            enforce_eager=SMOKE,
         )
-        engine = LLMEngine(
-            config, model, rt.backends, None, rt.registry.structured_backends, rt.registry.proposers
-        )
-        llm = LLM.from_engine(engine)
+        engine = llm.engine
         steps = _timed_steps(engine)
         tag = f"dspark_k{k}" if k else "plain"
         for b in args.batches:
@@ -389,11 +309,7 @@ def section_engine(args, model, rt, ceil) -> None:
         RESULTS.setdefault("graphs", {})[tag] = graphs
         save(args.out)
         engine = llm = runner = None
-        if not SMOKE:
-            torch.cuda.empty_cache()
-            # the engines share these memory ops: the next one captures into a fresh graph pool (the old pool,
-            # its graphs freed, is released, and capturing into its stale handle fails an allocator assert)
-            rt.backends.memory._pool = None
+        release(rt)
     copy = ceil["copy_bytes_per_s"] if ceil else float("nan")
     for b, row in rows.items():
         row["roofline_bytes"] = decode_bytes(model, wb, b, ctx)
@@ -489,10 +405,12 @@ def main() -> None:
             }
             if not SMOKE:
                 RESULTS["build"]["gpu_bytes_allocated"] = torch.cuda.memory_allocated()
+            if (
+                args.prefill
+            ):  # first: a DSpark engine turns the model's stages on, which bounded replay refuses
+                prefill_section(args, model, rt, ceil)
             if args.batches:
                 section_engine(args, model, rt, ceil)
-            if args.prefill:
-                prefill_section(args, model, rt, ceil)
         except Exception:  # noqa: BLE001 - keep what was measured
             log(traceback.format_exc()[-3000:])
             RESULTS["error"] = traceback.format_exc()[-1500:]
