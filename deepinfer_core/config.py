@@ -79,6 +79,12 @@ class EngineConfig(BaseModel):
         description='attention KV pools: "auto" (the model\'s own: V4 the model dtype, V4.1 its trained FP8 / '
         'FP4 cache), "fp8" (V4: e4m3, RoPE channels kept) or "unquantized" (the model dtype, no KV rounding)',
     )
+    activation_quant: Literal["none", "fp8"] = Field(
+        "none",
+        description='inputs of FP8 / FP4 GEMMs: "none" (multiplied as they are: the exact path) or "fp8" '
+        "(DeepSeek-V4.1's release numerics: e4m3 with one ue8m0 scale per 32 values, as its reference "
+        "inference quantises every FP8 / FP4 GEMM input; V4.1 only)",
+    )
     seed: int = 0
     max_model_len: int | None = Field(None, ge=1)
     max_num_seqs: int = Field(64, ge=1)

@@ -47,6 +47,9 @@ _WHERE: dict[str, tuple[str, str]] = {
     "ScoreFunc": ("deepinfer_core.ops.moe", "ScoreFunc"),
     "Weight": ("deepinfer_core.ops.weights", "Weight"),
     "HCParams": ("deepinfer_core.ops.mhc", "HCParams"),
+    # activation quantisation of quantized GEMMs (QuantizedWeight.act_block; DeepSeek-V4.1's release numerics)
+    "act_block": ("deepinfer_core.ops.act_quant", "act_block"),
+    "act_input": ("deepinfer_core.ops.act_quant", "act_input"),
     # fusions: what a backend may declare, the resolved table, the core's compositions of plain ops
     "Fusion": ("deepinfer_core.ops.fusions", "Fusion"),
     "FusedOps": ("deepinfer_core.ops.fusions", "FusedOps"),
@@ -105,6 +108,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, imported eag
     from deepinfer_core.kv.spec import CacheSpec  # noqa: F401
     from deepinfer_core.models.base import CausalLM  # noqa: F401
     from deepinfer_core.models.batch import ForwardBatch  # noqa: F401
+    from deepinfer_core.ops.act_quant import act_block, act_input  # noqa: F401
     from deepinfer_core.ops.attention import AttentionOps  # noqa: F401
     from deepinfer_core.ops.comm import CommOps  # noqa: F401
     from deepinfer_core.ops.dense import DenseOps  # noqa: F401

@@ -17,6 +17,12 @@ ENGINE_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--dtype", dict(choices=["auto", "float32", "bfloat16", "float16"])),
     ("--kv-cache-dtype", dict(choices=["auto", "fp8", "fp8_e4m3", "unquantized"])),
     (
+        "--activation-quant",
+        dict(
+            choices=["none", "fp8"], help="FP8 inputs to FP8 / FP4 GEMMs, as DeepSeek's V4.1 release computes"
+        ),
+    ),
+    (
         "--quantization",
         dict(choices=["fp8", "fp4"], help="quantize the checkpoint's weights on load (cached)"),
     ),

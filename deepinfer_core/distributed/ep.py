@@ -85,7 +85,7 @@ def _parts(w: Weight) -> list[torch.Tensor]:
 
 def _rebuild(like: Weight, parts: list[torch.Tensor]) -> Weight:
     if isinstance(like, QuantizedWeight):
-        return QuantizedWeight(parts[0], parts[1], like.format, like.shape)
+        return QuantizedWeight(parts[0], parts[1], like.format, like.shape, like.act_block)
     return parts[0]
 
 

@@ -102,6 +102,7 @@ def load(config: EngineConfig, runtime: Runtime) -> tuple[CausalLM, Any]:
         )
     try:
         model.use_kv_cache_dtype(config.kv_cache_dtype)
+        model.use_activation_quant(config.activation_quant)
         if hasattr(model, "place_engram"):  # V4.1: where its Engram tables are read from
             model.place_engram(config.engram_in_step)
     except ValueError as e:

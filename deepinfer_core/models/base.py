@@ -45,6 +45,15 @@ class CausalLM(ABC):
         if kv_cache_dtype != "auto":
             raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r}: {type(self).__name__} supports only 'auto'")
 
+    def use_activation_quant(self, mode: str) -> None:
+        """Quantise the inputs of quantized GEMMs as ``mode`` says (``EngineConfig.activation_quant``,
+        :mod:`deepinfer_core.ops.act_quant`); called once, after loading. A model without such numerics keeps
+        this default, which takes only "none"."""
+        if mode != "none":
+            raise ValueError(
+                f"activation_quant={mode!r}: {type(self).__name__} has no activation quantisation; use 'none'"
+            )
+
     @abstractmethod
     def cache_specs(self) -> list[CacheSpec]:
         """All state kept between steps (see :mod:`deepinfer_core.kv.spec`)."""

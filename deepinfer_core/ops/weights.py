@@ -25,12 +25,16 @@ class QuantizedWeight:
     - ``fp4_e2m1``: ``data`` is ``uint8 [out, in/2]``, two e2m1 codes per byte, low nibble first
       (element ``2j`` in bits 0-3, ``2j+1`` in bits 4-7); ``scale`` is ``float32 [out, in/32]``
       (ue8m0 powers of two, one per 32 input values).
+
+    ``act_block``: 0, the GEMM multiplies its input as it is; 32, the input goes through FP8 e4m3 with one
+    ue8m0 scale per 32 values first (DeepSeek-V4.1's release numerics, :mod:`deepinfer_core.ops.act_quant`).
     """
 
     data: torch.Tensor
     scale: torch.Tensor
     format: QuantFormat
     shape: tuple[int, int]  # logical [out, in]
+    act_block: int = 0
 
     @property
     def out_features(self) -> int:
@@ -77,15 +81,18 @@ def concat_rows(weights: list[Weight]) -> tuple[Weight, list[Weight]] | None:
     fp8 = all(isinstance(w, QuantizedWeight) and w.format == "fp8_block" for w in weights)
     if not fp8 or any(w.out_features % 128 for w in weights[:-1]):
         return None
+    if len({w.act_block for w in weights}) != 1:
+        return None
     data = torch.cat([w.data for w in weights], dim=0)
     scale = torch.cat([w.scale for w in weights], dim=0)
-    fused = QuantizedWeight(data, scale, "fp8_block", (data.shape[0], data.shape[1]))
+    act = weights[0].act_block
+    fused = QuantizedWeight(data, scale, "fp8_block", (data.shape[0], data.shape[1]), act)
     views, r = [], 0
     for w in weights:
         n = w.out_features
         views.append(
             QuantizedWeight(
-                data[r : r + n], scale[r // 128 : -(-(r + n) // 128)], "fp8_block", (n, w.in_features)
+                data[r : r + n], scale[r // 128 : -(-(r + n) // 128)], "fp8_block", (n, w.in_features), act
             )
         )
         r += n

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.ops.act_quant import FP8_ACT_BLOCK
 from deepinfer_core.ops.mhc import HCParams
 from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.testing.opcase import OpCase
@@ -26,6 +27,12 @@ def _linear(quant: str | None, out_f: int = 48, in_f: int = 64):
             w = quantize_fp8_block(w, "ue8m0")
         elif quant == "fp4":
             w = quantize_fp4_e2m1(w)
+        elif quant == "fp8_32_act":  # V4.1 with the release's FP8 GEMM inputs
+            w = quantize_fp8_block(w, "ue8m0", 32)
+            w.act_block = FP8_ACT_BLOCK
+        elif quant == "fp4_act":
+            w = quantize_fp4_e2m1(w)
+            w.act_block = FP8_ACT_BLOCK
         return (randn(g, 5, in_f), w), {}
 
     return make
@@ -80,10 +87,14 @@ def _hc_head(g):
     ), {}
 
 
-def _swiglu(quant: bool, limit: float):
+def _swiglu(quant: bool, limit: float, act: bool = False):
     def make(g):
         ws = [randn(g, 32, 64, scale=0.3), randn(g, 32, 64, scale=0.3), randn(g, 64, 32, scale=0.2)]
-        if quant:
+        if act:  # V4.1's shared expert with the release's FP8 GEMM inputs
+            ws = [quantize_fp8_block(w, "ue8m0", 32) for w in ws]
+            for w in ws:
+                w.act_block = FP8_ACT_BLOCK
+        elif quant:
             ws = [quantize_fp8_block(w) for w in ws]
         return (randn(g, 5, 64), *ws, limit), {}
 
@@ -114,6 +125,8 @@ CASES = [
     OpCase("dense", "linear", "fp8_block_ragged", _linear("fp8", 200, 160), atol=1e-4, rtol=1e-4),
     OpCase("dense", "linear", "fp8_block_ue8m0", _linear("fp8_ue8m0"), atol=1e-4, rtol=1e-4),
     OpCase("dense", "linear", "fp4_e2m1", _linear("fp4"), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "linear", "fp8_block32_act", _linear("fp8_32_act", 96, 160), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "linear", "fp4_e2m1_act", _linear("fp4_act"), atol=1e-4, rtol=1e-4),
     OpCase("dense", "grouped_linear", "fp8_block", _grouped_linear("fp8"), atol=1e-4, rtol=1e-4),
     OpCase("dense", "grouped_linear", "plain", _grouped_linear(None), atol=1e-4, rtol=1e-4),
     OpCase("dense", "rms_norm", "weighted", _rms(True)),
@@ -129,4 +142,5 @@ CASES = [
     OpCase("dense", "swiglu_mlp", "clamped", _swiglu(False, 1.5), atol=1e-4, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "unclamped", _swiglu(False, 0.0), atol=1e-4, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "fp8_clamped", _swiglu(True, 1.5), atol=1e-4, rtol=1e-4),
+    OpCase("dense", "swiglu_mlp", "fp8_block32_act", _swiglu(True, 1.5, act=True), atol=1e-4, rtol=1e-4),
 ]

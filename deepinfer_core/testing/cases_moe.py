@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer_core.ops.act_quant import FP8_ACT_BLOCK
 from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.weights import ExpertWeights
 from deepinfer_core.testing.cases_dense import randn
@@ -39,6 +40,10 @@ def _experts(quant: str | None, local: list[int] | None):
     def make(g):
         def w(o, i):
             m = randn(g, o, i, scale=i**-0.5)
+            if quant == "fp4_act":  # V4.1's routed experts with the release's FP8 GEMM inputs
+                q = quantize_fp4_e2m1(m)
+                q.act_block = FP8_ACT_BLOCK
+                return q
             return quantize_fp8_block(m) if quant == "fp8" else quantize_fp4_e2m1(m) if quant == "fp4" else m
 
         n = 6
@@ -70,5 +75,6 @@ CASES = [
     OpCase("moe", "experts", "plain", _experts(None, None), atol=1e-4, rtol=1e-4),
     OpCase("moe", "experts", "fp8_block", _experts("fp8", None), atol=1e-4, rtol=1e-4),
     OpCase("moe", "experts", "fp4_e2m1", _experts("fp4", None), atol=1e-4, rtol=1e-4),
+    OpCase("moe", "experts", "fp4_e2m1_act", _experts("fp4_act", None), atol=1e-4, rtol=1e-4),
     OpCase("moe", "experts", "local_subset", _experts(None, [1, 3, 4]), atol=1e-4, rtol=1e-4),
 ]

@@ -46,6 +46,7 @@ from deepinfer_core.models.deepseek_v41.vision.inputs import ImageSpan, expand_p
 from deepinfer_core.models.deepseek_v41.vision.weights import VisionWeights
 from deepinfer_core.models.deepseek_v41.weights import LoadedTensors, OwnsExpert, bf16, load_weights
 from deepinfer_core.models.weight_checks import LoadOptions
+from deepinfer_core.ops.act_quant import ACTIVATION_QUANT_MODES, FP8_ACT_BLOCK, mark_activation_quant
 from deepinfer_core.ops.backends import Backends
 
 ARCHITECTURE = "DeepseekV41ForCausalLM"
@@ -207,6 +208,15 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             )
         for block in self.layers + self._stages():
             block.attn.formats = fmts
+
+    def use_activation_quant(self, mode: str) -> None:
+        """``"fp8"``: every FP8 / FP4 GEMM quantises its input as DeepSeek's release does (e4m3, one ue8m0 scale
+        per 32 values; :mod:`deepinfer_core.ops.act_quant`); ``"none"``: GEMMs read the activations as they are
+        (the exact path). ``wo_a`` is held dequantised, as the release holds it, so its GEMM is never quantised."""
+        if mode not in ACTIVATION_QUANT_MODES:
+            raise ValueError(f"activation_quant={mode!r}: expected one of {list(ACTIVATION_QUANT_MODES)}")
+        weights = [slot.value for _, slot in self.named_slots()]
+        mark_activation_quant(weights, FP8_ACT_BLOCK if mode == "fp8" else 0)
 
     def cache_specs(self) -> list[CacheSpec]:
         blocks = self.layers + (self._stages() if self.dspark_on else [])

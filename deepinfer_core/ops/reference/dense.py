@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from deepinfer_core.ops.act_quant import act_block, act_input, fp8_act_roundtrip
 from deepinfer_core.ops.dense import DenseOps
 from deepinfer_core.ops.mhc import HCParams, sinkhorn
 from deepinfer_core.ops.quant_formats import dequant
@@ -74,20 +75,44 @@ def rope_rows(
 
 
 def swiglu_rows(
-    x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, limit: float
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w3: torch.Tensor,
+    w2: torch.Tensor,
+    limit: float,
+    act: tuple[int, int] = (0, 0),
+    row_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Clamped SwiGLU of a single row ``x [1, D]`` with plain matrices in ``x.dtype``."""
+    """Clamped SwiGLU of a single row ``x [1, D]`` with plain matrices in ``x.dtype``. ``act``: the activation
+    blocks of the up and down projections' inputs (0: none; :mod:`deepinfer_core.ops.act_quant`);
+    ``row_weight`` scales the down projection's input (a routed expert under activation quantisation)."""
+    if act[0]:
+        x = fp8_act_roundtrip(x, act[0])
     gate = F.linear(x, w1)
     up = F.linear(x, w3)
     if limit > 0:
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)
-    return F.linear(F.silu(gate) * up, w2)
+    h = F.silu(gate) * up
+    if row_weight is not None:
+        h = h * row_weight.to(h.dtype)
+    if act[1]:
+        h = fp8_act_roundtrip(h, act[1])
+    return F.linear(h, w2)
+
+
+def swiglu_act(w1: Weight, w3: Weight, w2: Weight) -> tuple[int, int]:
+    """The activation blocks of a SwiGLU's up (``w1`` and ``w3`` read the same input) and down projections."""
+    if act_block(w1) != act_block(w3):
+        raise ValueError(
+            f"w1 and w3 read one input but quantise it differently: {act_block(w1)}, {act_block(w3)}"
+        )
+    return act_block(w1), act_block(w2)
 
 
 class ReferenceDenseOps(DenseOps):
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
-        return linear_rows(x, dense_weight(weight, x.dtype))
+        return linear_rows(act_input(x, weight), dense_weight(weight, x.dtype))
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         return per_row(lambda r: rms_norm_rows(r, weight, eps), x)
@@ -138,4 +163,5 @@ class ReferenceDenseOps(DenseOps):
 
     def swiglu_mlp(self, x: torch.Tensor, w1: Weight, w3: Weight, w2: Weight, limit: float) -> torch.Tensor:
         m1, m3, m2 = (dense_weight(w, x.dtype) for w in (w1, w3, w2))
-        return per_row(lambda r: swiglu_rows(r, m1, m3, m2, limit), x)
+        act = swiglu_act(w1, w3, w2)
+        return per_row(lambda r: swiglu_rows(r, m1, m3, m2, limit, act), x)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer_core.ops.moe import MoEOps, ScoreFunc
-from deepinfer_core.ops.reference.dense import dense_weight, per_row, swiglu_rows
+from deepinfer_core.ops.reference.dense import dense_weight, per_row, swiglu_act, swiglu_rows
 from deepinfer_core.ops.weights import ExpertWeights
 
 
@@ -67,10 +67,15 @@ class ReferenceMoEOps(MoEOps):
         contrib: dict[tuple[int, int, int], torch.Tensor] = {}
         for gid in sorted(set(ids.flatten().tolist()) & local.keys()):
             i = local[gid]
+            act = swiglu_act(experts.w1[i], experts.w3[i], experts.w2[i])
             w1, w3, w2 = (dense_weight(w[i], x.dtype) for w in (experts.w1, experts.w3, experts.w2))
             rows, cols = torch.nonzero(ids == gid, as_tuple=True)
             for t, j in zip(rows.tolist(), cols.tolist()):
-                y = swiglu_rows(x[t : t + 1].clone(), w1, w3, w2, swiglu_limit)
+                if act[1]:  # the release's order: the routing weight scales the down projection's input
+                    y = swiglu_rows(x[t : t + 1].clone(), w1, w3, w2, swiglu_limit, act, weights[t, j])
+                    contrib[(t, gid, j)] = y
+                    continue
+                y = swiglu_rows(x[t : t + 1].clone(), w1, w3, w2, swiglu_limit, act)
                 contrib[(t, gid, j)] = y * weights[t, j].to(y.dtype)
         out = torch.zeros_like(x)
         for key in sorted(contrib):

@@ -528,6 +528,31 @@ def fp8_gemm_backend(rows: int, n: int, k: int, dtype: torch.dtype) -> str:
     return "tilelang" if ok else "triton"
 
 
+#: rows from which an SM100 GEMM with the release's FP8 activations runs on the MX MMA (prefill; decode rows keep
+#: the GEMV over round-tripped values, which reads the same weight bytes without 128-row tiles)
+MX_MIN_ROWS = 128
+
+
+@dataclass(frozen=True)
+class MXConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def mx_gemm_config(rows: int, act_block: int) -> MXConfig | None:
+    """The block-scaled MX GEMM (``kernels/mx_gemm.py``) for ``rows`` activations quantised per ``act_block``, or
+    ``None``: SM100 only (``tcgen05.mma ... block_scale``; SM90 has no MX MMA and keeps the W8A16 kernels), 32-value
+    blocks, at least :data:`MX_MIN_ROWS` rows, unless ``settings.mx_gemm`` is off. 128-row tiles: Triton 3.9
+    lowers ``dot_scaled`` with smaller M tiles to an upcast ``kind::f16`` MMA. Tile sizes are not tuned (no SM100
+    was reachable)."""
+    if arch() != "sm100" or act_block != 32 or rows < MX_MIN_ROWS or not settings().mx_gemm:
+        return None
+    return MXConfig(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=3)
+
+
 @dataclass(frozen=True)
 class VocabConfig:
     block_v: int

@@ -27,6 +27,11 @@ class CudaSM100Settings(PlatformSettings):
     fp4_h2: bool = Field(
         True, description="one-row FP4 GEMV tiles in float16 pair arithmetic (dispatch.fp4_h2_mode)"
     )
+    mx_gemm: bool = Field(
+        True,
+        description="SM100: prefill GEMMs with FP8 activations (activation_quant='fp8') on the block-scaled MX MMA "
+        "(dispatch.mx_gemm_config; compiled for sm_100a, never run on one)",
+    )
     tilelang: bool = Field(
         True,
         description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",

@@ -226,6 +226,7 @@ def ptx_summary(compiled) -> dict:
     return {
         "target": next((ln.split()[1] for ln in ptx.splitlines() if ln.startswith(".target")), ""),
         "tcgen05": ptx.count("tcgen05.mma"),
+        "block_scale": ptx.count("kind::mxf8f6f4.block_scale.block32"),
         "wgmma": ptx.count("wgmma.mma_async"),
         "mma_sync": ptx.count("mma.sync"),
         "griddepcontrol": ptx.count("griddepcontrol"),
@@ -242,10 +243,13 @@ DOT_M_TILE = {
 
 
 def mma_kind(entry: dict) -> str | None:
-    """Which MMA Triton 3.9 emits for SM100 for a tensor-core kernel's launch: ``"tcgen05"`` (tensor-memory MMA)
-    for BF16 operands on an M tile of at least 64 rows, ``"mma_sync"`` (the SM80 warp MMA) for smaller M tiles,
+    """Which MMA Triton 3.9 emits for SM100 for a tensor-core kernel's launch: ``"tcgen05_mx"`` (tensor-memory MMA
+    of MX operands with ue8m0 scales per 32, ``kind::mxf8f6f4.block_scale.block32``) for the MX GEMM's 128-row
+    tiles, ``"tcgen05"`` (tensor-memory MMA) for BF16 operands on an M tile of at least 64 rows, ``"mma_sync"`` (the SM80 warp MMA) for smaller M tiles,
     and none for the float32 path (FMA). ``None`` for the other kernels. Learned from compiling the cover;
     ``test_sm100_compile`` holds every compiled entry to it."""
+    if entry["kernel"] == "_mx_gemm_kernel":  # tl.dot_scaled: the block-scaled MX MMA at 128-row tiles
+        return "tcgen05_mx" if entry["constexprs"]["BLOCK_M"] >= 128 else "tcgen05"
     tile = DOT_M_TILE.get(entry["kernel"])
     if tile is None:
         return None

@@ -10,6 +10,7 @@ They stay there until ``benchmarks/gpu/record_launches.py v41`` records them on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -25,18 +26,34 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; Engram rows read in the step: _host_rows_kernel): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
+
+
+@contextlib.contextmanager
+def _sm100():
+    """Dispatch as on SM100 (the interpreter runs what that arch's tables pick)."""
+    from deepinfer_cuda_sm100 import dispatch
+
+    arch = dispatch.arch
+    dispatch.arch = lambda: "sm100"
+    try:
+        yield
+    finally:
+        dispatch.arch = arch
 
 
 def v41_launches() -> dict:
     from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
     from deepinfer_core.ops.mhc import HCParams
-    from deepinfer_core.ops.quant_formats import quantize_fp8_block
+    from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
+    from deepinfer_core.ops.weights import ExpertWeights
+    from deepinfer_cuda_sm100.kernels import act_quant
     from deepinfer_cuda_sm100.kernels.host_rows import host_rows
     from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
     from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+    from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
 
     dense, attn = CudaDenseOps(), CudaAttentionOps()
     g = torch.Generator().manual_seed(0)
@@ -70,10 +87,37 @@ def v41_launches() -> dict:
                     attn.store_kv(pool, torch.arange(T) % 8, r(T, 64, dt=dt), fmt)
                 keys = f.keys.pack(r(20, 64, dt=dt))
                 attn.indexer_scores(r(T, 8, 64, dt=dt), r(T, 8), keys, slots, key_format=f.keys)
+                for width in (128, 2304, 5120):  # GEMM inputs under activation_quant="fp8" (experts: row_w)
+                    act_quant.fp8_act_roundtrip(r(T, width, dt=dt))
+                    act_quant.fp8_act_roundtrip(r(T * 6, width, dt=dt), row_w=torch.rand(T * 6, generator=g))
+                    act_quant.fp8_act_codes(r(T, width, dt=dt))
             for width in (256, 8):  # an Engram table's codes and scales rows, read in the step
                 table = torch.randint(0, 256, (30, width), generator=g, dtype=torch.uint8)
                 host_rows(table, torch.randint(0, 30, (T * 4,), generator=g), torch.device("cpu"))
-    keep = ("_hc_coeffs_kernel", "_hc_collapse_kernel", "_pack_v41_kernel", "_host_rows_kernel")
+        with _sm100():  # SM100's MX GEMM (prefill rows, weights marked for the release's FP8 activations)
+            for fmt in ("fp8", "fp4"):
+                w = r(96, 256) * 0.1
+                q = quantize_fp8_block(w, "ue8m0", block=32) if fmt == "fp8" else quantize_fp4_e2m1(w)
+                q.act_block = 32
+                dense.linear(r(160, 256, dt=torch.bfloat16), q)
+            ws = []  # routed experts: the gated up projection (a_idx) and the down projection (c_idx)
+            for o, i in [(64, 128)] * 8 + [(128, 64)] * 4:
+                q = quantize_fp4_e2m1(r(o, i) * 0.1)
+                q.act_block = 32
+                ws.append(q)
+            experts = ExpertWeights(ws[0:4], ws[4:8], ws[8:12], [0, 1, 2, 3])
+            ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(80)])
+            CudaMoEOps().experts(
+                r(80, 128, dt=torch.bfloat16), ids, torch.rand(80, 2, generator=g), experts, 10.0
+            )
+    keep = (
+        "_hc_coeffs_kernel",
+        "_hc_collapse_kernel",
+        "_pack_v41_kernel",
+        "_host_rows_kernel",
+        "_act_quant_kernel",
+        "_mx_gemm_kernel",
+    )
     return {
         k: dict(e, source="interpreter")
         for k, e in store.items()

@@ -122,9 +122,14 @@ def test_cover_compiles_for_sm100a(tmp_path):
             continue
         kinds.setdefault(kind, 0)
         kinds[kind] += 1
-        got = {"tcgen05": r["tcgen05"] > 0, "mma_sync": r["mma_sync"] > 0}
-        want = {"tcgen05": kind == "tcgen05", "mma_sync": kind == "mma_sync"}
+        got = {"tcgen05": r["tcgen05"] > 0, "mma_sync": r["mma_sync"] > 0, "mx": r["block_scale"] > 0}
+        want = {
+            "tcgen05": kind.startswith("tcgen05"),
+            "mma_sync": kind == "mma_sync",
+            "mx": kind == "tcgen05_mx",
+        }
         assert got == want, (r["entry"]["kernel"], r["entry"]["constexprs"], r["entry"]["options"], got)
+    assert kinds.get("tcgen05_mx", 0) >= 2, kinds  # SM100's MX GEMM: e4m3 x e4m3 and e4m3 x e2m1
     assert kinds.get("tcgen05", 0) >= 3, (
         kinds
     )  # the cover compiles tensor-memory MMA tiles (GEMM FP8/FP4, indexer)

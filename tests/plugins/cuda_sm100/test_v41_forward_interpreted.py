@@ -24,12 +24,13 @@ from .cuda_sm100_helpers import needs_triton
 pytestmark = needs_triton
 
 
-def _generate(plugin_ops: bool, launches: list | None = None):
+def _generate(plugin_ops: bool, activation_quant: str = "none"):
     llm = LLM(
         model=str(checkpoint("reindex_r2")),
         dtype="float32",
         kv_cache_dtype="auto",
         max_num_batched_tokens=256,
+        activation_quant=activation_quant,
     )
     if plugin_ops:
         from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
@@ -43,13 +44,20 @@ def _generate(plugin_ops: bool, launches: list | None = None):
     return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-@pytest.mark.parametrize("prefill_unpacks", [False, True], ids=["in_kernel", "prefill_unpacks_distinct"])
-def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(monkeypatch, prefill_unpacks):
+@pytest.mark.parametrize(
+    "prefill_unpacks, activation_quant",
+    [(False, "none"), (True, "none"), (False, "fp8")],
+    ids=["in_kernel", "prefill_unpacks_distinct", "release_activations"],
+)
+def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(
+    monkeypatch, prefill_unpacks, activation_quant
+):
     """``prefill_unpacks_distinct``: steps of 16 rows or more (the prompt chunks, 49 rows; the decode steps have
     2) unpack each distinct packed entry once and run the plain attention kernel, as prefill chunks of 1,024
-    rows or more do on the GPU (``dispatch.UNPACK_DISTINCT_ROWS``)."""
+    rows or more do on the GPU (``dispatch.UNPACK_DISTINCT_ROWS``). ``release_activations``: every FP8 GEMM
+    input through the plugin's quantiser kernel (``activation_quant="fp8"``), against the reference backend's."""
     from deepinfer_cuda_sm100 import dispatch
-    from deepinfer_cuda_sm100.kernels import indexer, sparse_attention
+    from deepinfer_cuda_sm100.kernels import act_quant, indexer, sparse_attention
     from deepinfer_cuda_sm100.ops import attention as att
 
     used = {"packed_attention": 0, "packed_keys": 0, "distinct": 0}
@@ -72,13 +80,42 @@ def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(monkeypatch
         used["packed_keys"] += key_format is not None
         return real_scores(*a, key_format=key_format, **k)
 
+    real_roundtrip = act_quant.fp8_act_roundtrip
+
+    def roundtrip(*a, **k):
+        used["act_quant"] += 1
+        return real_roundtrip(*a, **k)
+
+    used["act_quant"] = 0
     monkeypatch.setattr(sparse_attention, "sparse_attention", attn)
     monkeypatch.setattr(indexer, "indexer_scores", scores)
-    want = _generate(False)
-    got = _generate(True)
+    monkeypatch.setattr(act_quant, "fp8_act_roundtrip", roundtrip)
+    want = _generate(False, activation_quant)
+    floor = _floor(want) if activation_quant == "fp8" else None
+    got = _generate(True, activation_quant)
     assert used["packed_attention"] > 0 and used["packed_keys"] > 0  # the in-kernel decodes ran
     assert (used["distinct"] > 0) == prefill_unpacks
-    for w, g in zip(want, got, strict=True):
+    assert (used["act_quant"] > 0) == (activation_quant == "fp8")
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
         assert g.token_ids == w.token_ids
-        for lw, lg, t in zip(w.logprobs, g.logprobs, w.token_ids, strict=True):
-            assert lg[t].logprob == pytest.approx(lw[t].logprob, abs=1e-4)
+        for j, (lw, lg, t) in enumerate(zip(w.logprobs, g.logprobs, w.token_ids, strict=True)):
+            tol = 1e-4 if floor is None else 1e-4 + 2 * floor[i][j]
+            assert lg[t].logprob == pytest.approx(lw[t].logprob, abs=tol)
+
+
+def _floor(want) -> list[list[float]]:
+    """The FP8 round trips are chaotic: a GEMM output that moves by a float32 rounding can cross a rounding
+    boundary of the next input's e4m3 grid (``docs/v41_reference.md``, 4). So the bound for each token is set by
+    the reference backend itself: ``|logprob|`` change when its GEMMs sum in float64 instead of float32. Measured:
+    2e-7 to 7e-7 on the 9-token prompt, 1.2e-3 to 8.2e-3 on the 40-token one (one e4m3 code flips in its
+    prefill), and the plugin sits within that (it lands on the float64 side)."""
+    from deepinfer_core.ops.reference import dense as ref_dense
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ref_dense, "linear_rows", lambda x, m: (x.double() @ m.double().T).to(x.dtype))
+        other = _generate(False, "fp8")
+    out = []
+    for w, o in zip(want, other, strict=True):
+        assert o.token_ids == w.token_ids
+        out.append([abs(a[t].logprob - b[t].logprob) for a, b, t in zip(w.logprobs, o.logprobs, w.token_ids)])
+    return out

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from deepinfer_ascend950._npu import torch_npu
 from deepinfer_ascend950.ops.weights import plain
-from deepinfer_core.plugin_api import DenseOps, HCParams, Weight
+from deepinfer_core.plugin_api import DenseOps, HCParams, Weight, act_input
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class AscendDenseOps(DenseOps):
         self._mhc_pre_ok = True  # cleared if npu_mhc_pre ever returns an undocumented shape
 
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
-        return F.linear(x, plain(weight, x.dtype))
+        return F.linear(act_input(x, weight), plain(weight, x.dtype))
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         """``npu_rms_norm(self, gamma, epsilon) -> (y, rstd)`` on float32 input and gamma: the contract's
@@ -129,9 +129,9 @@ class AscendDenseOps(DenseOps):
         return (pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype)
 
     def swiglu_mlp(self, x: torch.Tensor, w1: Weight, w3: Weight, w2: Weight, limit: float) -> torch.Tensor:
-        return swiglu(
-            F.linear(x, plain(w1, x.dtype)), F.linear(x, plain(w3, x.dtype)), plain(w2, x.dtype), limit
-        )
+        xq = act_input(x, w1)  # w1 and w3 read one input (V4.1: its FP8 round trip, ops/act_quant.py)
+        h = swiglu_act(F.linear(xq, plain(w1, x.dtype)), F.linear(xq, plain(w3, x.dtype)), limit)
+        return F.linear(act_input(h, w2), plain(w2, x.dtype))
 
 
 def swiglu_act(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from deepinfer_ascend950._npu import torch_npu
 from deepinfer_ascend950.ops.dense import swiglu_act
 from deepinfer_ascend950.ops.weights import gmm_weights, plain
-from deepinfer_core.plugin_api import ExpertWeights, MoEOps, ScoreFunc
+from deepinfer_core.plugin_api import ExpertWeights, MoEOps, ScoreFunc, act_block, act_input
 
 HALF = (torch.bfloat16, torch.float16)
 GATING_MAX_EXPERTS = 2048  # npu_moe_gating_top_k: last dim of x
@@ -78,7 +78,7 @@ class AscendMoEOps(MoEOps):
     def experts(self, x, ids, weights, experts: ExpertWeights, swiglu_limit):
         if x.shape[0] == 0 or experts.num_local_experts == 0:
             return torch.zeros_like(x)
-        if self.fused["experts"] and x.dtype in HALF:
+        if self.fused["experts"] and x.dtype in HALF and not act_block(experts.w2[0]):
             return self._fused_experts(x, ids, weights, experts, swiglu_limit)
         return self._torch_experts(x, ids, weights, experts, swiglu_limit)
 
@@ -130,6 +130,13 @@ class AscendMoEOps(MoEOps):
                 continue
             xe = x.index_select(0, rows)
             w1, w3, w2 = (plain(w[i], x.dtype) for w in (experts.w1, experts.w3, experts.w2))
-            y = F.linear(swiglu_act(F.linear(xe, w1), F.linear(xe, w3), limit), w2)
-            out.index_add_(0, rows, (y * weights[rows, cols].to(y.dtype)[:, None]).float())
+            xe = act_input(xe, experts.w1[i])
+            h = swiglu_act(F.linear(xe, w1), F.linear(xe, w3), limit)
+            row_w = weights[rows, cols].to(h.dtype)[:, None]
+            if act_block(experts.w2[i]):  # the release scales the down projection's input, then quantises it
+                y = F.linear(act_input(h * row_w, experts.w2[i]), w2)
+                out.index_add_(0, rows, y.float())
+                continue
+            y = F.linear(h, w2)
+            out.index_add_(0, rows, (y * row_w).float())
         return out.to(x.dtype)

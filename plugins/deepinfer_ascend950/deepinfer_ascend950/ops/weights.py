@@ -14,6 +14,8 @@ import torch
 from deepinfer_core.plugin_api import QuantizedWeight, Weight
 
 FP8_BLOCK = 128
+#: block edge of each FP8 format: DeepSeek-V4's 128 x 128, V4.1's 32 x 32
+FP8_BLOCKS = {"fp8_block": FP8_BLOCK, "fp8_block32": 32}
 FP4_BLOCK = 32
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -27,8 +29,9 @@ def e2m1_lut(device: torch.device) -> torch.Tensor:
 def dequantize(qw: QuantizedWeight, dtype: torch.dtype) -> torch.Tensor:
     """The ``[out, in]`` matrix in ``dtype``, computed on ``qw.data``'s device in one vectorised pass."""
     out_f, in_f = qw.shape
-    if qw.format == "fp8_block":
-        s = qw.scale.float().repeat_interleave(FP8_BLOCK, 0)[:out_f].repeat_interleave(FP8_BLOCK, 1)[:, :in_f]
+    if qw.format in FP8_BLOCKS:
+        b = FP8_BLOCKS[qw.format]
+        s = qw.scale.float().repeat_interleave(b, 0)[:out_f].repeat_interleave(b, 1)[:, :in_f]
         return (qw.data.float() * s).to(dtype)
     if qw.format == "fp4_e2m1":
         packed = qw.data.view(torch.uint8) if qw.data.dtype != torch.uint8 else qw.data

@@ -200,3 +200,28 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
     if c is None:
         c = _COUNTERS[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
     return c
+
+
+# ---------------------------------------------------------------- DeepSeek-V4.1 quantisers (ops/kv_quant.py)
+
+
+@triton.jit
+def e4m3_grid(y):
+    """``y`` (``|y| <= 448``) rounded to the nearest e4m3 value, ties to even, still in float32, so the cast
+    after it is exact. Triton's interpreter rounds float32 -> e4m3 without carrying a mantissa overflow
+    into the exponent (1.97 becomes 1.0), and an exact cast is the same on every implementation.
+    Normal range: keep 3 mantissa bits of the float32 pattern; below 2**-6: multiples of 2**-9."""
+    b = y.to(tl.int32, bitcast=True)
+    normal = ((b + 0x7FFFF + ((b >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # -1048576: 0xFFF00000
+    t = tl.abs(y) * 512.0
+    small = ((t + 8388608.0) - 8388608.0) * 0.001953125  # 2**23: float32 addition rounds t to an integer
+    return tl.where(tl.abs(y) >= 0.015625, normal, tl.where(b < 0, -small, small))  # b < 0: keeps -0.0
+
+
+@triton.jit
+def pow2_ceil(a):
+    """``2**ceil(log2(a))`` for positive normal float32 ``a``, from its bits (``kv_quant.pow2_ceil_bits``), and its
+    biased exponent (the ue8m0 byte)."""
+    bits = a.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return (e << 23).to(tl.float32, bitcast=True), e

@@ -21,24 +21,11 @@ import triton.language as tl
 from deepinfer_core.plugin_api import E4M3_MAX, Fp8KVFormat
 from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import pdl_enter, pool_slot, pow2
+from deepinfer_cuda_sm100.kernels._common import e4m3_grid, pdl_enter, pool_slot, pow2, pow2_ceil
 from deepinfer_cuda_sm100.kernels.sparse_attention import packed_layout
 
 _MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.ops.kv_fp8
 _MAX = tl.constexpr(E4M3_MAX)
-
-
-@triton.jit
-def _e4m3_grid(y):
-    """``y`` (``|y| <= 448``) rounded to the nearest e4m3 value, ties to even, still in float32, so the cast
-    after it is exact. Triton's interpreter rounds float32 -> e4m3 without carrying a mantissa overflow
-    into the exponent (1.97 becomes 1.0), and an exact cast is the same on every implementation.
-    Normal range: keep 3 mantissa bits of the float32 pattern; below 2**-6: multiples of 2**-9."""
-    b = y.to(tl.int32, bitcast=True)
-    normal = ((b + 0x7FFFF + ((b >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # -1048576: 0xFFF00000
-    t = tl.abs(y) * 512.0
-    small = ((t + 8388608.0) - 8388608.0) * 0.001953125  # 2**23: float32 addition rounds t to an integer
-    return tl.where(tl.abs(y) >= 0.015625, normal, tl.where(b < 0, -small, small))  # b < 0: keeps -0.0
 
 
 @triton.jit
@@ -59,7 +46,7 @@ def _pack_kernel(x_ptr, slots_ptr, code_ptr, rope_ptr, scale_ptr, stride_x, NOPE
     scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     y = tl.minimum(tl.maximum(x * inv[:, None], -_MAX), _MAX)
-    q = _e4m3_grid(y)
+    q = e4m3_grid(y)
     code = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     # a negative value that rounds to zero is e4m3 -0 (0x80), as torch packs it; the H200's conversion
     # gave +0 (v8: 3 of 2M bytes differed from the torch pack, all of them this case)
@@ -119,15 +106,6 @@ def store_plain(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -
 
 
 @triton.jit
-def _pow2_ceil(a):
-    """``2**ceil(log2(a))`` for positive normal float32 ``a``, from its bits (``kv_quant.pow2_ceil_bits``), and its
-    biased exponent (the ue8m0 byte)."""
-    bits = a.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-    return (e << 23).to(tl.float32, bitcast=True), e
-
-
-@triton.jit
 def _e2m1_code(v):
     """float32 ``v`` in ``[-6, 6]`` -> 4-bit codes (``kv_quant.e2m1_codes``: the count of midpoints below
     ``|v|``, a tie on a midpoint taking the even code; bit 3 the sign bit of ``v``, so -0.0 is code 8)."""
@@ -157,10 +135,10 @@ def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr,
     amax = tl.max(tl.abs(x), axis=1)
     row = pool_ptr + slot * ROW
     if PACK == 1:  # e4m3 codes, ue8m0 scale: kv_quant.quantize_fp8
-        s, e = _pow2_ceil(tl.maximum(amax, 1e-4) * (1.0 / 448.0))
+        s, e = pow2_ceil(tl.maximum(amax, 1e-4) * (1.0 / 448.0))
         inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1 / s, exact
         y = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
-        q = _e4m3_grid(y)
+        q = e4m3_grid(y)
         code = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         neg_zero = (q == 0.0) & (y.to(tl.int32, bitcast=True) < 0)
         code = tl.where(neg_zero, tl.full(code.shape, 0x80, tl.uint8), code)
@@ -168,10 +146,10 @@ def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr,
         tl.store(row + D + g, e.to(tl.uint8))
     else:  # e2m1 codes: kv_quant.quantize_fp4 with e4m3 (PACK 2) or ue8m0 (PACK 3) scales
         if PACK == 2:
-            s = _e4m3_grid(tl.minimum(tl.maximum(amax, 6.0 * 0.001953125) * (1.0 / 6.0), 448.0))
+            s = e4m3_grid(tl.minimum(tl.maximum(amax, 6.0 * 0.001953125) * (1.0 / 6.0), 448.0))
             sbyte = s.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         else:
-            s, e = _pow2_ceil(tl.maximum(amax, 6.0 * 1.1754943508222875e-38) * (1.0 / 6.0))
+            s, e = pow2_ceil(tl.maximum(amax, 6.0 * 1.1754943508222875e-38) * (1.0 / 6.0))
             sbyte = e.to(tl.uint8)
         v = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -6.0), 6.0)
         c = tl.reshape(_e2m1_code(v), (D // 2, 2))

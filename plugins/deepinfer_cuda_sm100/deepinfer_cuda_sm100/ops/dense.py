@@ -21,6 +21,7 @@ from deepinfer_core.plugin_api import (
     HCParams,
     QuantizedWeight,
     Weight,
+    act_block,
     compose_hc_post_pre,
     compose_hc_pre_norm,
     compose_linear_f32,
@@ -28,8 +29,8 @@ from deepinfer_core.plugin_api import (
     engram_gate_rows,
 )
 from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels import act_quant, mhc, mx_gemm, norm_rope
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
-from deepinfer_cuda_sm100.kernels import mhc, norm_rope
 from deepinfer_cuda_sm100.ops._tables import ScheduleCache, TableCache
 
 
@@ -38,6 +39,7 @@ class CudaDenseOps(DenseOps):
 
     def __init__(self) -> None:
         self._tables = TableCache()
+        self._mx_tables = TableCache()
         self._schedules = ScheduleCache()
 
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
@@ -57,7 +59,10 @@ class CudaDenseOps(DenseOps):
     def _linear(self, x: torch.Tensor, weight: Weight, out_dtype: torch.dtype) -> torch.Tensor:
         """Quantized weights, or plain ones that :func:`dispatch.plain_gemv` sends to the GEMV."""
         lead, k = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, k)
+        mx = self._mx_linear(x.reshape(-1, k), weight, out_dtype)
+        if mx is not None:
+            return mx.view(*lead, -1)
+        x2 = _act_input(x.reshape(-1, k), weight)
         T = x2.shape[0]
         quantized = isinstance(weight, QuantizedWeight)
         table = self._tables.get((weight,), lambda: gg.WeightTable.build([weight], x.device))
@@ -77,6 +82,20 @@ class CudaDenseOps(DenseOps):
         gg.grouped_gemm(x2, table, self._schedules.get(T, cfg.block_m, x.device), out, cfg)
         return out.view(*lead, -1)
 
+    def _mx_linear(self, x2: torch.Tensor, weight: Weight, out_dtype: torch.dtype) -> torch.Tensor | None:
+        """SM100, prefill rows, a weight marked for the release's FP8 activations: the activations' codes and
+        scales, then the block-scaled MX GEMM (``kernels/mx_gemm.py``); ``None`` where that path does not apply."""
+        cfg = dispatch.mx_gemm_config(x2.shape[0], act_block(weight))
+        if cfg is None:
+            return None
+        table = self._mx_tables.get((weight,), lambda: mx_gemm.mx_table([weight], x2.device))
+        if table is None:
+            return None
+        codes, scales = act_quant.fp8_act_codes(x2, act_block(weight))
+        out = torch.empty((x2.shape[0], table.n), dtype=out_dtype, device=x2.device)
+        sched = self._schedules.get(x2.shape[0], cfg.block_m, x2.device)
+        return mx_gemm.mx_gemm(codes, scales, table, sched, out, cfg)
+
     def grouped_linear(self, x: torch.Tensor, weights: list[Weight]) -> torch.Tensor:
         """All groups in one grouped GEMM (the experts' kernel, groups as experts): row ``t * G + g`` of
         ``x [T*G, K]`` is read and written in place through the same row index, sorted by group, so no
@@ -84,10 +103,11 @@ class CudaDenseOps(DenseOps):
         T, G, K = x.shape
         fmt = weights[0].format if isinstance(weights[0], QuantizedWeight) else None
         same = all(isinstance(w, QuantizedWeight) and w.format == fmt for w in weights)
-        if fmt is None or not same or T == 0 or fmt not in gg.FORMATS:
+        acts = {act_block(w) for w in weights}
+        if fmt is None or not same or T == 0 or fmt not in gg.FORMATS or len(acts) != 1:
             return super().grouped_linear(x, weights)
         table = self._tables.get(tuple(weights), lambda: gg.WeightTable.build(list(weights), x.device))
-        a = x.reshape(T * G, K)
+        a = _act_input(x.reshape(T * G, K), weights[0])
         a = a if a.stride(-1) == 1 else a.contiguous()
         out = torch.empty((T * G, table.n), dtype=x.dtype, device=x.device)
         cfg = dispatch.gemm_config(T, table.n, table.k, fmt, gated=False, active=(T * G, G))
@@ -151,6 +171,9 @@ class CudaDenseOps(DenseOps):
         out = torch.empty((T, t2.n), dtype=x.dtype, device=x.device)
         if T == 0:
             return out
+        if act_block(w1) != act_block(w3):
+            raise ValueError("w1 and w3 read one input but quantise it differently")
+        x = _act_input(x, w1)
         fmt = w1.format if isinstance(w1, QuantizedWeight) else "plain"
         cfg_up = dispatch.gemm_config(T, t1.n, t1.k, fmt, gated=True, active=(T, 1))
         sched = self._schedules.get(T, cfg_up.block_m, x.device)
@@ -158,5 +181,12 @@ class CudaDenseOps(DenseOps):
         fmt2 = w2.format if isinstance(w2, QuantizedWeight) else "plain"
         cfg_dn = dispatch.gemm_config(T, t2.n, t2.k, fmt2, gated=False, active=(T, 1))
         cfg_dn = replace(cfg_dn, block_m=cfg_up.block_m)
-        gg.grouped_gemm(h, t2, sched, out, cfg_dn)
+        gg.grouped_gemm(_act_input(h, w2), t2, sched, out, cfg_dn)
         return out
+
+
+def _act_input(x: torch.Tensor, weight: Weight) -> torch.Tensor:
+    """``x``, or its FP8 round trip where ``weight`` asks for the release's activation quantisation (one launch,
+    :mod:`deepinfer_cuda_sm100.kernels.act_quant`)."""
+    block = act_block(weight)
+    return act_quant.fp8_act_roundtrip(x, block) if block else x

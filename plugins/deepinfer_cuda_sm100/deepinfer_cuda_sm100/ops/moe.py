@@ -17,9 +17,9 @@ from dataclasses import replace
 
 import torch
 
-from deepinfer_core.plugin_api import ExpertWeights, MoEOps, QuantizedWeight
+from deepinfer_core.plugin_api import ExpertWeights, MoEOps, QuantizedWeight, act_block
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels import combine, routing, schedule
+from deepinfer_cuda_sm100.kernels import act_quant, combine, mx_gemm, routing, schedule
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
 from deepinfer_cuda_sm100.ops._tables import TableCache
 
@@ -36,6 +36,18 @@ class _Prepared:
         self.fmt = first.format if isinstance(first, QuantizedWeight) else "plain"
         first2 = experts.w2[0]
         self.fmt2 = first2.format if isinstance(first2, QuantizedWeight) else "plain"
+        #: activation blocks of the up and down projections' inputs (0: none; V4.1's release numerics)
+        self.act_up, self.act_down = act_block(first), act_block(first2)
+        if {act_block(w) for w in experts.w1 + experts.w3} != {self.act_up} or {
+            act_block(w) for w in experts.w2
+        } != {self.act_down}:
+            raise ValueError("the experts' weights quantise their inputs differently")
+        #: SM100's MX GEMM tables (up, gate, down) where the experts are MX-shaped and marked for the release's
+        #: FP8 activations (``None`` otherwise); built once, on the host
+        self.mx = None
+        if self.act_up and self.act_down:
+            tabs = [mx_gemm.mx_table(list(ws), device) for ws in (experts.w3, experts.w1, experts.w2)]
+            self.mx = None if any(t is None for t in tabs) else tuple(tabs)
         #: every expert id routing can give is held here (no expert parallelism): each (token, slot) row of
         #: the down projection's output is written, so it needs no zero fill (known from the host table)
         self.all_local = bool((lut >= 0).all())
@@ -58,6 +70,9 @@ class CudaMoEOps(MoEOps):
             return torch.zeros((T, D), dtype=x.dtype, device=x.device)
         p = self._prepared.get((experts,), lambda: _Prepared(experts, x.device))
         E = experts.num_local_experts
+        mx = self._mx_experts(x, ids, weights, p, E, swiglu_limit)
+        if mx is not None:
+            return mx
         active = (T * k, min(E, T * k))  # rows, and experts holding them at most
         # rows per expert that has any, expected under uniform routing (decode: mostly 1-2)
         per = T * k / max(1.0, E * (1 - (1 - min(k, E) / E) ** T))
@@ -74,6 +89,8 @@ class CudaMoEOps(MoEOps):
             order, *sched = gg.tile_schedule(local, E, cfg_up.block_m)
             a_idx, row_w = order // k, weights.reshape(-1).float()[order]
         h = torch.empty((T * k, p.w1.n), dtype=x.dtype, device=x.device)
+        if p.act_up:
+            x = act_quant.fp8_act_roundtrip(x, p.act_up)
         gg.grouped_gemm(
             x.contiguous(),
             p.w3,
@@ -86,5 +103,32 @@ class CudaMoEOps(MoEOps):
             all_rows_tiled=p.all_local,
         )
         y = (torch.empty if p.all_local else torch.zeros)((T * k, D), dtype=torch.float32, device=x.device)
+        if p.act_down:  # the release's order: each row scaled by its routing weight, then quantised
+            h, row_w = act_quant.fp8_act_roundtrip(h, p.act_down, row_w=row_w), None
         gg.grouped_gemm(h, p.w2, sched, y, cfg_dn, c_idx=order, row_w=row_w, all_rows_tiled=p.all_local)
+        return combine.combine(y, k, x.dtype)
+
+    @staticmethod
+    def _mx_experts(x, ids, weights, p: _Prepared, E: int, limit: float) -> torch.Tensor | None:
+        """SM100, prefill rows, experts marked for the release's FP8 activations: the gate / up and down projections
+        on the block-scaled MX MMA (``kernels/mx_gemm.py``), the routing weight applied to the down projection's
+        input before it is quantised; ``None`` where that path does not apply."""
+        T, k = ids.shape
+        cfg = dispatch.mx_gemm_config(T * k, p.act_up)
+        if cfg is None or p.act_down != p.act_up or p.mx is None:
+            return None
+        flat = ids.reshape(-1)
+        known = (flat >= 0) & (flat < p.lut.numel())
+        local = torch.where(known, p.lut[flat.clamp(0, p.lut.numel() - 1)], -1)
+        order, *sched = gg.tile_schedule(local, E, cfg.block_m)
+        up, gate, down = p.mx
+        codes, scales = act_quant.fp8_act_codes(x, p.act_up)
+        h = torch.empty((T * k, up.n), dtype=x.dtype, device=x.device)
+        mx_gemm.mx_gemm(codes, scales, up, sched, h, cfg, a_idx=order // k, gate=gate, limit=limit)
+        row_w = weights.reshape(-1).float()[order]
+        h_codes, h_scales = act_quant.fp8_act_codes(h, p.act_down, row_w=row_w)
+        y = (torch.empty if p.all_local else torch.zeros)(
+            (T * k, down.n), dtype=torch.float32, device=x.device
+        )
+        mx_gemm.mx_gemm(h_codes, h_scales, down, sched, y, cfg, c_idx=order)
         return combine.combine(y, k, x.dtype)
