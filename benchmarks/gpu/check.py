@@ -203,6 +203,34 @@ def check_fp8_block32() -> None:
                    wbytes + 2 * T * (i + o), 2 * T * i * o)  # fmt: skip
 
 
+def check_act_quant() -> None:
+    """The release's activation quantiser (``activation_quant="fp8"``) bit for bit against the core's on the GPU, at
+    V4.1-Flash's GEMM input widths (hidden, q LoRA, shared / expert intermediate, ``wo_b``'s input), and the FP8
+    32 x 32 linear with a marked weight against the reference's."""
+    from deepinfer_core.ops.act_quant import fp8_act_roundtrip as core_roundtrip
+    from deepinfer_cuda_sm100.kernels.act_quant import fp8_act_roundtrip
+
+    for k in (5120, 1280, 2304, 8192) if not SMOKE else (64, 160):
+        for T in sizes(16, 1, 8192):
+            x = rnd(T, k, scale=3.0)
+            got = poisoned(lambda: fp8_act_roundtrip(x))
+            exact = torch.equal(got.cpu().view(torch.int16), core_roundtrip(x.cpu()).view(torch.int16))
+            record("act_quant[fp8_roundtrip]", f"{T}x{k}", 0.0 if exact else 1.0, 0.5,
+                   bench(lambda: fp8_act_roundtrip(x)), 4 * T * k)  # fmt: skip
+    ops, ref = CudaDenseOps(), reference_op("dense")
+    for o, i in V41_LINEARS if not SMOKE else ((40, 64), (96, 160)):
+        w = rand_qweight("fp8_block32", o, i)
+        w.act_block = 32
+        wc = to_device(w, torch.device("cpu"))
+        for T in sizes(16, 1, 4096):
+            x = rnd(T, i)
+            out = poisoned(lambda: ops.linear(x, w))
+            err = rel_err(out, ref.linear(x.cpu(), wc)) if T in (1, 16) else None
+            wbytes = w.data.numel() + 4 * w.scale.numel()
+            record("linear[fp8_block32,act_fp8]", f"{T}x{i}->{o}", err, BOUND["bf16"],
+                   bench(lambda: ops.linear(x, w)), wbytes + 2 * T * (i + o), 2 * T * i * o)  # fmt: skip
+
+
 def check_moe():
     ops, ref = CudaMoEOps(), reference_op("moe")
     bias = rnd(EXPERTS, dtype=F32, scale=0.1)
@@ -405,7 +433,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (Triton interpreter)")
-    ap.add_argument("--only", default="dense,fp8_block32,attention,moe,sampling")
+    ap.add_argument("--only", default="dense,fp8_block32,act_quant,attention,moe,sampling")
     args = ap.parse_args()
     G.manual_seed(int(time.time()))
     smi = "cpu smoke run" if SMOKE else subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],

@@ -21,6 +21,9 @@
 #                                    v41slice the V4.1-Flash-shaped slice, plain against DSpark k = 5, batch 1 (V41SLICE_ARGS)
 #                                    v41prefill  the V4.1 slice's 8k prefill, plain and bounded replay, profiled
 #                                    v41fp32  the V4.1 slice in float32 and DeepSeek's reference (carry .v41ref): greedy tokens
+#                                    v41release the V4.1 slice with the release's FP8 activations (activation_quant
+#                                             fp8): decode, 8k prefill, greedy tokens against DeepSeek's reference
+#                                             in its release numerics (kvq_on; carry .v41ref)
 #                                    v41ctx4k the V4.1 slice at batch 1/16/64/256, context 4k (shared prefix)
 #                                    v41ctx32k the V4.1 slice at batch 1/16, context 32k (shared prefix)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
@@ -68,6 +71,10 @@ for part in "${@:-check slice gemm}"; do
                    --save-tokens --out "$0/eng" && timeout 90 python3 benchmarks/gpu/v41_reference_peer.py --float32 \
                    --modes kvq_only --batches 1 --tokens 32 --engine-json "$0/eng/v41_slice.json" --out "$0/ref"' \
                    "$OUT/v41fp32") ;;
+      v41release) cmd=(bash -c 'timeout 150 python3 benchmarks/gpu/v41_slice.py --activation-quant fp8 --batches 1 32 --ks 0 \
+                      --tokens 32 --save-tokens --prefill 8192 --out "$0/eng" && timeout 200 python3 \
+                      benchmarks/gpu/v41_reference_peer.py --modes kvq_on --batches 1 32 --tokens 32 \
+                      --engine-json "$0/eng/v41_slice.json" --out "$0/ref"' "$OUT/v41release") ;;
       v41ctx4k) cmd=(timeout 180 python3 benchmarks/gpu/v41_slice.py --batches 1 16 64 256 --ks 0 --tokens 16 --prompt 4096
                      --shared-prefix 4080 --out "$OUT/v41ctx4k_$(date +%s)") ;;
       v41ctx32k) cmd=(timeout 150 python3 benchmarks/gpu/v41_slice.py --batches 1 16 --ks 0 --tokens 16 --prompt 32768

@@ -376,6 +376,12 @@ def main() -> None:
     ap.add_argument(
         "--float32", action="store_true", help="activations and unquantized weights in float32 (default bf16)"
     )
+    ap.add_argument(
+        "--activation-quant",
+        default="none",
+        choices=["none", "fp8"],
+        help="EngineConfig.activation_quant: fp8 quantises every FP8 / FP4 GEMM input as DeepSeek's release does",
+    )
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU reference backend")
     args = ap.parse_args()
     if SMOKE:
@@ -397,8 +403,10 @@ def main() -> None:
         try:
             in_step = {"auto": None, "off": False, "on": True}[args.engram_in_step]
             model = build_v41_slice(rt.backends, dtype, SMOKE, Path(tmp), in_step)
+            model.use_activation_quant(args.activation_quant)
             RESULTS["build"] = {
                 "dtype": str(dtype),
+                "activation_quant": args.activation_quant,
                 "engram_in_step": model.engram_in_step,
                 "layers": model.cfg.num_hidden_layers,
                 "roles": [str(r) for r in model.cfg.roles],
