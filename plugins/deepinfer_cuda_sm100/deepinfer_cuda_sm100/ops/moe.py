@@ -42,15 +42,20 @@ class _Prepared:
             act_block(w) for w in experts.w2
         } != {self.act_down}:
             raise ValueError("the experts' weights quantise their inputs differently")
-        #: SM100's MX GEMM tables (up, gate, down) where the experts are MX-shaped and marked for the release's
-        #: FP8 activations (``None`` otherwise); built once, on the host
-        self.mx = None
-        if self.act_up and self.act_down:
-            tabs = [mx_gemm.mx_table(list(ws), device) for ws in (experts.w3, experts.w1, experts.w2)]
-            self.mx = None if any(t is None for t in tabs) else tuple(tabs)
+        self._experts, self._device, self._mx = experts, device, False
         #: every expert id routing can give is held here (no expert parallelism): each (token, slot) row of
         #: the down projection's output is written, so it needs no zero fill (known from the host table)
         self.all_local = bool((lut >= 0).all())
+
+    @property
+    def mx(self):
+        """SM100's MX GEMM tables (up, gate, down), or ``None`` where the experts are not MX-shaped; built on first
+        use (only where the MX GEMM runs: the ue8m0 byte copies of the scales cost memory), on the host."""
+        if self._mx is False:
+            ex = self._experts
+            tabs = [mx_gemm.mx_table(list(ws), self._device) for ws in (ex.w3, ex.w1, ex.w2)]
+            self._mx = None if any(t is None for t in tabs) else tuple(tabs)
+        return self._mx
 
 
 class CudaMoEOps(MoEOps):
@@ -115,7 +120,7 @@ class CudaMoEOps(MoEOps):
         input before it is quantised; ``None`` where that path does not apply."""
         T, k = ids.shape
         cfg = dispatch.mx_gemm_config(T * k, p.act_up)
-        if cfg is None or p.act_down != p.act_up or p.mx is None:
+        if cfg is None or not p.act_up or p.act_down != p.act_up or p.mx is None:
             return None
         flat = ids.reshape(-1)
         known = (flat >= 0) & (flat < p.lut.numel())
