@@ -33,7 +33,18 @@ DECISIONS = {
     ),
     "fp4_h2": (False, lambda: dispatch.fp4_h2_mode(GEMV, True, torch.bfloat16, True) != 0),
     "tilelang": (False, lambda: dispatch.fp8_gemm_backend(8192, 4096, 8192, torch.bfloat16) == "tilelang"),
+    "mx_gemm": (False, lambda: _on_sm100(lambda: dispatch.mx_gemm_config(256, 32) is not None)),
 }
+
+
+def _on_sm100(decide):
+    """``decide()`` with the dispatch seeing SM100 (the MX GEMM is an SM100 path), then the arch as it was."""
+    arch = dispatch.arch
+    dispatch.arch = lambda: "sm100"
+    try:
+        return decide()
+    finally:
+        dispatch.arch = arch
 
 
 def _config(route: str, field: str, value: bool, tmp_path):
@@ -59,6 +70,8 @@ def test_each_setting_reaches_its_dispatch_decision_by_every_route(monkeypatch, 
 
 
 def test_defaults_are_the_measured_choices():
+    """The H200's choices (benchmarks/gpu/NOTES.md); ``mx_gemm`` is the exception: on, unmeasured (no SM100 was
+    reachable), the only SM100 path for the release's FP8 activations that uses the MX MMA."""
     assert settings.CudaSM100Settings().model_dump() == {
-        "pdl": True, "hc_fused": True, "splitk_finish": False, "fp4_h2": True, "tilelang": True,
+        "pdl": True, "hc_fused": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "tilelang": True,
     }  # fmt: skip

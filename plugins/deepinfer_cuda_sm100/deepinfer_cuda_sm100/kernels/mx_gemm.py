@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_core.plugin_api import QuantizedWeight
+from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import pdl_enter, swiglu
 
 #: values per ue8m0 scale along K: the MX block
@@ -159,6 +160,6 @@ def mx_gemm(codes: torch.Tensor, scales: torch.Tensor, table: MXTable, sched, ou
         g.scale_ptrs, out, c_idx if c_idx is not None else tile_ex, tile_ex, tile_start, tile_end, table.n,
         table.k, codes.stride(0), out.stride(0), float(limit), W_FMT=table.fmt, GATED=gate is not None,
         HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(codes.shape[0]),
     )  # fmt: skip
     return out
