@@ -19,6 +19,10 @@ class DenseOps(ABC):
     #: the dense :class:`~deepinfer_core.ops.fusions.Fusion` s this backend also has, each a method of that name
     #: (``rms_norm_rope``, ``hc_pre_norm``, ``hc_post_pre``, ``linear_f32``); the others are composed by the core
     fusions: ClassVar[frozenset[Fusion]] = frozenset()
+    #: ``linear``, ``grouped_linear`` and ``swiglu_mlp`` honour ``QuantizedWeight.act_block`` (the input of a
+    #: marked weight's GEMM goes through :func:`deepinfer_core.ops.act_quant.act_input` first, or a kernel with
+    #: the same values): DeepSeek-V4.1's release numerics, ``activation_quant="fp8"`` (plugin API 2.2)
+    activation_quant: ClassVar[bool] = False
 
     @abstractmethod
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 
@@ -44,6 +44,10 @@ class Dispatched:
 
 
 class MoEOps(ABC):
+    #: ``experts`` honours ``QuantizedWeight.act_block``: the gate / up input through the round trip, and the down
+    #: projection's input scaled by the routing weight before its round trip (``activation_quant="fp8"``, 2.2)
+    activation_quant: ClassVar[bool] = False
+
     @abstractmethod
     def route_topk(
         self,

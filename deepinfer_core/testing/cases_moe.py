@@ -8,7 +8,7 @@ import torch
 from deepinfer_core.ops.act_quant import FP8_ACT_BLOCK
 from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.weights import ExpertWeights
-from deepinfer_core.testing.cases_dense import randn
+from deepinfer_core.testing.cases_dense import needs_activation_quant, randn
 from deepinfer_core.testing.opcase import OpCase
 
 T, E, K, D, INTER = 7, 12, 3, 64, 32
@@ -75,6 +75,14 @@ CASES = [
     OpCase("moe", "experts", "plain", _experts(None, None), atol=1e-4, rtol=1e-4),
     OpCase("moe", "experts", "fp8_block", _experts("fp8", None), atol=1e-4, rtol=1e-4),
     OpCase("moe", "experts", "fp4_e2m1", _experts("fp4", None), atol=1e-4, rtol=1e-4),
-    OpCase("moe", "experts", "fp4_e2m1_act", _experts("fp4_act", None), atol=1e-4, rtol=1e-4),
+    OpCase(
+        "moe",
+        "experts",
+        "fp4_e2m1_act",
+        _experts("fp4_act", None),
+        atol=1e-4,
+        rtol=1e-4,
+        requires=needs_activation_quant,
+    ),
     OpCase("moe", "experts", "local_subset", _experts(None, [1, 3, 4]), atol=1e-4, rtol=1e-4),
 ]

@@ -111,6 +111,8 @@ def swiglu_act(w1: Weight, w3: Weight, w2: Weight) -> tuple[int, int]:
 
 
 class ReferenceDenseOps(DenseOps):
+    activation_quant = True
+
     def linear(self, x: torch.Tensor, weight: Weight) -> torch.Tensor:
         return linear_rows(act_input(x, weight), dense_weight(weight, x.dtype))
 

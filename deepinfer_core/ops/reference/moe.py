@@ -31,6 +31,8 @@ def _normalise(chosen: torch.Tensor, routed_scaling_factor: float) -> torch.Tens
 
 
 class ReferenceMoEOps(MoEOps):
+    activation_quant = True
+
     def route_topk(
         self,
         logits: torch.Tensor,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from deepinfer_ascend950.platform import PLATFORM, Ascend950Platform, Ascend950Settings
 from deepinfer_core.plugin_api import EngineConfig, hookimpl
 
-DEEPINFER_PLUGIN_API = "2.0"
+DEEPINFER_PLUGIN_API = "2.2"  # act_block / act_input (activation_quant)
 
 
 def _settings(config: EngineConfig) -> Ascend950Settings:

@@ -180,3 +180,15 @@ def test_kvq_only_bound_catches_a_missing_index_query_round_trip(monkeypatch):
     monkeypatch.setattr(Indexer, "query", without_round_trip)
     a = run("reindex_r2", "auto", ("kvq_only",), max_len=QUANTIZED_MAX_LEN)["kvq_only"]
     assert float(a.diffs.mean()) > 10 * QUANTIZED_BOUNDS["kvq_only"]["mean_abs"]
+
+
+def test_activation_quant_is_refused_on_a_platform_that_does_not_declare_it(monkeypatch):
+    """A platform whose GEMMs would ignore ``QuantizedWeight.act_block`` (it does not declare
+    ``DenseOps.activation_quant``, plugin API 2.2) is refused by name, not silently run with other numerics."""
+    from deepinfer_core.config import ConfigError
+    from deepinfer_core.ops.reference.dense import ReferenceDenseOps
+
+    monkeypatch.setattr(ReferenceDenseOps, "activation_quant", False)
+    with pytest.raises(ConfigError, match="ReferenceDenseOps do not declare activation_quant"):
+        LLM(model=str(checkpoint("reindex_r2")), activation_quant="fp8")
+    LLM(model=str(checkpoint("reindex_r2")))  # the default needs nothing

@@ -34,6 +34,8 @@ def _mixes(x: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
 
 
 class AscendDenseOps(DenseOps):
+    activation_quant = True  # the core's round trip in torch (ops/act_quant.py)
+
     def __init__(self, fused: dict[str, bool]):
         self.fused = fused
         self._mhc_pre_ok = True  # cleared if npu_mhc_pre ever returns an undocumented shape

@@ -43,6 +43,8 @@ def local_index(ids: torch.Tensor, expert_ids: list[int]) -> torch.Tensor:
 
 
 class AscendMoEOps(MoEOps):
+    activation_quant = True  # on the torch path (the fused NPU routing is skipped for marked experts)
+
     def __init__(self, fused: dict[str, bool]):
         self.fused = fused
 

@@ -36,6 +36,7 @@ from deepinfer_cuda_sm100.ops._tables import ScheduleCache, TableCache
 
 class CudaDenseOps(DenseOps):
     fusions = frozenset({Fusion.RMS_NORM_ROPE, Fusion.HC_PRE_NORM, Fusion.HC_POST_PRE, Fusion.LINEAR_F32})
+    activation_quant = True  # kernels/act_quant.py, and SM100's MX GEMM
 
     def __init__(self) -> None:
         self._tables = TableCache()

@@ -59,6 +59,8 @@ class _Prepared:
 
 
 class CudaMoEOps(MoEOps):
+    activation_quant = True  # kernels/act_quant.py, and SM100's MX GEMM
+
     def __init__(self) -> None:
         self._prepared = TableCache()
 
