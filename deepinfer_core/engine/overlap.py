@@ -33,15 +33,33 @@ Why it is exact (the same tokens as the synchronous loop, with the same seeds):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from deepinfer_core.engine.model_runner import ModelRunner
+from deepinfer_core.engine.output_processor import OutputProcessor
 from deepinfer_core.engine.outputs import RequestOutput
-from deepinfer_core.engine.sampler import PendingSamples
-from deepinfer_core.engine.scheduler import SchedulerOutput
+from deepinfer_core.engine.sampler import PendingSamples, Sampler
+from deepinfer_core.engine.scheduler import Scheduler, SchedulerOutput
 from deepinfer_core.engine.sequence import SeqStatus
 
-if TYPE_CHECKING:
-    from deepinfer_core.engine.llm_engine import LLMEngine
+
+class EngineParts(Protocol):
+    """What the loop uses of :class:`~deepinfer_core.engine.llm_engine.LLMEngine` (named here, not imported: the
+    engine imports this module)."""
+
+    runner: ModelRunner
+    sampler: Sampler
+    scheduler: Scheduler
+    outputs: OutputProcessor
+    requests: dict
+    isolate_failures: bool
+
+    def apply_aborts(self) -> list[RequestOutput]: ...
+    def _stuck(self) -> list[RequestOutput]: ...
+    def _sync_step(self) -> list[RequestOutput]: ...
+    def _fail(self, failed: Any) -> list[RequestOutput]: ...
+    def _post_step(self, sched: SchedulerOutput) -> list[RequestOutput]: ...
+    def _collect(self, finished: Any) -> list[RequestOutput]: ...
 
 
 @dataclass
@@ -51,7 +69,7 @@ class InFlight:
 
 
 class OverlapLoop:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: EngineParts):
         self.engine = engine
         self.inflight: InFlight | None = None
 
