@@ -18,6 +18,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from deepinfer_core import LLM, SamplingParams
@@ -135,3 +136,35 @@ def test_disable_by_batch_size_is_checked(bad):
     with pytest.raises(ConfigError, match=r"speculative_config.disable_by_batch_size=.*integer >= 1"):
         LLM(model="demo", kv_cache_memory_bytes=64 << 20, speculative_config={
             "method": "dspark", "num_speculative_tokens": 2, "disable_by_batch_size": bad})  # fmt: skip
+
+
+def test_the_release_numerics_keep_batching_chunking_and_dspark_exact():
+    """``activation_quant="fp8"`` quantises each row's GEMM inputs on their own (one scale per 32 values of a row),
+    so the engine's invariants hold under it: requests batched and prefilled in small chunks, and decoded with
+    DSpark (whose verify step runs several rows of a sequence at once), give each request's tokens and logprobs
+    alone in one pass. The numerics differ from the default (the check that the setting took effect)."""
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=0)
+    base = LLM(model="demo", kv_cache_memory_bytes=64 << 20, activation_quant="fp8")
+    prompts = _heldout_prompts(base.get_tokenizer(), 3, 48)
+    alone = [base.generate([p], params, use_tqdm=False)[0].outputs[0] for p in prompts]
+    chunked = LLM(
+        model="demo", kv_cache_memory_bytes=64 << 20, activation_quant="fp8", max_num_batched_tokens=16
+    )
+    spec = LLM(model="demo", kv_cache_memory_bytes=64 << 20, activation_quant="fp8",
+               speculative_config={"method": "dspark", "num_speculative_tokens": 5})  # fmt: skip
+    for llm in (chunked, spec):
+        got = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        for a, g in zip(alone, got, strict=True):
+            assert g.token_ids == a.token_ids
+            for la, lg, t in zip(a.logprobs, g.logprobs, a.token_ids, strict=True):
+                assert lg[t].logprob == pytest.approx(la[t].logprob, abs=1e-5)
+    assert spec.get_stats()["spec_num_accepted_tokens"] > 0
+    scored = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    ids = base.generate([prompts[0]], scored, use_tqdm=False)[0].prompt_token_ids
+
+    def prompt_logprobs(llm):
+        out = llm.generate([prompts[0]], scored, use_tqdm=False)[0]
+        return torch.tensor([out.prompt_logprobs[t][ids[t]].logprob for t in range(1, len(ids))])
+
+    default = LLM(model="demo", kv_cache_memory_bytes=64 << 20)
+    assert (prompt_logprobs(default) - prompt_logprobs(base)).abs().max() > 1e-3
