@@ -222,12 +222,13 @@ def check_act_quant() -> None:
         w = rand_qweight("fp8_block32", o, i)
         w.act_block = 32
         wc = to_device(w, torch.device("cpu"))
-        for T in sizes(16, 1, 4096):
+        for T in sizes(16, 1, 4096) + ((256,) if not SMOKE else ()):
             x = rnd(T, i)
             out = poisoned(lambda: ops.linear(x, w))
-            err = rel_err(out, ref.linear(x.cpu(), wc)) if T in (1, 16) else None
+            err = rel_err(out, ref.linear(x.cpu(), wc)) if T in (1, 16, 256) else None
             wbytes = w.data.numel() + 4 * w.scale.numel()
-            record("linear[fp8_block32,act_fp8]", f"{T}x{i}->{o}", err, BOUND["bf16"],
+            path = "fp8_mma" if dispatch.mx_gemm_config(T, 32) is not None else "w8a16"
+            record(f"linear[fp8_block32,act_fp8,{path}]", f"{T}x{i}->{o}", err, BOUND["bf16"],
                    bench(lambda: ops.linear(x, w)), wbytes + 2 * T * (i + o), 2 * T * i * o)  # fmt: skip
 
 

@@ -24,6 +24,9 @@
 #                                    v41release the V4.1 slice with the release's FP8 activations (activation_quant
 #                                             fp8): decode, 8k prefill, greedy tokens against DeepSeek's reference
 #                                             in its release numerics (kvq_on; carry .v41ref)
+#                                    fp8mma   the V4.1 slice's 8k prefill with the release's activations, SM90's FP8
+#                                             wgmma path (cuda_sm100.fp8_mma) off / on twice each, then its GEMMs
+#                                             against the reference (check.py act_quant with it on)
 #                                    v41ctx4k the V4.1 slice at batch 1/16/64/256, context 4k (shared prefix)
 #                                    v41ctx32k the V4.1 slice at batch 1/16, context 32k (shared prefix)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
@@ -75,6 +78,10 @@ for part in "${@:-check slice gemm}"; do
                       --tokens 32 --save-tokens --prefill 8192 --out "$0/eng" && timeout 200 python3 \
                       benchmarks/gpu/v41_reference_peer.py --modes kvq_on --batches 1 32 --tokens 32 \
                       --engine-json "$0/eng/v41_slice.json" --out "$0/ref"' "$OUT/v41release") ;;
+      fp8mma) cmd=(bash -c 'for v in 0 1 0 1; do DEEPINFER_CUDA_SM100__FP8_MMA=$v timeout 100 python3 benchmarks/gpu/v41_slice.py \
+                  --activation-quant fp8 --batches --prefill 8192 --out "$0/prefill_fp8mma${v}_$(date +%s)"; done; \
+                  DEEPINFER_CUDA_SM100__FP8_MMA=1 timeout 150 python3 benchmarks/gpu/check.py --only act_quant \
+                  --out "$0/check"' "$OUT/fp8mma") ;;
       v41ctx4k) cmd=(timeout 180 python3 benchmarks/gpu/v41_slice.py --batches 1 16 64 256 --ks 0 --tokens 16 --prompt 4096
                      --shared-prefix 4080 --out "$OUT/v41ctx4k_$(date +%s)") ;;
       v41ctx32k) cmd=(timeout 150 python3 benchmarks/gpu/v41_slice.py --batches 1 16 --ks 0 --tokens 16 --prompt 32768

@@ -540,17 +540,28 @@ class MXConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    #: "mx": the block-scaled MMA (SM100); "fp8": e4m3 MMAs of one scale block each, scaled partial sums (SM90)
+    mma: str = "mx"
 
 
 def mx_gemm_config(rows: int, act_block: int) -> MXConfig | None:
-    """The block-scaled MX GEMM (``kernels/mx_gemm.py``) for ``rows`` activations quantised per ``act_block``, or
-    ``None``: SM100 only (``tcgen05.mma ... block_scale``; SM90 has no MX MMA and keeps the W8A16 kernels), 32-value
-    blocks, at least :data:`MX_MIN_ROWS` rows, unless ``settings.mx_gemm`` is off. 128-row tiles: Triton 3.9
-    lowers ``dot_scaled`` with smaller M tiles to an upcast ``kind::f16`` MMA. Tile sizes are not tuned (no SM100
-    was reachable)."""
-    if arch() != "sm100" or act_block != 32 or rows < MX_MIN_ROWS or not settings().mx_gemm:
+    """The GEMM over FP8 activation codes (``kernels/mx_gemm.py``) for ``rows`` activations quantised per
+    ``act_block``, or ``None`` (the W8A16 kernels over round-tripped activations): 32-value blocks, at least
+    :data:`MX_MIN_ROWS` rows, and
+
+    - SM100, unless ``settings.mx_gemm`` is off: the block-scaled MX MMA (``tcgen05.mma ... block_scale``), 128-row
+      tiles (Triton 3.9 lowers ``dot_scaled`` with smaller M tiles to an upcast ``kind::f16`` MMA);
+    - SM90 with ``settings.fp8_mma`` (off by default until measured): e4m3 ``wgmma`` over one 32-value scale block
+      at a time, each step's partial sums scaled on the CUDA cores (Hopper has no MX MMA).
+
+    Tile sizes are not tuned (neither path has run on a GPU)."""
+    if act_block != 32 or rows < MX_MIN_ROWS:
         return None
-    return MXConfig(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=3)
+    if arch() == "sm100" and settings().mx_gemm:
+        return MXConfig(block_m=128, block_n=128, block_k=128, num_warps=4, num_stages=3)
+    if arch() == "sm90" and settings().fp8_mma:
+        return MXConfig(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=4, mma="fp8")
+    return None
 
 
 @dataclass(frozen=True)

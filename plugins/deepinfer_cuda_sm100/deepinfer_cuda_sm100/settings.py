@@ -32,6 +32,11 @@ class CudaSM100Settings(PlatformSettings):
         description="SM100: prefill GEMMs with FP8 activations (activation_quant='fp8') on the block-scaled MX MMA "
         "(dispatch.mx_gemm_config; compiled for sm_100a, never run on one)",
     )
+    fp8_mma: bool = Field(
+        False,
+        description="SM90: prefill GEMMs with FP8 activations (activation_quant='fp8') on e4m3 wgmma, one 32-value "
+        "scale block a step (dispatch.mx_gemm_config); off until measured on the H200",
+    )
     tilelang: bool = Field(
         True,
         description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",

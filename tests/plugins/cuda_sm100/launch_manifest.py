@@ -248,8 +248,11 @@ def mma_kind(entry: dict) -> str | None:
     tiles, ``"tcgen05"`` (tensor-memory MMA) for BF16 operands on an M tile of at least 64 rows, ``"mma_sync"`` (the SM80 warp MMA) for smaller M tiles,
     and none for the float32 path (FMA). ``None`` for the other kernels. Learned from compiling the cover;
     ``test_sm100_compile`` holds every compiled entry to it."""
-    if entry["kernel"] == "_mx_gemm_kernel":  # tl.dot_scaled: the block-scaled MX MMA at 128-row tiles
-        return "tcgen05_mx" if entry["constexprs"]["BLOCK_M"] >= 128 else "tcgen05"
+    if (
+        entry["kernel"] == "_mx_gemm_kernel"
+    ):  # MMA "mx": tl.dot_scaled, the block-scaled MX MMA at 128-row tiles;
+        c = entry["constexprs"]  # "fp8" (SM90's path): an e4m3 tl.dot, tensor-memory kind::f8f6f4 on SM100
+        return "tcgen05_mx" if c.get("MMA", "mx") == "mx" and c["BLOCK_M"] >= 128 else "tcgen05"
     tile = DOT_M_TILE.get(entry["kernel"])
     if tile is None:
         return None

@@ -32,16 +32,18 @@ NOTE = (
 
 
 @contextlib.contextmanager
-def _sm100():
-    """Dispatch as on SM100 (the interpreter runs what that arch's tables pick)."""
-    from deepinfer_cuda_sm100 import dispatch
+def _arch(name: str, **switches):
+    """Dispatch as on ``name`` with these ``cuda_sm100`` settings (the interpreter runs what its tables pick)."""
+    from deepinfer_cuda_sm100 import dispatch, settings
 
-    arch = dispatch.arch
-    dispatch.arch = lambda: "sm100"
+    arch, active = dispatch.arch, settings.active()
+    dispatch.arch = lambda: name
+    settings.use(settings.CudaSM100Settings(**switches))
     try:
         yield
     finally:
         dispatch.arch = arch
+        settings.use(active)
 
 
 def v41_launches() -> dict:
@@ -94,22 +96,23 @@ def v41_launches() -> dict:
             for width in (256, 8):  # an Engram table's codes and scales rows, read in the step
                 table = torch.randint(0, 256, (30, width), generator=g, dtype=torch.uint8)
                 host_rows(table, torch.randint(0, 30, (T * 4,), generator=g), torch.device("cpu"))
-        with _sm100():  # SM100's MX GEMM (prefill rows, weights marked for the release's FP8 activations)
-            for fmt in ("fp8", "fp4"):
-                w = r(96, 256) * 0.1
-                q = quantize_fp8_block(w, "ue8m0", block=32) if fmt == "fp8" else quantize_fp4_e2m1(w)
-                q.act_block = 32
-                dense.linear(r(160, 256, dt=torch.bfloat16), q)
-            ws = []  # routed experts: the gated up projection (a_idx) and the down projection (c_idx)
-            for o, i in [(64, 128)] * 8 + [(128, 64)] * 4:
-                q = quantize_fp4_e2m1(r(o, i) * 0.1)
-                q.act_block = 32
-                ws.append(q)
-            experts = ExpertWeights(ws[0:4], ws[4:8], ws[8:12], [0, 1, 2, 3])
-            ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(80)])
-            CudaMoEOps().experts(
-                r(80, 128, dt=torch.bfloat16), ids, torch.rand(80, 2, generator=g), experts, 10.0
-            )
+        for where in (_arch("sm100"), _arch("sm90", fp8_mma=True)):  # the MX MMA, SM90's FP8 MMA path
+            with where:
+                for fmt in ("fp8", "fp4"):
+                    w = r(96, 256) * 0.1
+                    q = quantize_fp8_block(w, "ue8m0", block=32) if fmt == "fp8" else quantize_fp4_e2m1(w)
+                    q.act_block = 32
+                    dense.linear(r(160, 256, dt=torch.bfloat16), q)
+                ws = []  # routed experts: the gated up projection (a_idx) and the down projection (c_idx)
+                for o, i in [(64, 128)] * 8 + [(128, 64)] * 4:
+                    q = quantize_fp4_e2m1(r(o, i) * 0.1)
+                    q.act_block = 32
+                    ws.append(q)
+                experts = ExpertWeights(ws[0:4], ws[4:8], ws[8:12], [0, 1, 2, 3])
+                ids = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(80)])
+                CudaMoEOps().experts(
+                    r(80, 128, dt=torch.bfloat16), ids, torch.rand(80, 2, generator=g), experts, 10.0
+                )
     keep = (
         "_hc_coeffs_kernel",
         "_hc_collapse_kernel",

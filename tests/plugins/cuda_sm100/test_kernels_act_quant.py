@@ -135,19 +135,29 @@ def test_the_kernels_codes_and_scale_bytes_equal_the_core_quantiser(gen, dtype):
     assert torch.equal(scales.cpu(), want_scales.view(torch.uint8))
 
 
+def _fp8_path(monkeypatch, path: str) -> None:
+    """Dispatch as on SM100 (the MX MMA) or on SM90 with ``fp8_mma`` on (e4m3 MMAs, scaled partial sums)."""
+    from deepinfer_cuda_sm100 import dispatch, settings
+
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm100" if path == "sm100_mx" else "sm90")
+    if path == "sm90_fp8":
+        settings.use(settings.CudaSM100Settings(fp8_mma=True))
+
+
+@pytest.mark.parametrize("path", ["sm100_mx", "sm90_fp8"])
 @pytest.mark.parametrize("fmt", ["fp8_block32", "fp4_e2m1"])
 @pytest.mark.parametrize("rows, n, k", [(130, 96, 256), (128, 200, 160)])
-def test_the_mx_gemm_equals_the_reference_linear(gen, monkeypatch, fmt, rows, n, k):
-    """SM100's block-scaled MX GEMM (``tl.dot_scaled``, e4m3 activations x e4m3 / e2m1 weights, ue8m0 per 32),
-    forced on under the interpreter, through the plugin's ``linear``: equal to the reference's linear of the
-    marked weight (round-tripped activations times dequantised weights), with ragged M, N and K tiles."""
-    from deepinfer_cuda_sm100 import dispatch
+def test_the_mx_gemm_equals_the_reference_linear(gen, monkeypatch, fmt, rows, n, k, path):
+    """The GEMM over FP8 activation codes, forced on under the interpreter, through the plugin's ``linear``:
+    SM100's block-scaled MX MMA (``tl.dot_scaled``, e4m3 activations x e4m3 / e2m1 weights, ue8m0 per 32) and
+    SM90's e4m3 MMA per scale block (FP4 weights widened to e4m3 in registers); equal to the reference's linear of
+    the marked weight (round-tripped activations times dequantised weights), with ragged M, N and K tiles."""
     from deepinfer_cuda_sm100.kernels import mx_gemm
     from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
 
     ran = []
     real = mx_gemm.mx_gemm
-    monkeypatch.setattr(dispatch, "arch", lambda: "sm100")
+    _fp8_path(monkeypatch, path)
     monkeypatch.setattr(mx_gemm, "mx_gemm", lambda *a, **k: ran.append(1) or real(*a, **k))
     w = torch.randn(n, k, generator=gen) * k**-0.5
     q = quantize_fp8_block(w, "ue8m0", 32) if fmt == "fp8_block32" else quantize_fp4_e2m1(w)
@@ -159,14 +169,19 @@ def test_the_mx_gemm_equals_the_reference_linear(gen, monkeypatch, fmt, rows, n,
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_the_mx_gemm_is_only_for_sm100_prefill_rows_and_mx_shaped_weights(monkeypatch):
+def test_the_fp8_gemm_is_only_for_prefill_rows_and_mx_shaped_weights(monkeypatch):
     from deepinfer_core.ops.quant_formats import quantize_fp8_block as q8
     from deepinfer_cuda_sm100 import dispatch, settings
     from deepinfer_cuda_sm100.kernels.mx_gemm import mx_table
 
-    assert dispatch.mx_gemm_config(256, 32) is None  # the interpreter (and SM90) keep the W8A16 kernels
+    assert dispatch.mx_gemm_config(256, 32) is None  # the interpreter keeps the W8A16 kernels
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    assert dispatch.mx_gemm_config(256, 32) is None  # SM90's FP8 MMA path is off until measured
+    settings.use(settings.CudaSM100Settings(fp8_mma=True))
+    assert dispatch.mx_gemm_config(256, 32).mma == "fp8"
+    settings.use(settings.CudaSM100Settings())
     monkeypatch.setattr(dispatch, "arch", lambda: "sm100")
-    assert dispatch.mx_gemm_config(256, 32).block_m == 128
+    assert dispatch.mx_gemm_config(256, 32).block_m == 128 and dispatch.mx_gemm_config(256, 32).mma == "mx"
     assert dispatch.mx_gemm_config(dispatch.MX_MIN_ROWS - 1, 32) is None  # decode rows: the GEMV
     assert dispatch.mx_gemm_config(256, 0) is None  # activations not quantised
     settings.use(settings.CudaSM100Settings(mx_gemm=False))
@@ -180,14 +195,14 @@ def test_the_mx_gemm_is_only_for_sm100_prefill_rows_and_mx_shaped_weights(monkey
     assert torch.equal(scales[31], scales[0]) and m.ptrs.tolist() == [codes.data_ptr()]
 
 
+@pytest.mark.parametrize("path", ["sm100_mx", "sm90_fp8"])
 @pytest.mark.parametrize("local", [None, [0, 2, 3, 5, 6]], ids=["all_experts", "expert_parallel_subset"])
-def test_routed_experts_on_the_mx_gemm_equal_the_reference(gen, monkeypatch, local):
+def test_routed_experts_on_the_mx_gemm_equal_the_reference(gen, monkeypatch, local, path):
     """SM100's routed experts with the release's FP8 activations (forced on under the interpreter): the gate / up
     projection with the SwiGLU epilogue and the down projection on the MX GEMM, the activations gathered and the
     outputs scattered by the tile schedule, the routing weight in the down projection's quantised input; against
     the reference's ``experts`` with the same marked FP4 weights (rows of experts held elsewhere contribute 0)."""
     from deepinfer_core.ops.weights import ExpertWeights
-    from deepinfer_cuda_sm100 import dispatch
     from deepinfer_cuda_sm100.kernels import mx_gemm
     from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
 
@@ -207,7 +222,7 @@ def test_routed_experts_on_the_mx_gemm_equal_the_reference(gen, monkeypatch, loc
     want = reference_op("moe").experts(x, ids, w, experts, 2.0)
     ran = []
     real = mx_gemm.mx_gemm
-    monkeypatch.setattr(dispatch, "arch", lambda: "sm100")
+    _fp8_path(monkeypatch, path)
     monkeypatch.setattr(
         mx_gemm, "mx_gemm", lambda *a, **kw: ran.append(kw.get("gate") is not None) or real(*a, **kw)
     )

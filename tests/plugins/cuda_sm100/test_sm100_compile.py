@@ -133,3 +133,27 @@ def test_cover_compiles_for_sm100a(tmp_path):
     assert kinds.get("tcgen05", 0) >= 3, (
         kinds
     )  # the cover compiles tensor-memory MMA tiles (GEMM FP8/FP4, indexer)
+
+
+@needs_sm100_compiler
+def test_the_sm90_fp8_mma_path_compiles_to_hopper_fp8_wgmma():
+    """SM90's GEMM over FP8 activation codes (``_mx_gemm_kernel`` with ``MMA="fp8"``, ``cuda_sm100.fp8_mma``) compiled
+    for ``sm_90a``: each recorded launch (dense and expert tiles, e4m3 and widened e2m1 weights) is an e4m3 x e4m3
+    ``wgmma`` with float32 accumulation, no upcast to bf16."""
+    code = (
+        "import json, re, launch_manifest as lm\n"
+        "rows = []\n"
+        "for e in lm.load_manifest():\n"
+        "    if e['kernel'] == '_mx_gemm_kernel' and e['constexprs'].get('MMA') == 'fp8':\n"
+        "        ptx = lm.compile_entry(e, 90).asm['ptx']\n"
+        "        rows.append(sorted(set(re.findall(r'wgmma\\.mma_async[\\w.]*', ptx))))\n"
+        "print(json.dumps(rows))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_DEFAULT_FP_FUSION="1", PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(rows) >= 4, rows  # dense e4m3 / e2m1, the gated up and the scattered down projections
+    for kinds in rows:
+        assert kinds and all(k.endswith(".f32.e4m3.e4m3") for k in kinds), kinds

@@ -90,10 +90,38 @@ def mx_table(weights: list[QuantizedWeight], device: torch.device) -> MXTable | 
 
 
 @triton.jit
+def _e2m1_as_e4m3(b, R: tl.constexpr, C: tl.constexpr):
+    """Packed e2m1 bytes ``[R, C]`` (element ``2i`` of a column in the low nibble of byte ``i``) -> e4m3 bytes
+    ``[2 R, C]`` of the same values (exact: every e2m1 value is an e4m3 value; the sign bit moves, -0 stays -0)."""
+    x = tl.join(b & 0xF, b >> 4).to(tl.int32)  # [R, C, 2]
+    x = tl.reshape(tl.permute(x, (0, 2, 1)), (2 * R, C))
+    c = x & 7  # magnitude code: 0, 0.5, 1, 1.5, 2, 3, 4, 6
+    mag = tl.where(c >= 2, (((c >> 1) + 6) << 3) | ((c & 1) << 2), tl.where(c == 1, 0x30, 0))
+    return (mag | ((x & 8) << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _mma_step(a, sa, w, sw, acc, W_FMT: tl.constexpr, MMA: tl.constexpr, BLOCK_K: tl.constexpr,
+              BLOCK_N: tl.constexpr):  # fmt: skip
+    """``acc + (a * sa) @ (w * sw)`` for one K step: ``"mx"``, the block-scaled MMA (SM100); ``"fp8"`` (SM90, one
+    32-value scale block a step), an e4m3 x e4m3 MMA of the codes, its partial sums scaled by ``sa[m] * sw[n]``."""
+    if MMA == "mx":
+        return tl.dot_scaled(a, sa, "e4m3", w, sw, W_FMT, acc)
+    else:
+        if W_FMT == "e2m1":
+            w = _e2m1_as_e4m3(w, BLOCK_K // 2, BLOCK_N)
+        p = tl.dot(a.to(tl.float8e4nv, bitcast=True), w.to(tl.float8e4nv, bitcast=True), out_dtype=tl.float32)
+        s_a = (sa.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # [M, 1]: 2**(byte - 127)
+        s_w = tl.reshape((sw.to(tl.int32) << 23).to(tl.float32, bitcast=True), (1, BLOCK_N))
+        return acc + p * s_a * s_w
+
+
+@triton.jit
 def _mx_gemm_kernel(a_ptr, sa_ptr, a_idx_ptr, w_tab, sw_tab, g_tab, sg_tab, c_ptr, c_idx_ptr, tile_ex_ptr,
                     tile_start_ptr, tile_end_ptr, N, K, stride_am, stride_cm, limit, W_FMT: tl.constexpr,
                     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, MMA: tl.constexpr = "mx",
+                    PDL: tl.constexpr = False):  # fmt: skip
     """Tile ``program_id(0)`` of a grouped problem (``gg.tile_schedule``: sorted rows of one expert), columns
     ``program_id(1)``: ``c[rows] = (a[a_idx[rows]] * sa) @ (w[ex] * sw).T``, e4m3 activation codes with ue8m0
     bytes per 32 against the expert's e4m3 or packed e2m1 codes and bytes, float32 accumulation. ``GATED``: the
@@ -132,11 +160,11 @@ def _mx_gemm_kernel(a_ptr, sa_ptr, a_idx_ptr, w_tab, sw_tab, g_tab, sg_tab, c_pt
             wmask = nm[None, :] & (kw[:, None] < K // PK)
             w = tl.load(w_base + n[None, :] * (K // PK) + kw[:, None], mask=wmask, other=0)
             sw = tl.load(sw_base + n[:, None] * ks + g[None, :], mask=nm[:, None] & gm, other=127)
-            acc = tl.dot_scaled(a, sa, "e4m3", w, sw, W_FMT, acc)
+            acc = _mma_step(a, sa, w, sw, acc, W_FMT, MMA, BLOCK_K, BLOCK_N)
             if GATED:
                 wg = tl.load(g_base + n[None, :] * (K // PK) + kw[:, None], mask=wmask, other=0)
                 sg = tl.load(sg_base + n[:, None] * ks + g[None, :], mask=nm[:, None] & gm, other=127)
-                acc_g = tl.dot_scaled(a, sa, "e4m3", wg, sg, W_FMT, acc_g)
+                acc_g = _mma_step(a, sa, wg, sg, acc_g, W_FMT, MMA, BLOCK_K, BLOCK_N)
         if GATED:
             acc = swiglu(acc_g, acc, limit)
         c_rows = tl.load(c_idx_ptr + rows, mask=rm, other=0).to(tl.int64) if HAS_C_IDX else rows.to(tl.int64)
@@ -160,6 +188,6 @@ def mx_gemm(codes: torch.Tensor, scales: torch.Tensor, table: MXTable, sched, ou
         g.scale_ptrs, out, c_idx if c_idx is not None else tile_ex, tile_ex, tile_start, tile_end, table.n,
         table.k, codes.stride(0), out.stride(0), float(limit), W_FMT=table.fmt, GATED=gate is not None,
         HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(codes.shape[0]),
+        BLOCK_K=cfg.block_k, MMA=cfg.mma, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(codes.shape[0]),
     )  # fmt: skip
     return out
