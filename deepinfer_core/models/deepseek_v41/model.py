@@ -217,12 +217,12 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             raise ValueError(f"activation_quant={mode!r}: expected one of {list(ACTIVATION_QUANT_MODES)}")
         ops = self.backends
         lacking = [
-            type(o).__name__ for o in (ops.dense, ops.moe) if not getattr(o, "activation_quant", False)
+            type(o).__name__ for o in (ops.dense, ops.moe) if mode != "none" and not o.activation_quant
         ]
-        if mode != "none" and lacking:
+        if lacking:
             raise ValueError(
                 f"activation_quant={mode!r}: the platform's {' and '.join(lacking)} do not declare activation_quant "
-                "(plugin API 2.2: their GEMMs would ignore the quantisation); use activation_quant='none'"
+                "(their GEMMs would ignore the quantisation); use activation_quant='none'"
             )
         weights = [slot.value for _, slot in self.named_slots()]
         mark_activation_quant(weights, FP8_ACT_BLOCK if mode == "fp8" else 0)
