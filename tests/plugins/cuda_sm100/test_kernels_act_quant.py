@@ -232,3 +232,26 @@ def test_routed_experts_on_the_mx_gemm_equal_the_reference(gen, monkeypatch, loc
     got = CudaMoEOps().experts(*dv, to_device(experts, DEVICE), 2.0).cpu()
     assert ran == [True, False], "the gated up projection and the down projection ran on the MX GEMM"
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_experts_cache_does_not_keep_marked_experts_alive():
+    """The prepared tables of a set of experts (the MX tables built lazily among them) live only as long as the
+    ``ExpertWeights`` they are keyed by: a model that is dropped frees its experts."""
+    import gc
+    import weakref
+
+    from deepinfer_core.ops.weights import ExpertWeights
+    from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
+
+    ops, ws = CudaMoEOps(), []
+    for o, i in [(64, 128)] * 4 + [(128, 64)] * 2:
+        q = quantize_fp4_e2m1(torch.randn(o, i))
+        ws.append(type(q)(q.data.to(DEVICE), q.scale.to(DEVICE), q.format, q.shape, 32))
+    experts = ExpertWeights(ws[0:2], ws[2:4], ws[4:6], [0, 1])
+    ops.experts(torch.randn(3, 128, device=DEVICE), torch.tensor([[0, 1]] * 3, device=DEVICE),
+                torch.rand(3, 2, device=DEVICE), experts, 0.0)  # fmt: skip
+    assert len(ops._prepared._entries) == 1
+    alive = weakref.ref(experts)
+    del experts, ws
+    gc.collect()
+    assert alive() is None and not ops._prepared._entries

@@ -42,7 +42,13 @@ class _Prepared:
             act_block(w) for w in experts.w2
         } != {self.act_down}:
             raise ValueError("the experts' weights quantise their inputs differently")
-        self._experts, self._device, self._mx = experts, device, False
+        # the weight lists, not the ExpertWeights: the cache holding this is keyed by a weak reference to that
+        # object, which a strong one from here would keep alive forever
+        self._mx_weights, self._device, self._mx = (
+            (list(experts.w3), list(experts.w1), list(experts.w2)),
+            device,
+            False,
+        )
         #: every expert id routing can give is held here (no expert parallelism): each (token, slot) row of
         #: the down projection's output is written, so it needs no zero fill (known from the host table)
         self.all_local = bool((lut >= 0).all())
@@ -52,8 +58,7 @@ class _Prepared:
         """SM100's MX GEMM tables (up, gate, down), or ``None`` where the experts are not MX-shaped; built on first
         use (only where the MX GEMM runs: the ue8m0 byte copies of the scales cost memory), on the host."""
         if self._mx is False:
-            ex = self._experts
-            tabs = [mx_gemm.mx_table(list(ws), self._device) for ws in (ex.w3, ex.w1, ex.w2)]
+            tabs = [mx_gemm.mx_table(ws, self._device) for ws in self._mx_weights]
             self._mx = None if any(t is None for t in tabs) else tuple(tabs)
         return self._mx
 
