@@ -44,12 +44,9 @@ def act_input(x: torch.Tensor, weight: Weight) -> torch.Tensor:
     return fp8_act_roundtrip(x, block) if block else x
 
 
-def mark_activation_quant(weights: list[Weight], block: int = FP8_ACT_BLOCK) -> int:
+def mark_activation_quant(weights: list[Weight], block: int = FP8_ACT_BLOCK) -> None:
     """Set ``act_block`` on every quantized weight of ``weights`` (plain tensors are left alone: the release
-    multiplies them in the model dtype); returns how many were marked."""
-    n = 0
+    multiplies them in the model dtype)."""
     for w in weights:
         if isinstance(w, QuantizedWeight):
             w.act_block = block
-            n += 1
-    return n

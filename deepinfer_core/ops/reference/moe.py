@@ -72,13 +72,15 @@ class ReferenceMoEOps(MoEOps):
             act = swiglu_act(experts.w1[i], experts.w3[i], experts.w2[i])
             w1, w3, w2 = (dense_weight(w[i], x.dtype) for w in (experts.w1, experts.w3, experts.w2))
             rows, cols = torch.nonzero(ids == gid, as_tuple=True)
+            weight_first = (
+                act[1] > 0
+            )  # the release's order: the routing weight scales the down projection's input
             for t, j in zip(rows.tolist(), cols.tolist()):
-                if act[1]:  # the release's order: the routing weight scales the down projection's input
-                    y = swiglu_rows(x[t : t + 1].clone(), w1, w3, w2, swiglu_limit, act, weights[t, j])
-                    contrib[(t, gid, j)] = y
-                    continue
-                y = swiglu_rows(x[t : t + 1].clone(), w1, w3, w2, swiglu_limit, act)
-                contrib[(t, gid, j)] = y * weights[t, j].to(y.dtype)
+                w = weights[t, j]
+                y = swiglu_rows(
+                    x[t : t + 1].clone(), w1, w3, w2, swiglu_limit, act, w if weight_first else None
+                )
+                contrib[(t, gid, j)] = y if weight_first else y * w.to(y.dtype)
         out = torch.zeros_like(x)
         for key in sorted(contrib):
             out[key[0]] += contrib[key][0]

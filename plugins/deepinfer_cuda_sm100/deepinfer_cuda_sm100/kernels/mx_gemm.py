@@ -26,6 +26,7 @@ import triton.language as tl
 
 from deepinfer_core.plugin_api import QuantizedWeight
 from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
 from deepinfer_cuda_sm100.kernels._common import pdl_enter, swiglu
 
 #: values per ue8m0 scale along K: the MX block
@@ -46,21 +47,12 @@ class MXTable:
     keep: tuple
 
 
-def _ue8m0_bytes(scale: torch.Tensor) -> torch.Tensor | None:
-    """float32 powers of two -> their biased exponents (uint8); ``None`` if any is not a normal power of two."""
-    bits = scale.float().contiguous().view(torch.int32)
-    e = (bits >> 23) & 0xFF
-    if bool(((bits & 0x7FFFFF) != 0).any() | (e == 0).any() | (e == 255).any() | (bits < 0).any()):
-        return None
-    return e.to(torch.uint8)
-
-
 def _operands(w: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, str] | None:
     n, k = w.shape
     if k % MX_BLOCK or w.format not in ("fp8_block32", "fp4_e2m1"):
         return None
-    s = _ue8m0_bytes(w.scale)
-    if s is None:
+    (s,) = gg.ue8m0_bytes([w.scale.float()])  # unchanged (float32) unless every scale is a power of two
+    if s.dtype != torch.uint8:
         return None
     if w.format == "fp8_block32":  # each row carries its 32 x 32 block's scale
         return (
