@@ -5,7 +5,7 @@ roofline's numerator) and the FLOPs of a prefill chunk (against the matmul rate)
 from __future__ import annotations
 
 import torch
-from slice_model import weight_bytes
+from slice_model import step_bytes, weight_bytes
 
 
 def weight_bytes41(model) -> dict[str, float]:
@@ -38,15 +38,7 @@ def kv_bytes_per_row(model, ctx: int) -> float:
 
 
 def decode_bytes(model, wb, batch: int, ctx: int) -> float:
-    c = model.cfg
-    e, k = c.n_routed_experts, c.num_experts_per_tok
-    touched = e * (1 - (1 - k / e) ** batch)
-    return (
-        wb["other"]
-        + c.num_hidden_layers * touched * wb["per_expert"]
-        + batch * wb["embed_row"]
-        + batch * kv_bytes_per_row(model, ctx)
-    )
+    return step_bytes(model.cfg, wb, batch, kv_bytes_per_row(model, ctx))
 
 
 def prefill_flops41(model, tokens: int, decoder_rows: int | None = None) -> dict[str, float]:

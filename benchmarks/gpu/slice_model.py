@@ -209,15 +209,18 @@ def kv_bytes_per_row(cfg, ctx: int, elt: int = 2, entry: int | None = None) -> f
     return total
 
 
-def decode_bytes(cfg, wb, batch: int, ctx: int, entry: int | None = None) -> float:
+def step_bytes(cfg, wb, batch: int, kv_row: float) -> float:
+    """Bytes a decode step of ``batch`` rows reads: the weights (``wb``, :func:`weight_bytes`; each routed expert
+    counted once if any row picks it, under uniform routing), one embedding row and ``kv_row`` KV bytes a row."""
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch)
     return (
-        wb["other"]
-        + cfg.num_hidden_layers * touched * wb["per_expert"]
-        + batch * wb["embed_row"]
-        + batch * kv_bytes_per_row(cfg, ctx, entry=entry)
+        wb["other"] + cfg.num_hidden_layers * touched * wb["per_expert"] + batch * (wb["embed_row"] + kv_row)
     )
+
+
+def decode_bytes(cfg, wb, batch: int, ctx: int, entry: int | None = None) -> float:
+    return step_bytes(cfg, wb, batch, kv_bytes_per_row(cfg, ctx, entry=entry))
 
 
 def prefill_flops(cfg, tokens: int) -> float:
