@@ -27,6 +27,7 @@
 #                                    fp8mma   the V4.1 slice's 8k prefill with the release's activations, SM90's FP8
 #                                             wgmma path (cuda_sm100.fp8_mma) off / on twice each, then its GEMMs
 #                                             against the reference (check.py act_quant with it on)
+#                                    checkact check.py's act_quant section with the SM90 FP8 wgmma path on
 #                                    v41ctx4k the V4.1 slice at batch 1/16/64/256, context 4k (shared prefix)
 #                                    v41ctx32k the V4.1 slice at batch 1/16, context 32k (shared prefix)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
@@ -82,8 +83,10 @@ for part in "${@:-check slice gemm}"; do
                   --activation-quant fp8 --batches --prefill 8192 --out "$0/prefill_fp8mma${v}_$(date +%s)"; done; \
                   DEEPINFER_CUDA_SM100__FP8_MMA=1 timeout 150 python3 benchmarks/gpu/check.py --only act_quant \
                   --out "$0/check"' "$OUT/fp8mma") ;;
+      checkact) cmd=(env DEEPINFER_CUDA_SM100__FP8_MMA=1 timeout 150 python3 benchmarks/gpu/check.py --only act_quant
+                     --out "$OUT/checkact") ;;
       v41ctx4k) cmd=(timeout 180 python3 benchmarks/gpu/v41_slice.py --batches 1 16 64 256 --ks 0 --tokens 16 --prompt 4096
-                     --shared-prefix 4080 --out "$OUT/v41ctx4k_$(date +%s)") ;;
+                     --shared-prefix 4080 --profile 1 --out "$OUT/v41ctx4k_$(date +%s)") ;;
       v41ctx32k) cmd=(timeout 150 python3 benchmarks/gpu/v41_slice.py --batches 1 16 --ks 0 --tokens 16 --prompt 32768
                       --shared-prefix 32752 --out "$OUT/v41ctx32k") ;;
       splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
