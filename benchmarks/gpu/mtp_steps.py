@@ -136,6 +136,8 @@ def _row(sr: SliceRunner, batch: int, ctx: int, ks: list[int], dev) -> dict:
 
 
 def section_steps(args) -> None:
+    from cuda_settings import cuda_env
+
     from deepinfer_core.config import load_config
     from deepinfer_core.runtime import build_runtime
 
@@ -143,7 +145,7 @@ def section_steps(args) -> None:
     rt = (
         build_runtime(load_config(environ={}, backend="reference"))
         if SMOKE
-        else cuda_runtime(load_config(environ={}, backend="cuda_sm100"))
+        else cuda_runtime(load_config(environ=cuda_env(), backend="cuda_sm100"))
     )
     model = build_slice(args.layers, rt.backends, toy=SMOKE, mtp=1)
     sync()

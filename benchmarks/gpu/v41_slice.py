@@ -339,6 +339,8 @@ def save(out: str) -> None:
 
 
 def main() -> None:
+    from cuda_settings import cuda_env
+
     from deepinfer_core.config import load_config
     from deepinfer_core.runtime import build_runtime
 
@@ -393,8 +395,11 @@ def main() -> None:
         "torch": torch.__version__,
     }
     backend = "reference" if SMOKE else "cuda_sm100"
-    config = load_config(environ={}, backend=backend)
+    # the DEEPINFER_CUDA_SM100__* A/B switches reach the kernels through the runtime's platform (its finalize
+    # makes them the active settings); an engine config given to LLMEngine later does not re-apply them
+    config = load_config(environ={} if SMOKE else cuda_env(), backend=backend)
     rt = build_runtime(config) if SMOKE else cuda_runtime(config)
+    RESULTS["meta"]["cuda_sm100"] = dict(config.sections.get("cuda_sm100", {}))
     dev = rt.backends.memory.device
     ceil = {} if SMOKE else ceilings(dev)
     RESULTS["ceilings"] = ceil
