@@ -17,7 +17,9 @@ for T, k in ((16, 8192), (8192, 1280), (16, 5120)):
     d = a.view(torch.int16) != b.view(torch.int16)
     print(
         f"{T}x{k}: kernel != core(cpu) {int(d.sum())}, core(gpu) != core(cpu) "
-        f"{int((c.view(torch.int16) != b.view(torch.int16)).sum())}"
+        f"{int((c.view(torch.int16) != b.view(torch.int16)).sum())}; -0.0 in the core's result (a negative value "
+        f"rounded to zero) {int((b.view(torch.int16) == -32768).sum())}, in the kernel's "
+        f"{int((a.view(torch.int16) == -32768).sum())}"
     )
     xc = x.cpu()
     for r, col in d.nonzero()[:8].tolist():

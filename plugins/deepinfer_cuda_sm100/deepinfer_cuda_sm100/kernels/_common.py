@@ -215,7 +215,10 @@ def e4m3_grid(y):
     normal = ((b + 0x7FFFF + ((b >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # -1048576: 0xFFF00000
     t = tl.abs(y) * 512.0
     small = ((t + 8388608.0) - 8388608.0) * 0.001953125  # 2**23: float32 addition rounds t to an integer
-    return tl.where(tl.abs(y) >= 0.015625, normal, tl.where(b < 0, -small, small))  # b < 0: keeps -0.0
+    # y's sign bit set on the magnitude by bits: -small is 0 - small before Triton 3.7 (the H200's Triton 3.6
+    # made +0.0 of a negative value that rounds to zero; 3.9 and its interpreter negate)
+    small = (small.to(tl.int32, bitcast=True) | ((b >> 31) << 31)).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(y) >= 0.015625, normal, small)
 
 
 @triton.jit
