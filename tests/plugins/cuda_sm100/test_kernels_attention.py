@@ -492,6 +492,10 @@ def test_a_prefill_chunk_unpacks_each_distinct_packed_entry_once(ops, gen, monke
     )
     kv_slots, cmp_slots = _slots(gen, T, 16, 40), _slots(gen, T, 11, 25)  # many repeats across rows
     kv_slots[3] = -1
+    kv_slots[kv_slots == 0], cmp_slots[cmp_slots == 0] = (
+        1,
+        1,
+    )  # no live read of row 0: a pad must not unpack it
     sinks = rand(gen, H)
     got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, kv_format=f.window,
                                cmp_format=None if block else f.compressed)  # fmt: skip
@@ -502,7 +506,7 @@ def test_a_prefill_chunk_unpacks_each_distinct_packed_entry_once(ops, gen, monke
     assert len(calls) == 2
     for (fmt, rows, new), packed, old in zip(calls, (kv, cmp), (kv_slots, cmp_slots), strict=True):
         live = old >= 0
-        assert rows.shape[0] == len(set(old.clamp(min=0).flatten().tolist()))  # each distinct entry once
+        assert rows.shape[0] == len(set(old[live].tolist()))  # each distinct entry once, none for no entry
         assert torch.equal((new.cpu() >= 0), live)
         assert torch.equal(rows.cpu()[new.cpu()[live]], fmt.unpack(packed[old[live]]))
 
@@ -556,6 +560,53 @@ def test_fp4_index_keys_are_decoded_in_the_scoring_kernel(ops, gen, monkeypatch,
     assert torch.equal(torch.isinf(got), torch.isinf(ref))
     finite = ~torch.isinf(ref)
     assert rel_err(got[finite], ref[finite]) < BOUND[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefill_chunk_scores_each_distinct_index_key_unpacked_once(ops, gen, monkeypatch, dtype):
+    """From ``dispatch.UNPACK_DISTINCT_ROWS`` query rows on (lowered here), the indexer's scores unpack each
+    distinct FP4 key its candidates name once and the kernel reads plain keys: the same scores, bit for bit, as
+    the kernel decoding every read (the same tiles multiply the same values), and the reference's within the
+    dtype's bound; the unpacked rows are exactly the distinct slots' codec values."""
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels import indexer
+    from deepinfer_cuda_sm100.ops import attention as att
+
+    fmt = _v41_formats(dtype).keys
+    T, H, D, S, C = 9, 8, 64, 40, 29
+    q, w = rand(gen, T, H, D, dtype=dtype), rand(gen, T, H)
+    pool = fmt.pack(rand(gen, S, D, dtype=dtype, scale=3.0))
+    cand = _slots(gen, T, C, S)  # many repeats across rows, and -1 pads
+    cand[2] = -1
+    cand[cand == 0] = 1  # no live read of row 0: a pad must not unpack it
+    in_kernel = ops.indexer_scores(*dev(q, w, pool, cand), key_format=fmt).cpu()
+
+    monkeypatch.setattr(dispatch, "UNPACK_DISTINCT_ROWS", 4)
+    calls, key_packs = [], []
+    real_distinct, real_scores = att._distinct_unpacked, indexer.indexer_scores
+
+    def distinct(pool, slots, f):
+        rows, new = real_distinct(pool, slots, f)
+        calls.append((rows, new))
+        return rows, new
+
+    def scores(*a, key_format=None, **k):
+        key_packs.append(key_format)
+        return real_scores(*a, key_format=key_format, **k)
+
+    monkeypatch.setattr(att, "_distinct_unpacked", distinct)
+    monkeypatch.setattr(indexer, "indexer_scores", scores)
+    got = ops.indexer_scores(*dev(q, w, pool, cand), key_format=fmt).cpu()
+    assert key_packs == [None]  # the kernel read plain keys
+    assert torch.equal(got, in_kernel)
+    ref = REF.indexer_scores(q, w, pool, cand, key_format=fmt)
+    assert torch.equal(torch.isinf(got), torch.isinf(ref)) and torch.isinf(got[2]).all()
+    finite = ~torch.isinf(ref)
+    assert rel_err(got[finite], ref[finite]) < BOUND[dtype]
+    (rows, new), live = calls[0], cand >= 0
+    assert rows.shape[0] == len(set(cand[live].tolist()))  # each distinct key once
+    assert torch.equal(new.cpu() >= 0, live)
+    assert torch.equal(rows.cpu()[new.cpu()[live]], fmt.unpack(pool[cand[live]]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -36,10 +36,27 @@ def _distinct_unpacked(pool: torch.Tensor, slots: torch.Tensor, fmt) -> tuple[to
     their own, and the slots into it (``-1`` kept). A prefill chunk's tokens read mostly the same entries (an
     8k chunk: ~8k distinct compressed entries among its 4M top-k reads), so this unpacks about ``T`` rows where
     :func:`_unpacked` would unpack ``T * n`` and the kernel's in-register decoding decodes each read again for
-    every head block. ``torch.unique`` synchronises with the host: prefill steps only (never captured)."""
-    distinct, inverse = torch.unique(slots.clamp(min=0), return_inverse=True)
+    every head block. The distinct slots are marked in a table of the pool's rows (no sort: an indexer's 8k x 4k
+    candidate table is 33M slots) and numbered in order by a running count; reading them out synchronises with
+    the host: prefill steps only (never captured)."""
+    n = pool.shape[0]
+    flat = torch.where(slots >= 0, slots, n).flatten()  # no entry: a row past the pool's, dropped
+    mark = torch.zeros(n + 1, dtype=torch.bool, device=slots.device)
+    mark[flat] = True
+    mark = mark[:n]
+    distinct = mark.nonzero().squeeze(1)
+    number = torch.cumsum(mark, 0) - 1  # a marked row's place among the distinct ones
+    inverse = number[flat.clamp(max=n - 1)].view(slots.shape)
     rows = fmt.unpack(pool.index_select(0, distinct))
     return rows, torch.where(slots >= 0, inverse, -1)
+
+
+def _prefill(q: torch.Tensor) -> bool:
+    """A step of :data:`dispatch.UNPACK_DISTINCT_ROWS` query rows or more that is not being captured: its packed
+    entries are unpacked once each (:func:`_distinct_unpacked`) before the plain kernels."""
+    return dispatch.attention_unpack_distinct(q.shape[0]) and not (
+        q.is_cuda and torch.cuda.is_current_stream_capturing()
+    )
 
 
 class CudaAttentionOps(AttentionOps):
@@ -59,9 +76,7 @@ class CudaAttentionOps(AttentionOps):
             cmp_pack = sparse_attention.packed_layout(cmp_format, d) if has_cmp else None
             # a prefill chunk reads mostly the same entries from every row: each distinct one is unpacked once,
             # then the plain kernel runs (bf16 tiles, 64 slots); decode steps decode entries in the kernel
-            prefill = dispatch.attention_unpack_distinct(q.shape[0]) and not (
-                q.is_cuda and torch.cuda.is_current_stream_capturing()
-            )
+            prefill = _prefill(q)
             if not prefill and kv_pack is not None and (cmp_pack is not None or not has_cmp):
                 return sparse_attention.sparse_attention(
                     q,
@@ -122,7 +137,12 @@ class CudaAttentionOps(AttentionOps):
     def indexer_scores(self, q, weights, key_pool, cand_slots, key_format=None) -> torch.Tensor:
         """Every candidate's score with no host synchronisation (graph capture): the Triton scoring kernel on
         plain key pools and on V4.1's FP4 index keys (decoded as they are gathered); other packed keys unpacked
-        for all candidates at once, in torch."""
+        for all candidates at once, in torch. A prefill chunk's candidates are mostly the same entries in every
+        row: each distinct one is unpacked once and the kernel reads plain keys (the in-kernel decoding decodes
+        every read: an 8k prefill's scores were 47 ms in 5 launches, v25)."""
+        if key_format is not None and _prefill(q):
+            key_pool, cand_slots = _distinct_unpacked(key_pool, cand_slots, key_format)
+            return indexer.indexer_scores(q, weights, key_pool, cand_slots)
         if key_format is None or indexer.key_pack(key_format, q.shape[-1]) is not None:
             return indexer.indexer_scores(q, weights, key_pool, cand_slots, key_format=key_format)
         t, c = cand_slots.shape
