@@ -33,6 +33,7 @@ import time
 from collections import defaultdict
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepinfer_core.engine.input_processor import ProcessedPrompt
 from deepinfer_core.engine.llm import LLM
@@ -45,20 +46,40 @@ class Clock:
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
         self._depth = 0
+        self.current: str | None = None
 
     def wrap(self, name: str, fn):
         def timed(*a, **k):
             if self._depth:
                 return fn(*a, **k)
             self._depth += 1
+            self.current = name
             t = time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
                 self.seconds[name] += time.thread_time() - t
                 self._depth -= 1
+                self.current = None
 
         return timed
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the torch operators the host issues (each one at least a launch on a GPU, ~5-10 us of host time
+    there), by the engine part running (``Clock`` names; ``rest`` outside them) and by operator."""
+
+    def __init__(self, clock: Clock):
+        super().__init__()
+        self.clock = clock
+        self.by_part: dict[str, int] = defaultdict(int)
+        self.by_op: dict[str, int] = defaultdict(int)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        part = self.clock.current or "rest"
+        self.by_part[part] += 1
+        self.by_op[f"{part}:{func.__name__}"] += 1
+        return func(*args, **(kwargs or {}))
 
 
 class TimedOps:
@@ -114,6 +135,16 @@ def build(
     return llm, clock
 
 
+def count_ops(num_seqs: int, steps: int, greedy: bool, async_: bool, model: str = "demo-v4") -> OpCounter:
+    """The torch operators of ``steps`` decode steps (forward pass stubbed), per step."""
+    llm, clock = build(num_seqs, greedy, async_, False, model=model)
+    counter = OpCounter(clock)
+    with counter:
+        for _ in range(steps):
+            llm.engine.step()
+    return counter
+
+
 def measure(
     num_seqs: int, steps: int, greedy: bool, async_: bool, real: bool, repeats: int, model: str = "demo-v4"
 ) -> dict[str, float]:
@@ -155,8 +186,21 @@ def main() -> None:
     ap.add_argument(
         "--model", default="demo-v4", help="a shipped demo (demo-v4, demo-v41) or a checkpoint path"
     )
+    ap.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="count the torch operators per step by part, instead of timing",
+    )
     args = ap.parse_args()
     globals()["PROMPT_LEN"] = args.prompt_len
+    if args.count_ops:
+        for n in args.seqs:
+            c = count_ops(n, args.steps, args.greedy, args.async_, args.model)
+            parts = {k: v / args.steps for k, v in sorted(c.by_part.items())}
+            print(f"seqs {n}: torch operators a decode step {sum(parts.values()):.1f}: {parts}")
+            for op, v in sorted(c.by_op.items(), key=lambda kv: -kv[1])[:25]:
+                print(f"    {op}: {v / args.steps:.1f}")
+        return
     torch.set_num_threads(1)
     print(
         f"{args.model} (reference backend); sampling: {'greedy' if args.greedy else 'top-p 0.95, seeded'}; "

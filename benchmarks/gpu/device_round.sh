@@ -71,7 +71,7 @@ for part in "${@:-check slice gemm}"; do
                      --out "$OUT/v41slice_$(date +%s)") ;;
       v41prefill) cmd=(timeout 110 python3 benchmarks/gpu/v41_slice.py --batches --prefill 8192 --profile-prefill
                        --out "$OUT/v41prefill") ;;
-      v41fp32) cmd=(bash -c 'timeout 130 python3 benchmarks/gpu/v41_slice.py --float32 --batches 1 --ks 0 --tokens 32 \
+      v41fp32) cmd=(bash -c 'timeout 300 python3 benchmarks/gpu/v41_slice.py --float32 --batches 1 --ks 0 --tokens 32 \
                    --save-tokens --out "$0/eng" && timeout 90 python3 benchmarks/gpu/v41_reference_peer.py --float32 \
                    --modes kvq_only --batches 1 --tokens 32 --engine-json "$0/eng/v41_slice.json" --out "$0/ref"' \
                    "$OUT/v41fp32") ;;

@@ -50,6 +50,33 @@ def test_the_kernel_round_trip_equals_the_core_bit_for_bit(gen, dtype, k):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_negative_values_that_round_to_zero_keep_their_sign_under_tritons_older_unary_minus(
+    gen, monkeypatch, dtype
+):
+    """Triton 3.6 (the H200's) lowers a float's unary minus as ``0 - x``, which makes +0.0 of +0.0: the kernel gave
+    +0.0 where the core gives -0.0 for a negative value that rounds to zero (found on the GPU, v25). Here the
+    interpreter's unary minus is made Triton 3.6's, and blocks of tiny negative values beside a large one (they
+    round to zero) must still come back -0.0, bit for bit as the core."""
+    from triton.language.semantic import TritonSemantic
+
+    from deepinfer_cuda_sm100.kernels.act_quant import fp8_act_roundtrip
+
+    def minus_36(self, x):  # triton 3.6.0 language/semantic.py: TritonSemantic.minus
+        zero = self.tensor(self.builder.get_null_value(x.type.scalar.to_ir(self.builder)), x.type.scalar)
+        return self.sub(zero, x, True)
+
+    monkeypatch.setattr(TritonSemantic, "minus", minus_36)
+    x = -torch.rand(4, 128, generator=gen) * 1e-6 - 1e-7  # |y| < 2**-10 after scaling: rounds to zero
+    x[:, ::32] = torch.randn(4, 4, generator=gen).abs() + 1.0  # each block's amax, kept
+    x = x.to(dtype)
+    got = fp8_act_roundtrip(x.to(DEVICE)).cpu()
+    want = core_roundtrip(x)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert int(torch.signbit(want).sum()) == 4 * 124  # the case is here: -0.0 in the core's result
+    assert torch.equal(got.view(bits), want.view(bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_weights_scale_each_row_before_it_is_quantised(gen, dtype):
     """The routed experts' down projection: ``(w * h).to(dtype)``, then the round trip (the release's order)."""
     from deepinfer_cuda_sm100.kernels.act_quant import fp8_act_roundtrip
