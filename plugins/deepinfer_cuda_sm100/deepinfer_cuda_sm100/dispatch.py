@@ -551,10 +551,12 @@ def mx_gemm_config(rows: int, act_block: int) -> MXConfig | None:
 
     - SM100, unless ``settings.mx_gemm`` is off: the block-scaled MX MMA (``tcgen05.mma ... block_scale``), 128-row
       tiles (Triton 3.9 lowers ``dot_scaled`` with smaller M tiles to an upcast ``kind::f16`` MMA);
-    - SM90 with ``settings.fp8_mma`` (off by default until measured): e4m3 ``wgmma`` over one 32-value scale block
-      at a time, each step's partial sums scaled on the CUDA cores (Hopper has no MX MMA).
+    - SM90 with ``settings.fp8_mma`` (off by default): e4m3 ``wgmma`` over one 32-value scale block at a time,
+      each step's partial sums scaled on the CUDA cores (Hopper has no MX MMA). Measured on the H200 (v25): 62-91
+      TFLOP/s at 4,096 rows, each step waiting for its ``wgmma`` before the scaling; the W8A16 kernels over the
+      round-tripped activations are faster.
 
-    Tile sizes are not tuned (neither path has run on a GPU)."""
+    Tile sizes are not tuned (the SM100 path has never run)."""
     if act_block != 32 or rows < MX_MIN_ROWS:
         return None
     if arch() == "sm100" and settings().mx_gemm:
