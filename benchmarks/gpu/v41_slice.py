@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -196,21 +197,75 @@ def prefill_section(args, model, rt, ceil) -> None:
         release(rt)
 
 
-def profile_call(fn) -> list[dict]:
-    """GPU time per kernel name of one call of ``fn`` (a prefill: which ops hold it back from the matmul rate)."""
+def profile_call(fn) -> dict:
+    """GPU time per kernel name of one call of ``fn`` (a prefill: which ops hold it back from the matmul rate), and
+    where the GPU waited: the call's span, the union of its kernels' intervals (busy), the largest gaps between
+    kernels with the host operator running just before each, and the host's launches and synchronisations."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
         fn()
         sync()
     rows = sorted(
         ((e.key, e.self_device_time_total / 1e3, e.count) for e in prof.key_averages()), key=lambda r: -r[1]
     )
+    rows = [r for r in rows if r[1] > 0]
     log(f"profile: {sum(r[1] for r in rows):.3f} ms of kernels")
     top = [{"kernel": name[:100], "ms": round(ms, 3), "calls": n} for name, ms, n in rows[:30]]
     for r in top:
         log("   ", r)
-    return top
+    events = prof.events()
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    host = sorted(
+        (e.time_range.start, e.name)
+        for e in events
+        if e.device_type == DeviceType.CPU and not e.name.startswith("cuda")
+    )
+    busy, gaps, end = 0.0, [], None
+    for a, b in kernels:
+        if end is None or a > end:
+            if end is not None:
+                gaps.append((a - end, end))
+            busy += b - a
+            end = b
+        elif b > end:
+            busy += b - end
+            end = b
+    span = (kernels[-1][1] - kernels[0][0]) if kernels else 0.0
+    names = [h[1] for h in host]
+    starts = [h[0] for h in host]
+
+    def before(t):  # the last host operator that started before the GPU went idle at t
+        import bisect
+
+        i = bisect.bisect_right(starts, t) - 1
+        return names[i] if i >= 0 else ""
+
+    api = defaultdict(int)
+    for e in events:
+        if e.device_type == DeviceType.CPU and e.name.startswith("cuda"):
+            api[e.name] += 1
+    idle = {
+        "span_ms": round(span / 1e3, 3),
+        "busy_ms": round(busy / 1e3, 3),
+        "idle_ms": round((span - busy) / 1e3, 3),
+        "gaps": len(gaps),
+        "largest_gaps": [
+            {"ms": round(g / 1e3, 3), "after_host_op": before(t)[:80]}
+            for g, t in sorted(gaps, reverse=True)[:12]
+        ],
+        "cuda_api_calls": dict(sorted(api.items(), key=lambda kv: -kv[1])[:12]),
+    }
+    log("profile: GPU idle", {k: v for k, v in idle.items() if k != "largest_gaps"})
+    for g in idle["largest_gaps"]:
+        log("    gap", g)
+    return {"kernels": top, "idle": idle}
 
 
 def host_profile_text(prof) -> dict[str, str]:
