@@ -71,6 +71,12 @@ class AttentionOps(ABC):
         :meth:`compress_into`."""
         pool[slots] = values.to(pool.dtype) if kv_format is None else kv_format.pack(values)
 
+    def kv_roundtrip(self, values: torch.Tensor, kv_format) -> torch.Tensor:
+        """``values [N, D]`` as a pool of ``kv_format`` (a packed codec) returns them after :meth:`store_kv`, in
+        ``values.dtype``: the codec's ``roundtrip``. DeepSeek-V4.1 puts its index queries through the index keys'
+        FP4 format this way at every step; a platform may do it in one kernel (plugin API 2.3)."""
+        return kv_format.roundtrip(values)
+
     def encoder_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
     ) -> torch.Tensor:

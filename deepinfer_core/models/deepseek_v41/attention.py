@@ -105,7 +105,7 @@ class Indexer(Module):
         hi, di = c.index_n_heads, c.index_head_dim
         q = dense.rope(dense.linear(qr, self.wq_b.value).view(-1, hi, di), pos, freq)
         if codec is not None:
-            q = codec.roundtrip(q.reshape(-1, di)).view(q.shape)
+            q = ops.attention.kv_roundtrip(q.reshape(-1, di), codec).view(q.shape)
         weights = dense.linear(x, self.weights_proj.value).float() * (di**-0.5 * hi**-0.5)
         return q, weights
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from deepinfer_core.plugin_api import hookimpl
 from deepinfer_cuda_sm100.platform import CudaSM100Platform
 
-DEEPINFER_PLUGIN_API = "2.2"  # act_block / act_input (activation_quant)
+DEEPINFER_PLUGIN_API = "2.3"  # AttentionOps.kv_roundtrip; 2.2: act_block / act_input (activation_quant)
 PLATFORM = CudaSM100Platform.name
 
 

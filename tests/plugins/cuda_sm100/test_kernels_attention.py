@@ -610,6 +610,35 @@ def test_a_prefill_chunk_scores_each_distinct_index_key_unpacked_once(ops, gen, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("which", ["window", "compressed", "keys"])
+def test_kv_roundtrip_is_one_launch_bit_for_bit_the_codec(ops, gen, monkeypatch, dtype, which):
+    """V4.1's index queries go through the index keys' FP4 format every step (``AttentionOps.kv_roundtrip``): one
+    launch of ``_roundtrip_v41_kernel`` gives the codec's own pack-and-unpack values bit for bit, for each V4.1
+    format, on rows with all-zero blocks, tiny negatives that round to -0.0, e2m1 midpoints and wide magnitudes."""
+    from deepinfer_cuda_sm100.kernels import kv_store
+
+    launches = []
+    real = kv_store.roundtrip_v41
+    monkeypatch.setattr(kv_store, "roundtrip_v41", lambda *a: launches.append(1) or real(*a))
+    fmt = getattr(_v41_formats(dtype, 128, 128), which)
+    x = rand(gen, 7, 128, scale=3.0)
+    x[1] *= 1e-4
+    x[2] = 0.0
+    x[3] = -torch.rand(128, generator=gen) * 1e-7
+    x[3, ::16] = 6.0  # each block's amax: the rest rounds to -0.0
+    x[4, :32] = torch.tensor(
+        [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 4
+    )  # e2m1 midpoints (amax 6: scale 1)
+    x = x.to(dtype)
+    got = ops.kv_roundtrip(x.to(DEVICE), fmt).cpu()
+    want = fmt.roundtrip(x)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert launches == [1]
+    assert int(torch.signbit(want[3]).sum()) > 100  # the -0.0 case is here
+    assert torch.equal(got.view(bits), want.view(bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_v41_store_kernel_packs_edge_values_as_the_codec(ops, gen, monkeypatch, dtype):
     """One launch per store (``kv_store.store_v41``) writes the codec's bytes for every V4.1 format, on rows that
     reach its edge cases: all zeros (the amax floor), tiny negatives (codes of -0), e2m1 midpoints (ties to even),

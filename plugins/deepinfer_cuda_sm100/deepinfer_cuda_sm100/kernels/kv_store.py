@@ -122,6 +122,40 @@ def _e2m1_code(v):
 
 
 @triton.jit
+def _e2m1_value(code):
+    """4-bit codes -> float32 values (``kv_quant.e2m1_values``; code 8 is -0.0), the sign placed by bits."""
+    m = code & 7
+    mag = tl.where(
+        m < 4,
+        m.to(tl.float32) * 0.5,
+        tl.where(m == 4, 2.0, tl.where(m == 5, 3.0, tl.where(m == 6, 4.0, 6.0))),
+    )
+    return (mag.to(tl.int32, bitcast=True) | ((code >> 3) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _v41_scaled(x, PACK: tl.constexpr):
+    """Blocks ``x [NB, B]`` (float32) divided by their scale as ``PackedKV.pack`` divides them: ``(y, s, scale
+    byte)`` with ``y`` clamped to the code grid's range (e4m3 for ``PACK`` 1, e2m1 otherwise) and not yet rounded
+    to it, ``s [NB]`` the float32 scales."""
+    amax = tl.max(tl.abs(x), axis=1)
+    if PACK == 1:  # e4m3 codes, ue8m0 scale: kv_quant.quantize_fp8
+        s, e = pow2_ceil(tl.maximum(amax, 1e-4) * (1.0 / 448.0))
+        inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1 / s, exact
+        y = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
+        sbyte = e.to(tl.uint8)
+    else:  # e2m1 codes: kv_quant.quantize_fp4 with e4m3 (PACK 2) or ue8m0 (PACK 3) scales
+        if PACK == 2:
+            s = e4m3_grid(tl.minimum(tl.maximum(amax, 6.0 * 0.001953125) * (1.0 / 6.0), 448.0))
+            sbyte = s.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        else:
+            s, e = pow2_ceil(tl.maximum(amax, 6.0 * 1.1754943508222875e-38) * (1.0 / 6.0))
+            sbyte = e.to(tl.uint8)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -6.0), 6.0)
+    return y, s, sbyte
+
+
+@triton.jit
 def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr, D: tl.constexpr,
                      B: tl.constexpr, PACK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Row ``program_id(0)`` of ``x [N, D]`` packed as ``PackedKV.pack`` packs it into byte row ``slots[r]``:
@@ -132,30 +166,38 @@ def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr,
     NB: tl.constexpr = D // B
     g = tl.arange(0, NB)
     x = tl.load(x_ptr + r * stride_x + g[:, None] * B + tl.arange(0, B)[None, :]).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
+    y, s, sbyte = _v41_scaled(x, PACK)
     row = pool_ptr + slot * ROW
-    if PACK == 1:  # e4m3 codes, ue8m0 scale: kv_quant.quantize_fp8
-        s, e = pow2_ceil(tl.maximum(amax, 1e-4) * (1.0 / 448.0))
-        inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1 / s, exact
-        y = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
+    if PACK == 1:
         q = e4m3_grid(y)
         code = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         neg_zero = (q == 0.0) & (y.to(tl.int32, bitcast=True) < 0)
         code = tl.where(neg_zero, tl.full(code.shape, 0x80, tl.uint8), code)
         tl.store(row + g[:, None] * B + tl.arange(0, B)[None, :], code)
-        tl.store(row + D + g, e.to(tl.uint8))
-    else:  # e2m1 codes: kv_quant.quantize_fp4 with e4m3 (PACK 2) or ue8m0 (PACK 3) scales
-        if PACK == 2:
-            s = e4m3_grid(tl.minimum(tl.maximum(amax, 6.0 * 0.001953125) * (1.0 / 6.0), 448.0))
-            sbyte = s.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        else:
-            s, e = pow2_ceil(tl.maximum(amax, 6.0 * 1.1754943508222875e-38) * (1.0 / 6.0))
-            sbyte = e.to(tl.uint8)
-        v = tl.minimum(tl.maximum(tl.math.div_rn(x, s[:, None]), -6.0), 6.0)
-        c = tl.reshape(_e2m1_code(v), (D // 2, 2))
+        tl.store(row + D + g, sbyte)
+    else:
+        c = tl.reshape(_e2m1_code(y), (D // 2, 2))
         lo, hi = tl.split(c)
         tl.store(row + tl.arange(0, D // 2), (lo | (hi << 4)).to(tl.uint8))
         tl.store(row + D // 2 + g, sbyte)
+
+
+@triton.jit
+def _roundtrip_v41_kernel(x_ptr, out_ptr, stride_x, stride_o, D: tl.constexpr, B: tl.constexpr,
+                          PACK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """Row ``program_id(0)`` of ``x [N, D]`` as the pool returns it after a store (``PackedKV.roundtrip``): the
+    codes and scales of :func:`_pack_v41_kernel`, decoded in registers (every value exact in bf16)."""
+    pdl_enter(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    NB: tl.constexpr = D // B
+    col = tl.arange(0, NB)[:, None] * B + tl.arange(0, B)[None, :]
+    x = tl.load(x_ptr + r * stride_x + col).to(tl.float32)
+    y, s, _ = _v41_scaled(x, PACK)
+    if PACK == 1:
+        v = e4m3_grid(y)
+    else:
+        v = _e2m1_value(_e2m1_code(y))
+    tl.store(out_ptr + r * stride_o + col, (v * s[:, None]).to(out_ptr.dtype.element_ty))
 
 
 def v41_store_kind(fmt, d: int) -> int:
@@ -182,3 +224,19 @@ def store_v41(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt
         ROW=fmt.fmt.entry_bytes, D=d, B=fmt.fmt.block, PACK=v41_store_kind(fmt, d), num_warps=4,
         **dispatch.pdl_args(n),
     )  # fmt: skip
+
+
+def roundtrip_v41(values: torch.Tensor, fmt) -> torch.Tensor:
+    """``fmt.roundtrip(values)`` (``values [N, D]``, a codec of :func:`v41_store_kind`) in one launch: V4.1's
+    index queries through the index keys' FP4 format (about 35 torch launches in the codec's own pack and
+    unpack)."""
+    n, d = values.shape
+    out = torch.empty_like(values)
+    if n == 0:
+        return out
+    values = values if values.stride(-1) == 1 else values.contiguous()
+    _roundtrip_v41_kernel[(n,)](
+        values, out, values.stride(0), out.stride(0), D=d, B=fmt.fmt.block, PACK=v41_store_kind(fmt, d),
+        num_warps=4, **dispatch.pdl_args(n),
+    )  # fmt: skip
+    return out

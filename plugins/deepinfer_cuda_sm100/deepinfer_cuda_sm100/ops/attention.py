@@ -121,6 +121,12 @@ class CudaAttentionOps(AttentionOps):
         else:
             kv_store.store_fp8(pool, slots, values, kv_format)
 
+    def kv_roundtrip(self, values, kv_format) -> torch.Tensor:
+        """One launch (``kv_store.roundtrip_v41``) for the codecs the store kernel packs; others in torch."""
+        if values.dim() == 2 and kv_store.v41_store_kind(kv_format, values.shape[-1]):
+            return kv_store.roundtrip_v41(values, kv_format)
+        return super().kv_roundtrip(values, kv_format)
+
     def indexer_topk(self, q, weights, key_pool, cand_slots, topk, key_format=None) -> torch.Tensor:
         """Triton scores (packed keys: :meth:`indexer_scores`), then the select kernel or ``torch.topk`` as
         ``dispatch.indexer_select`` picks."""

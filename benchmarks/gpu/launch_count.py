@@ -1,0 +1,151 @@
+"""How many launches a V4.1 decode step makes per layer on the ``cuda_sm100`` ops, counted on the CPU.
+
+At batch 1 a V4.1 layer of the H200 slice takes 0.355 ms against 0.073 ms of bytes (RESULTS v25): if its kernels
+are many and small, the step is bound by their launches and tails, not by the weights' bytes. This counts them
+without a GPU: the committed tiny V4.1 checkpoint (``reindex_r2``) runs on the plugin's dense, attention and MoE
+ops under the Triton interpreter, dispatched as on the H200 (``arch() == "sm90"``), and one decode step's forward
+pass (batch 1, after a prompt) is counted: Triton kernel launches by kernel, and the torch operators that are a
+kernel on a GPU (not views, not metadata). Shapes are tiny, so tile choices can differ from the slice's, but
+the launches a layer makes are set by the model's structure and the ops' code, not by the widths.
+
+    PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python benchmarks/gpu/launch_count.py [--activation-quant fp8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import traceback
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+#: torch operators that launch nothing on a GPU (views, metadata, host-side scalars)
+NO_KERNEL = {
+    "view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute", "transpose",
+    "t", "as_strided", "alias", "detach", "lift_fresh", "split", "split_with_sizes", "unbind", "chunk", "narrow",
+    "view_as_real", "view_as_complex", "_reshape_alias", "empty", "empty_like", "empty_strided", "unflatten",
+    "flatten", "movedim", "diagonal", "sym_size", "sym_stride", "sym_numel", "is_same_size", "to",
+}  # fmt: skip
+
+
+def _site() -> str:
+    """The innermost frame of the engine's or the plugin's code that issued the operator."""
+    for f in reversed(traceback.extract_stack()[:-3]):
+        if (
+            "deepinfer_core" in f.filename or "deepinfer_cuda_sm100" in f.filename
+        ) and "launch_count" not in f.filename:
+            return f"{f.filename.split('deepinfer_', 1)[-1]}:{f.lineno} {f.name}"
+    return "?"
+
+
+class Kernels(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+        self.paused = False  # inside a Triton launch: the interpreter's own tensor work
+        self.sites: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self.paused and name not in NO_KERNEL and name.rstrip("_") not in NO_KERNEL:
+            self.ops[func.overloadpacket.__name__] += 1
+            self.sites[_site()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--activation-quant", default="none", choices=["none", "fp8"])
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+
+    from triton.runtime import interpreter
+
+    from deepinfer_core import LLM, SamplingParams
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+    from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+    from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
+    from tests.models.deepseek_v41.goldens import checkpoint
+
+    dispatch.arch, dispatch.num_sms = (lambda: "sm90"), (lambda: 132)  # the H200's
+    # the PTX FP4 decodes (inside a kernel: the same launches) cannot run under the interpreter: their emulation
+    h2 = dispatch.fp4_h2_mode
+    dispatch.fp4_decode_ptx = lambda *a, **k: False
+    dispatch.pdl_args = lambda *a, **k: {}  # griddepcontrol PTX: an earlier start, not another launch
+    dispatch.fp4_h2_mode = lambda *a, **k: min(h2(*a, **k), 1)
+    llm = LLM(
+        model=str(checkpoint("reindex_r2")),
+        dtype=args.dtype,
+        kv_cache_dtype="auto",
+        max_num_batched_tokens=256,
+        activation_quant=args.activation_quant,
+    )
+    model = llm.engine.model
+    model.backends = replace(
+        model.backends, dense=CudaDenseOps(), attention=CudaAttentionOps(), moe=CudaMoEOps()
+    )
+    layers = model.cfg.num_hidden_layers
+    triton_launches: Counter = Counter()
+    torch_ops = Kernels()
+    counting = {"on": False, "steps": 0}
+    real_run = interpreter.InterpretedFunction.run
+
+    def run(self, *a, **k):
+        if not counting["on"]:
+            return real_run(self, *a, **k)
+        triton_launches[getattr(self.fn, "__name__", "?")] += 1
+        torch_ops.paused = True
+        try:
+            return real_run(self, *a, **k)
+        finally:
+            torch_ops.paused = False
+
+    interpreter.InterpretedFunction.run = run
+    real_forward = model.forward
+
+    def forward(batch, kv):
+        decode = batch.num_tokens == 1
+        if not decode:
+            return real_forward(batch, kv)
+        counting["on"], counting["steps"] = True, counting["steps"] + 1
+        try:
+            with torch_ops:
+                return real_forward(batch, kv)
+        finally:
+            counting["on"] = False
+
+    model.forward = forward
+    rng = random.Random(5)
+    prompt = {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(24)]}
+    llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    steps = counting["steps"]
+    t, o = sum(triton_launches.values()) / steps, sum(torch_ops.ops.values()) / steps
+    print(
+        f"reindex_r2 ({layers} layers, {model.cfg.hidden_size} wide), {args.dtype}, activation_quant="
+        f"{args.activation_quant}, dispatched as sm90; one decode step's forward at batch 1 ({steps} steps counted)"
+    )
+    print(f"Triton launches a step: {t:.0f} ({t / layers:.1f} a layer); torch kernels a step: {o:.0f} "
+          f"({o / layers:.1f} a layer); together {(t + o) / layers:.1f} a layer")  # fmt: skip
+    print("Triton, by kernel (a step):")
+    for k, v in triton_launches.most_common():
+        print(f"    {k}: {v / steps:.0f}")
+    print("torch, by operator (a step):")
+    for k, v in torch_ops.ops.most_common(30):
+        print(f"    {k}: {v / steps:.0f}")
+    print("torch, by the code that issued them (a step):")
+    for k, v in torch_ops.sites.most_common(40):
+        print(f"    {k}: {v / steps:.0f}")
+
+
+if __name__ == "__main__":
+    main()
