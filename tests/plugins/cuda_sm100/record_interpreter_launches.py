@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -87,6 +87,7 @@ def v41_launches() -> dict:
                 for fmt in (f.window, f.compressed, f.keys):
                     pool = torch.zeros(8, fmt.row_bytes, dtype=torch.uint8)
                     attn.store_kv(pool, torch.arange(T) % 8, r(T, 64, dt=dt), fmt)
+                    attn.kv_roundtrip(r(T, 64, dt=dt), fmt)  # V4.1's index queries (plugin API 2.3)
                 keys = f.keys.pack(r(20, 64, dt=dt))
                 attn.indexer_scores(r(T, 8, 64, dt=dt), r(T, 8), keys, slots, key_format=f.keys)
                 for width in (128, 2304, 5120):  # GEMM inputs under activation_quant="fp8" (experts: row_w)
@@ -117,6 +118,7 @@ def v41_launches() -> dict:
         "_hc_coeffs_kernel",
         "_hc_collapse_kernel",
         "_pack_v41_kernel",
+        "_roundtrip_v41_kernel",
         "_host_rows_kernel",
         "_act_quant_kernel",
         "_mx_gemm_kernel",
