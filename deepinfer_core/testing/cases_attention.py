@@ -106,6 +106,33 @@ def _compress(overlap: bool):
     return make
 
 
+def _roundtrip(values: str, scales: str, block: int):
+    """Rows of several magnitudes with the rounding rule's edge cases (tiny negatives that round to -0.0, zero
+    rows), through a V4.1 codec (``kv_roundtrip``: values as the pool returns them after a store)."""
+
+    def make(g: torch.Generator) -> tuple[tuple, dict]:
+        from deepinfer_core.kv.packed import PackedFormat
+        from deepinfer_core.models.deepseek_v41.kv_formats import PackedKV
+
+        x = randn(g, 6, 64) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 1.0, 1.0])[:, None]
+        x[3] = -torch.rand(64, generator=g) * 1e-7  # round to -0.0 beside a large value
+        x[3, ::block] = 5.0
+        x[4] = 0.0
+        return (x, PackedKV(PackedFormat(values, scales, block, (64,)), torch.float32)), {}
+
+    return make
+
+
+def _exact(case_id: str):
+    def compare(actual, expected, inputs) -> None:
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape, f"{case_id}: dtype or shape"
+        assert torch.equal(actual.view(torch.int32), expected.view(torch.int32)), (
+            f"{case_id}: not bit for bit the codec's round trip (signed zeros included)"
+        )
+
+    return compare
+
+
 CASES = [
     OpCase(
         "attention", "sparse_attention", "sliding_window_sinks", _sparse(False, False), atol=1e-5, rtol=1e-4
@@ -129,4 +156,18 @@ CASES = [
     OpCase("attention", "candidate_blocks", "pinned_tied_and_empty_rows", _candidate_blocks),
     OpCase("attention", "compress", "csa_overlap_first_window", _compress(True), atol=1e-5, rtol=1e-4),
     OpCase("attention", "compress", "hca", _compress(False), atol=1e-5, rtol=1e-4),
+    *(
+        OpCase(
+            "attention",
+            "kv_roundtrip",
+            name,
+            _roundtrip(*fmt),
+            compare=_exact(f"attention.kv_roundtrip[{name}]"),
+        )
+        for name, fmt in (
+            ("v41_window_e4m3", ("e4m3", "ue8m0", 32)),
+            ("v41_compressed_e2m1", ("e2m1", "e4m3", 16)),
+            ("v41_index_keys_e2m1", ("e2m1", "ue8m0", 32)),
+        )
+    ),
 ]
