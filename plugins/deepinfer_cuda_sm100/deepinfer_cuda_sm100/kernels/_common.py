@@ -222,6 +222,19 @@ def e4m3_grid(y):
 
 
 @triton.jit
+def e2m1_value(code):
+    """4-bit e2m1 codes (int32, bit 3 the sign) -> float32 values (``kv_quant.e2m1_values``; code 8 is -0.0), the
+    sign placed by bits (a unary minus is ``0 - x`` on Triton 3.6, which loses -0.0)."""
+    m = code & 7
+    mag = tl.where(
+        m < 4,
+        m.to(tl.float32) * 0.5,
+        tl.where(m == 4, 2.0, tl.where(m == 5, 3.0, tl.where(m == 6, 4.0, 6.0))),
+    )
+    return (mag.to(tl.int32, bitcast=True) | ((code >> 3) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def pow2_ceil(a):
     """``2**ceil(log2(a))`` for positive normal float32 ``a``, from its bits (``kv_quant.pow2_ceil_bits``), and its
     biased exponent (the ue8m0 byte)."""

@@ -21,7 +21,7 @@ import triton.language as tl
 from deepinfer_core.plugin_api import E4M3_MAX, Fp8KVFormat
 from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import e4m3_grid, pdl_enter, pool_slot, pow2, pow2_ceil
+from deepinfer_cuda_sm100.kernels._common import e2m1_value, e4m3_grid, pdl_enter, pool_slot, pow2, pow2_ceil
 from deepinfer_cuda_sm100.kernels.sparse_attention import packed_layout
 
 _MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.ops.kv_fp8
@@ -122,18 +122,6 @@ def _e2m1_code(v):
 
 
 @triton.jit
-def _e2m1_value(code):
-    """4-bit codes -> float32 values (``kv_quant.e2m1_values``; code 8 is -0.0), the sign placed by bits."""
-    m = code & 7
-    mag = tl.where(
-        m < 4,
-        m.to(tl.float32) * 0.5,
-        tl.where(m == 4, 2.0, tl.where(m == 5, 3.0, tl.where(m == 6, 4.0, 6.0))),
-    )
-    return (mag.to(tl.int32, bitcast=True) | ((code >> 3) << 31)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _v41_scaled(x, PACK: tl.constexpr):
     """Blocks ``x [NB, B]`` (float32) divided by their scale as ``PackedKV.pack`` divides them: ``(y, s, scale
     byte)`` with ``y`` clamped to the code grid's range (e4m3 for ``PACK`` 1, e2m1 otherwise) and not yet rounded
@@ -196,7 +184,7 @@ def _roundtrip_v41_kernel(x_ptr, out_ptr, stride_x, stride_o, D: tl.constexpr, B
     if PACK == 1:
         v = e4m3_grid(y)
     else:
-        v = _e2m1_value(_e2m1_code(y))
+        v = e2m1_value(_e2m1_code(y))
     tl.store(out_ptr + r * stride_o + col, (v * s[:, None]).to(out_ptr.dtype.element_ty))
 
 

@@ -27,7 +27,7 @@ import triton.language as tl
 from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
 from deepinfer_core.plugin_api import Fp8KVFormat
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import dot_dtype, mma, pdl_enter, pow2
+from deepinfer_cuda_sm100.kernels._common import dot_dtype, e2m1_value, mma, pdl_enter, pow2
 
 LOG2E = 1.4426950408889634
 
@@ -78,11 +78,7 @@ def _load_packed(u8_ptr, e4m3_ptr, slot, valid, d, dmask, stride_pool, PACK: tl.
         code = tl.load(e4m3_ptr + row + d[None, :], mask=m, other=0.0).to(tl.float32)
     else:  # e2m1 codes, two per byte, value 2i in the low nibble; bit 3 the sign
         b = tl.load(u8_ptr + row + (d // 2)[None, :], mask=m, other=0).to(tl.int32)
-        nib = (b >> ((d % 2) * 4)[None, :]) & 15
-        e = (nib >> 1) & 3
-        mant = (nib & 1).to(tl.float32)
-        mag = tl.where(e == 0, 0.5 * mant, (1.0 + 0.5 * mant) * tl.exp2((e - 1).to(tl.float32)))
-        code = tl.where((nib & 8) != 0, -mag, mag)
+        code = e2m1_value((b >> ((d % 2) * 4)[None, :]) & 15)
     return code * scale
 
 
