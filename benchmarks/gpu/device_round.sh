@@ -28,7 +28,10 @@
 #                                             wgmma path (cuda_sm100.fp8_mma) off / on twice each, then its GEMMs
 #                                             against the reference (check.py act_quant with it on)
 #                                    checkact check.py's act_quant section with the SM90 FP8 wgmma path on
-#                                    v41ctx4k the V4.1 slice at batch 1/16/64/256, context 4k (shared prefix)
+#                                    v41ctx4k the V4.1 slice at batch 1, context 4k (shared prefix), three processes
+#                                    v41ctx4kbig the V4.1 slice at batch 16/64/256, context 4k (shared prefix)
+#                                    conformance the conformance kit on cuda_sm100 (CONFORMANCE_K: a -k filter)
+#                                    enghost  the V4 engine at batch 1, overlapped: cProfile and CUDA API calls per step
 #                                    v41ctx32k the V4.1 slice at batch 1/16, context 32k (shared prefix)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
@@ -85,10 +88,18 @@ for part in "${@:-check slice gemm}"; do
                   --out "$0/check"' "$OUT/fp8mma") ;;
       checkact) cmd=(env DEEPINFER_CUDA_SM100__FP8_MMA=1 timeout 150 python3 benchmarks/gpu/check.py --only act_quant
                      --out "$OUT/checkact") ;;
-      v41ctx4k) cmd=(timeout 180 python3 benchmarks/gpu/v41_slice.py --batches 1 16 64 256 --ks 0 --tokens 16 --prompt 4096
-                     --shared-prefix 4080 --profile 1 --out "$OUT/v41ctx4k_$(date +%s)") ;;
+      v41ctx4k) cmd=(bash -c 'for r in 1 2 3; do prof=(); [ $r = 1 ] && prof=(--profile 1); mkdir -p "$0/b1_$r"
+                     timeout 100 python3 benchmarks/gpu/v41_slice.py --batches 1 --ks 0 --tokens 16 --prompt 4096 \
+                     --shared-prefix 4080 "${prof[@]}" --out "$0/b1_$r"; done' "$OUT/v41ctx4k") ;;
+      v41ctx4kbig) cmd=(timeout 280 python3 benchmarks/gpu/v41_slice.py --batches 16 64 256 --ks 0 --tokens 16 --prompt 4096
+                     --shared-prefix 4080 --out "$OUT/v41ctx4kbig") ;;
+      enghost) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections engine --batches 1 --engine-prompt 64
+                    --engine-tokens 128 --engine-host-profile --out "$OUT/enghost") ;;
       v41ctx32k) cmd=(timeout 150 python3 benchmarks/gpu/v41_slice.py --batches 1 16 --ks 0 --tokens 16 --prompt 32768
                       --shared-prefix 32752 --out "$OUT/v41ctx32k") ;;
+      conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
+                        --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100
+                        --deepinfer-extra-plugin deepinfer_cuda_sm100.plugin ${CONFORMANCE_K:+-k "$CONFORMANCE_K"}) ;;
       splitfin) cmd=(timeout 120 python3 benchmarks/gpu/check_split_finish.py --out "$OUT/splitfin") ;;
       checkfin) cmd=(env DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 timeout 150 python3 benchmarks/gpu/check.py --out "$OUT/checkfin") ;;
       gemm) cmd=(timeout 120 python3 benchmarks/gpu/gemm_kernels.py --sections decode_dense decode_experts decode_shared --rows 1
@@ -98,6 +109,6 @@ for part in "${@:-check slice gemm}"; do
     start=$(date +%s); n=$(( ${n:-0} + 1 )); log="$OUT/$n-$p.log"
     "${cmd[@]}" > "$log" 2>&1
     echo "== $p: rc $? in $(( $(date +%s) - start )) s"
-    grep -h "^v41 engine\|^v41 graph\|^v41 prefill\|^reference\|passes\|passed\|failed\|^engine\|^-- DEEPINFER\|tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$log" | cut -c1-240 | head -30
+    grep -h "^engine host\|^v41 engine\|^v41 graph\|^v41 prefill\|^reference\|passes\|passed\|failed\|^engine\|^-- DEEPINFER\|tokens_equal\|graph_ms\|kernel time\|FAILED\|PASSED\|EQUAL\|equal_calls\|Traceback\|Error" "$log" | cut -c1-240 | head -30
   done
 done

@@ -97,6 +97,8 @@ def section_engine(args) -> None:
                 o.outputs[0].token_ids for o in llm.generate(prompts[: min(b, 16)], sp, use_tqdm=False)
             ]
             log("engine", tag, rows[b])
+            if overlap and getattr(args, "engine_host_profile", False) and b == batches[0]:
+                rows[b]["host_profile"] = _host_profile(llm, prompts[:b], params)
         engine = llm = None
         if not SMOKE:
             torch.cuda.empty_cache()
@@ -107,6 +109,46 @@ def section_engine(args) -> None:
         out["launch_sync_free"] = rows_sync
     log("engine", out)
     RESULTS["engine"] = out
+
+
+def _host_profile(llm, prompts, params, top: int = 25) -> dict:
+    """Where the host's time goes in one overlapped ``generate`` call: ``cProfile``'s top functions by own time
+    and by cumulative time, then the CUDA runtime calls of the same call counted by ``torch.profiler`` (kernel
+    launches outside the graphs, graph launches, copies, synchronisations), per decode step."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    sync()
+    prof.disable()
+    steps = max(1, sum(len(o.outputs[0].token_ids) for o in outs) // max(1, len(prompts)))
+    res: dict = {"steps": steps}
+    for key in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(top)
+        res[key] = [ln.rstrip()[:200] for ln in buf.getvalue().splitlines() if ln.strip()][-top - 1 :]
+    if not SMOKE:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            llm.generate(prompts, params, use_tqdm=False)
+            sync()
+        calls: dict[str, list[float]] = {}
+        for e in p.events():
+            if e.name.startswith("cuda") or e.name.startswith("cu"):
+                c = calls.setdefault(e.name, [0, 0.0])
+                c[0] += 1
+                c[1] += e.cpu_time_total / 1e3
+        res["cuda_api_per_step"] = {
+            k: {"calls": round(v[0] / steps, 2), "ms": round(v[1] / steps, 4)}
+            for k, v in sorted(calls.items(), key=lambda kv: -kv[1][1])[:15]
+        }
+    for ln in res["tottime"]:
+        log("engine host", ln)
+    return res
 
 
 def _check_launches(engine, llm, prompts, t_len: int) -> str:

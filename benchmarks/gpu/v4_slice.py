@@ -343,6 +343,11 @@ def main() -> None:
         "--engine-tokens", type=int, default=128, help="engine section: sampled tokens per request"
     )
     ap.add_argument("--engine-kv-bytes", type=int, default=16 << 30, help="engine section: KV budget")
+    ap.add_argument(
+        "--engine-host-profile",
+        action="store_true",
+        help="engine section: cProfile + CUDA API counts at the first batch",
+    )
     ap.add_argument("--profile", type=int, nargs="*", default=[], help="batches to profile per kernel")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (slice section only)")
     ap.add_argument("--fp4-tiles", default="", help="bm,bn,bk,warps,stages or best:gemm_kernels.json")

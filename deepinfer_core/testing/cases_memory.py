@@ -126,6 +126,44 @@ def _replays_the_writes(actual: torch.Tensor | None, expected: Any, inputs: Any)
     torch.testing.assert_close(actual, inputs[0][1] * 2.0 + 1.0, atol=0.0, rtol=0.0)
 
 
+def _recaptured(backends: Any, args: tuple, kwargs: dict) -> dict | None:
+    """Capture a step whose result is a new tensor (memory the graph owns), keep that result, drop the first
+    graph, then capture and replay a second step: what an engine built after another one on the same
+    platform does (its graphs gone, a tensor they made still held). Both results after a replay."""
+    first, second = args
+    memory = backends.memory
+    inp = first.clone()
+    made: list[torch.Tensor] = []
+    replay = memory.capture_graph(lambda: made.append(inp * 2.0))
+    if replay is None:
+        return None
+    replay()
+    held = made[-1]  # the captured step's own result: it outlives the graph
+    replay = None
+    made.clear()
+    out = torch.zeros_like(inp)
+
+    def step() -> None:
+        out.copy_(inp)
+        out.mul_(3.0)
+
+    again = memory.capture_graph(step)
+    if again is None:
+        return None
+    inp.copy_(second)
+    out.zero_()
+    again()
+    memory.synchronize()
+    return {"held": held.clone(), "second": out.clone()}
+
+
+def _both_graphs_work(actual: dict | None, expected: Any, inputs: Any) -> None:
+    assert actual is not None, "capture_graph returned None, but the platform declares supports_graphs"
+    first, second = inputs[0]
+    torch.testing.assert_close(actual["held"], first * 2.0, atol=0.0, rtol=0.0)
+    torch.testing.assert_close(actual["second"], second * 3.0, atol=0.0, rtol=0.0)
+
+
 def _needs_graphs(backends: Any) -> str | None:
     if getattr(backends.memory, "supports_graphs", False):
         return None
@@ -158,6 +196,15 @@ CASES = [
         _graph_inputs,
         run=_replayed,
         compare=_replays_the_writes,
+        requires=_needs_graphs,
+    ),
+    OpCase(
+        "memory",
+        "capture_graph",
+        "after_a_released_graph",
+        _graph_inputs,
+        run=_recaptured,
+        compare=_both_graphs_work,
         requires=_needs_graphs,
     ),
 ]

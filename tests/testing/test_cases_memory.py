@@ -4,6 +4,7 @@ graphs passes the capture case when its replay redoes the writes, and wrong memo
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import pytest
 import torch
@@ -15,17 +16,21 @@ from deepinfer_core.testing.kit import reference_backends
 CASES = {c.id: c for c in cases_memory.CASES}
 REFERENCE = reference_backends()
 CAPTURE = CASES["memory.capture_graph[replay_redoes_writes]"]
+RECAPTURE = CASES["memory.capture_graph[after_a_released_graph]"]
 
 
-@pytest.mark.parametrize("case", [c for c in cases_memory.CASES if c is not CAPTURE], ids=lambda c: c.id)
+@pytest.mark.parametrize(
+    "case", [c for c in cases_memory.CASES if c.op != "capture_graph"], ids=lambda c: c.id
+)
 def test_the_reference_passes(case):
     assert case.applies_to(REFERENCE)
     check_case(REFERENCE, case)
 
 
-def test_the_capture_case_applies_only_to_platforms_with_graphs():
-    assert "supports_graphs is False" in CAPTURE.skip_reason(REFERENCE)
-    assert CAPTURE.applies_to(dataclasses.replace(REFERENCE, memory=RerunningGraphs()))
+@pytest.mark.parametrize("case", [CAPTURE, RECAPTURE], ids=lambda c: c.id)
+def test_the_capture_cases_apply_only_to_platforms_with_graphs(case):
+    assert "supports_graphs is False" in case.skip_reason(REFERENCE)
+    assert case.applies_to(dataclasses.replace(REFERENCE, memory=RerunningGraphs()))
 
 
 class RerunningGraphs(ReferenceMemoryOps):
@@ -44,6 +49,36 @@ class FrozenGraphs(RerunningGraphs):
     def capture_graph(self, fn):
         fn()
         return lambda: None
+
+
+class OneDeadPool(RerunningGraphs):
+    """Every graph in one memory pool that cannot take a capture again once its graphs are all gone: the CUDA
+    caching allocator's rule for a pool that still owns a live tensor (its ``use_count > 0`` assertion), met
+    by ``cuda_sm100`` before its graphs shared a pool only while one of them was alive."""
+
+    def __init__(self):
+        self.live: weakref.WeakSet = weakref.WeakSet()
+        self.released = False
+
+    def capture_graph(self, fn):
+        if self.released and not self.live:
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED (a released pool)")
+        fn()
+        replay = Replay(fn)
+        self.live.add(replay)
+        weakref.finalize(replay, self._gone)
+        return replay
+
+    def _gone(self):
+        self.released = True
+
+
+class Replay:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self):
+        return self.fn()
 
 
 class NoGraphs(RerunningGraphs):
@@ -76,8 +111,16 @@ class BudgetGrowsWithTheModel(ReferenceMemoryOps):
         return super().available_kv_bytes(gpu_memory_utilization, 0) + model_bytes
 
 
-def test_graphs_whose_replay_redoes_the_writes_pass():
-    check_case(dataclasses.replace(REFERENCE, memory=RerunningGraphs()), CAPTURE)
+@pytest.mark.parametrize("case", [CAPTURE, RECAPTURE], ids=lambda c: c.id)
+def test_graphs_whose_replay_redoes_the_writes_pass(case):
+    check_case(dataclasses.replace(REFERENCE, memory=RerunningGraphs()), case)
+
+
+def test_a_pool_that_outlives_its_graphs_fails_the_recapture():
+    memory = OneDeadPool()
+    check_case(dataclasses.replace(REFERENCE, memory=memory), CAPTURE)  # one graph: fine
+    with pytest.raises(RuntimeError, match="use_count"):
+        check_case(dataclasses.replace(REFERENCE, memory=OneDeadPool()), RECAPTURE)
 
 
 @pytest.mark.parametrize(
@@ -85,6 +128,8 @@ def test_graphs_whose_replay_redoes_the_writes_pass():
     [
         (FrozenGraphs(), CAPTURE.id, "Mismatched elements"),
         (NoGraphs(), CAPTURE.id, "capture_graph returned None"),
+        (NoGraphs(), RECAPTURE.id, "capture_graph returned None"),
+        (FrozenGraphs(), RECAPTURE.id, "Mismatched elements"),
         (DirtyPools(), "memory.allocate[zeroed_pool]", "zero-filled"),
         (DirtyPools(), "memory.allocate[bf16_pool_on_device]", "Mismatched elements"),
         (Float32Pools(), "memory.allocate[uint8_rows_on_device]", "dtype"),

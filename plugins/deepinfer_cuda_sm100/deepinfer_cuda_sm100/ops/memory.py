@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -27,7 +28,11 @@ class CudaMemoryOps(MemoryOps):
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
-        self._pool = None  # one memory pool shared by every captured graph (they never run concurrently)
+        # One memory pool shared by the captured graphs that are alive (they never run concurrently). Once they
+        # are all gone (an engine shut down), the next capture takes a fresh pool: PyTorch's allocator refuses a
+        # capture into a pool whose graphs are gone while a tensor it made is still held (`use_count > 0`).
+        self._pool = None
+        self._graphs: weakref.WeakSet = weakref.WeakSet()
 
     def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:
         torch.cuda.synchronize(self.device)
@@ -61,9 +66,10 @@ class CudaMemoryOps(MemoryOps):
             for _ in range(2):
                 fn()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        if self._pool is None:
+        if self._pool is None or not self._graphs:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             fn()
+        self._graphs.add(graph)
         return graph.replay
