@@ -69,6 +69,22 @@ def test_split_kv_attention_matches_reference(gen, splits, fp8):
     assert torch.equal(got[1], torch.zeros(H, D))
 
 
+def test_split_kv_combine_over_several_blocks_of_chunks(gen):
+    """More chunks than the combine reads at once (``BLOCK_S`` = 16 for 512-wide rows): the states merge across
+    its steps as the reference's softmax, with some chunks all padding."""
+    from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
+
+    T, H, D, splits = 2, 3, 264, 37
+    q = rand(gen, T, H, D)
+    kv, cmp = _spread(gen, 700, D), _spread(gen, 90, D)
+    kv_slots, cmp_slots = _slots(gen, T, 520, 700), _slots(gen, T, 70, 90)
+    kv_slots[1, 100:300] = -1
+    sinks = rand(gen, H)
+    got = sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, splits=splits).cpu()
+    ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.05)
+    assert rel_err(got, ref) < BOUND[torch.float32]
+
+
 def test_sparse_attention_row_without_slots_is_zero(ops, gen):
     q = rand(gen, 3, 4, 16)
     kv = rand(gen, 10, 16)

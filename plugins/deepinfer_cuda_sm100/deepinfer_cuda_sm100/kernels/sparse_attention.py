@@ -180,9 +180,12 @@ def _combine_kernel(
     stride_ot,
     stride_oh,
     BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    """Program ``(t, h)``: the sink's state (max = sink, sum 1, no value) merged with the ``S`` chunk states."""
+    """Program ``(t, h)``: the sink's state (max = sink, sum 1, no value) merged with the ``S`` chunk states,
+    ``BLOCK_S`` chunks a step, each step's states loaded together (one chunk after another was a chain of
+    ``S`` dependent loads: ~20 us for 20 chunks at batch 1 on the H200, v26)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -190,15 +193,18 @@ def _combine_kernel(
     m_i = tl.load(sinks_ptr + h) * 1.4426950408889634
     l_i = 1.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s in range(0, S):
+    for s0 in range(0, S, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        sm = s < S
         row = (t * S + s) * H + h
-        m_s = tl.load(ml_ptr + row * 2)
-        l_s = tl.load(ml_ptr + row * 2 + 1)
-        m_new = tl.maximum(m_i, m_s)
+        m_s = tl.load(ml_ptr + row * 2, mask=sm, other=-1e30)
+        l_s = tl.load(ml_ptr + row * 2 + 1, mask=sm, other=0.0)
+        part = tl.load(part_ptr + row[:, None] * BLOCK_D + d[None, :], mask=sm[:, None], other=0.0)
+        m_new = tl.maximum(m_i, tl.max(m_s, axis=0))
         a = tl.exp2(m_i - m_new)
         b = tl.exp2(m_s - m_new)
-        l_i = l_i * a + l_s * b
-        acc = acc * a + tl.load(part_ptr + row * BLOCK_D + d) * b
+        l_i = l_i * a + tl.sum(l_s * b, axis=0)
+        acc = acc * a + tl.sum(part * b[:, None], axis=0)
         m_i = m_new
     tl.store(
         out_ptr + t * stride_ot + h * stride_oh + d, (acc / l_i).to(out_ptr.dtype.element_ty), mask=d < D
@@ -294,5 +300,6 @@ def sparse_attention(
     )  # fmt: skip
     if splits > 1:
         _combine_kernel[(T, H)](part, ml, sinks, out, H, D, splits, out.stride(0), out.stride(1), BLOCK_D=bd,
-                                num_warps=4, **dispatch.pdl_args(T))  # fmt: skip
+                                BLOCK_S=min(pow2(splits, 2), max(2, 8192 // bd)), num_warps=4,
+                                **dispatch.pdl_args(T))  # fmt: skip
     return out
