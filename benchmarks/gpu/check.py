@@ -304,6 +304,21 @@ def check_sampling():
                bench(lambda: ops.probs(logits, prm)), B * V * 8)  # fmt: skip
         record("  reference op probs", f"B={B} V={V}", None, None, bench(lambda: ref.probs(logits, prm)),
                B * V * 8)  # fmt: skip
+    for b in (
+        1,
+        5,
+        16,
+        1,
+        5,
+        16,
+    ):  # graphed probs (up to 16 rows): each call's own logits, replayed after the first
+        lg = rnd(b, V, dtype=F32, scale=3.0)
+        prm = SamplingTensors(rnd(b, dtype=F32).abs() + 0.3, torch.randint(0, 100, (b,), device=DEV, generator=G),
+                              torch.rand(b, device=DEV, generator=G) * 0.5 + 0.5, torch.rand(b, device=DEV, generator=G) * 0.1)  # fmt: skip
+        p, want = ops.probs(lg, prm), ref.probs(lg, prm)
+        same = torch.equal(p > 0, want > 0)
+        record(f"probs graphed[{b}]", f"B={b} V={V}", rel_err(p, want) if same else float("inf"), BOUND["f32"],
+               bench(lambda: ops.probs(lg, prm)), b * V * 8)  # fmt: skip
     p = ops.probs(logits, params)
     record(
         "sample (torch on GPU)",

@@ -466,6 +466,12 @@ def split_finish(cfg: GemmConfig) -> bool:
     return cfg.split_finish or settings().splitk_finish
 
 
+def graphed_probs() -> bool:
+    """The sampler's ``probs`` replays a captured graph per bucket of rows (``ops/row_graphs.py``):
+    ``settings.graphed_probs``."""
+    return settings().graphed_probs
+
+
 #: plain weights up to this size take the Triton GEMV at one row (:func:`plain_gemv`)
 PLAIN_GEMV_MAX_BYTES = 64 << 20
 

@@ -37,6 +37,11 @@ class CudaSM100Settings(PlatformSettings):
         description="SM90: prefill GEMMs with FP8 activations (activation_quant='fp8') on e4m3 wgmma, one 32-value "
         "scale block a step (dispatch.mx_gemm_config); off: measured on the H200 at 8-12% of the BF16 matmul rate (v25)",
     )
+    graphed_probs: bool = Field(
+        True,
+        description="the sampler's probs (temperature, top-k, top-p, min-p) replayed from a CUDA graph per bucket "
+        "of up to 16 rows (ops/row_graphs.py): three launches instead of ~30 a step",
+    )
     tilelang: bool = Field(
         True,
         description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",

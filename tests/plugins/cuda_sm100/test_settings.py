@@ -35,6 +35,7 @@ DECISIONS = {
     "tilelang": (False, lambda: dispatch.fp8_gemm_backend(8192, 4096, 8192, torch.bfloat16) == "tilelang"),
     "mx_gemm": (False, lambda: _on_sm100(lambda: dispatch.mx_gemm_config(256, 32) is not None)),
     "fp8_mma": (True, lambda: dispatch.mx_gemm_config(256, 32) is None),
+    "graphed_probs": (False, lambda: dispatch.graphed_probs()),
 }
 
 
@@ -76,5 +77,5 @@ def test_defaults_are_the_measured_choices():
     (SM90's FP8 MMA path for them stays behind the measured W8A16 kernels until the H200 says otherwise)."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
-        "tilelang": True,
+        "tilelang": True, "graphed_probs": True,
     }  # fmt: skip

@@ -28,11 +28,7 @@ class CudaMemoryOps(MemoryOps):
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
-        # One memory pool shared by the captured graphs that are alive (they never run concurrently). Once they
-        # are all gone (an engine shut down), the next capture takes a fresh pool: PyTorch's allocator refuses a
-        # capture into a pool whose graphs are gone while a tensor it made is still held (`use_count > 0`).
-        self._pool = None
-        self._graphs: weakref.WeakSet = weakref.WeakSet()
+        self._graphs = GraphPool(self.device)
 
     def available_kv_bytes(self, gpu_memory_utilization: float, model_bytes: int) -> int:
         torch.cuda.synchronize(self.device)
@@ -58,8 +54,23 @@ class CudaMemoryOps(MemoryOps):
         torch.cuda.synchronize(self.device)
 
     def capture_graph(self, fn: Callable[[], object]) -> Callable[[], object] | None:
+        return self._graphs.capture(fn)
+
+
+class GraphPool:
+    """CUDA graphs captured on ``device`` into one memory pool while any of them is alive (they never run
+    concurrently). Once they are all gone (an engine shut down), the next capture takes a fresh pool: PyTorch's
+    allocator refuses a capture into a pool whose graphs are gone while a tensor it made is still held
+    (``use_count > 0``; H200, 2026-12-05)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._pool = None
+        self._graphs: weakref.WeakSet = weakref.WeakSet()
+
+    def capture(self, fn: Callable[[], object]) -> Callable[[], object]:
         """Warm ``fn`` up on a side stream (so lazy inits and Triton compiles stay out of the graph),
-        capture it once, and return ``graph.replay``."""
+        capture it once, and return ``graph.replay`` (a capture records: the caller replays to run it)."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):

@@ -1,7 +1,7 @@
 """CUDA sampling ops.
 
 Triton: ``apply_penalties`` and ``apply_bitmask`` (one read and one write of ``[B, V]`` each).
-Torch on the GPU: ``probs`` (two sorts per row), ``sample`` and ``rejection_sample`` (exponential-race
+Torch on the GPU: ``probs`` (two sorts per row; replayed from a graph per bucket of up to 16 rows), ``sample`` and ``rejection_sample`` (exponential-race
 draws with per-row generators), ``argmax``. A one-program-per-row Triton ``probs`` (every cut a bisection
 threshold, no sort) was correct but 1.3x slower than the sorts on the H200 (benchmarks/gpu/NOTES.md v7).
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 
 from deepinfer_core.plugin_api import SamplingOps, SamplingTensors
+from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import sampling as ks
+from deepinfer_cuda_sm100.ops.row_graphs import RowGraphs
 
 
 def _exponential(
@@ -34,7 +36,39 @@ def _race(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (probs / q).argmax(dim=-1)
 
 
+def _probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """Temperature, top-k (ties at the k-th value kept), softmax, top-p (stable order: equal probabilities by
+    token id), min-p, renormalising after each cut; the same order and tie rules as the reference, with no host
+    synchronisation (disabled cuts are identities per row). Row-wise: row ``b`` reads only row ``b``."""
+    V = logits.shape[-1]
+    greedy = temperature <= 0
+    temp = torch.where(greedy, torch.ones_like(temperature), temperature)
+    x = logits / temp[:, None]
+    kk = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
+    thresh = torch.sort(x, dim=-1, descending=True).values.gather(1, (kk - 1)[:, None])
+    p = torch.softmax(x.masked_fill(x < thresh, float("-inf")), dim=-1)
+    order = torch.sort(-p, dim=-1, stable=True).indices
+    sp = p.gather(1, order)
+    keep_sorted = (torch.cumsum(sp, dim=-1) - sp < top_p[:, None]) | (top_p[:, None] >= 1)
+    keep_sorted[:, 0] = True
+    p = p * torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    p = p / p.sum(dim=-1, keepdim=True)
+    p = torch.where(p >= min_p[:, None] * p.amax(dim=-1, keepdim=True), p, torch.zeros_like(p))
+    p = p / p.sum(dim=-1, keepdim=True)
+    onehot = torch.zeros_like(p).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy[:, None], onehot, p)
+
+
 class CudaSamplingOps(SamplingOps):
+    def __init__(self) -> None:
+        self._probs_graphs = RowGraphs(_probs)
+
     def apply_penalties(self, logits, prompt_mask, output_counts, presence, frequency, repetition):
         return ks.apply_penalties(logits, prompt_mask, output_counts, presence, frequency, repetition)
 
@@ -45,27 +79,10 @@ class CudaSamplingOps(SamplingOps):
         return logits.argmax(dim=-1)
 
     def probs(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-        """Temperature, top-k (ties at the k-th value kept), softmax, top-p (stable order: equal
-        probabilities by token id), min-p, renormalising after each cut; the same order and tie rules
-        as the reference, with no host synchronisation (disabled cuts are identities per row)."""
-        logits = logits.float()
-        V = logits.shape[-1]
-        greedy = params.temperature <= 0
-        temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
-        x = logits / temp[:, None]
-        kk = torch.where(params.top_k > 0, params.top_k.clamp(max=V), torch.full_like(params.top_k, V))
-        thresh = torch.sort(x, dim=-1, descending=True).values.gather(1, (kk - 1)[:, None])
-        p = torch.softmax(x.masked_fill(x < thresh, float("-inf")), dim=-1)
-        order = torch.sort(-p, dim=-1, stable=True).indices
-        sp = p.gather(1, order)
-        keep_sorted = (torch.cumsum(sp, dim=-1) - sp < params.top_p[:, None]) | (params.top_p[:, None] >= 1)
-        keep_sorted[:, 0] = True
-        p = p * torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
-        p = p / p.sum(dim=-1, keepdim=True)
-        p = torch.where(p >= params.min_p[:, None] * p.amax(dim=-1, keepdim=True), p, torch.zeros_like(p))
-        p = p / p.sum(dim=-1, keepdim=True)
-        onehot = torch.zeros_like(p).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
-        return torch.where(greedy[:, None], onehot, p)
+        """:func:`_probs`, replayed from a captured graph per bucket of up to 16 rows (``RowGraphs``: ~30 launches
+        become three) unless the ``graphed_probs`` setting is off."""
+        args = (logits.float(), params.temperature, params.top_k, params.top_p, params.min_p)
+        return (self._probs_graphs if dispatch.graphed_probs() else _probs)(*args)
 
     def sample(self, probs, generators):
         return _race(probs, _exponential(tuple(probs.shape), generators, probs.device))
