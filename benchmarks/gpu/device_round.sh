@@ -11,6 +11,7 @@
 #                                    checkfin check.py with DEEPINFER_CUDA_SM100__SPLITK_FINISH=1
 #                                    splitfin split-K finished in-kernel against the epilogue launch: equal, timed
 #                                    gemm     decode GEMV tiles at one row, weights cold in L2
+#                                    checksamp check.py's sampling section only (graphed probs among them)
 #                                    checkattn check.py's attention section only
 #                                    checkdense check.py's dense section only (the fused mHC checks among them)
 #                                    nohc     the slice at batch 1/2 with DEEPINFER_CUDA_SM100__HC_FUSED=0 (A/B)
@@ -56,6 +57,7 @@ for part in "${@:-check slice gemm}"; do
                  --contexts 4096 --prefill 0 --out "$OUT/noh2") ;;
       finish) cmd=(env DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy slice
                    --batches 1 16 --contexts 4096 --prefill 0 --profile 1 --out "$OUT/finish") ;;
+      checksamp) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only sampling --out "$OUT/checksamp") ;;
       checkattn) cmd=(timeout 150 python3 benchmarks/gpu/check.py --only attention --out "$OUT/checkattn") ;;
       checkdense) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only dense --out "$OUT/checkdense") ;;
       greedyhc) cmd=(env DEEPINFER_CUDA_SM100__HC_FUSED=1 timeout 160 python3 benchmarks/gpu/v4_slice.py --sections greedy

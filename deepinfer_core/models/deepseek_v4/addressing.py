@@ -17,9 +17,10 @@ kept as torch tensors sharing that memory. In *static* mode (CUDA-graph replay) 
 depends only on the row count and a context bucket: each row has one (possibly unused) compression entry
 per kind and ``context_bucket // r`` candidate columns; unused entries write to slot ``-1``, the last slot
 of each pool, which the model runner keeps as a scratch block that no request owns. The candidate tables
-(``rows x context_bucket / ratio``, megabytes at long contexts) are not built on the host in static mode:
-the host checks that every block they need is present, and :meth:`StepAddressing.to` builds them on the
-device from the block table (tensor ops only, no synchronisation). Dynamic steps (prefill chunks) defer them
+(``rows x context_bucket / ratio``, megabytes at long contexts) are built on the host only when small
+(:data:`HOST_CANDIDATES` entries: a few launches saved in a decode step); larger ones are not: the host checks
+that every block they need is present, and :meth:`StepAddressing.to` builds them on the device from the block
+table (tensor ops only, no synchronisation). Dynamic steps (prefill chunks) defer them
 the same way, ``max((p + 1) // r)`` wide: an 8k-token chunk's ratio-1 table is 8192 x 8192 slots (512 MB of
 int64), which the host would build in seconds and copy, where the device builds it in milliseconds.
 """
@@ -221,7 +222,11 @@ class StepAddressing:
             width = int(n_visible.max()) if pos.size else 0
         entry_pos = np.maximum(first, 0)
         tables = (self._tensor(entry_slots), self._tensor(entry_pos), self._tensor(src_slots))
-        return Compression(*tables, None, width)  # the candidates are built by to()
+        cand = None  # large: built by to() where the step runs
+        if pos.shape[0] * width <= HOST_CANDIDATES:
+            table = _host(self.batch.block_tables["compressed"])
+            cand = self._tensor(_candidate_slots_host(table, req, pos, ratio, width, self.block_size))
+        return Compression(*tables, cand, width)
 
     def _check_candidate_blocks(self, covered: torch.Tensor) -> None:
         """Every ``compressed`` block holding a position below ``covered[t]`` (row ``t``'s visible entries)
@@ -240,6 +245,23 @@ class StepAddressing:
                 f"no 'compressed' block for position {col * self.block_size} of request {int(self._req[t])}: "
                 "state still needed by this step was released"
             )
+
+
+#: candidate tables of at most this many entries (a decode step's: batch 16 at a 4k context bucket, ratio 4) are
+#: built on the host with the step's other tables and copied with them; larger ones on the device
+#: (:func:`candidate_slots`, ~10 launches a kind, each ~10 us of host time on the H200's host, v26)
+HOST_CANDIDATES = 1 << 14
+
+
+def _candidate_slots_host(
+    table: np.ndarray, req: np.ndarray, pos: np.ndarray, ratio: int, width: int, block_size: int
+) -> np.ndarray:
+    """:func:`candidate_slots` on the host, the same formula in numpy."""
+    epb = block_size // ratio
+    cols = np.arange(width, dtype=np.int64)[None, :]
+    column = np.minimum(cols // epb, max(table.shape[1] - 1, 0))
+    slots = table[req[:, None], column] * epb + cols % epb
+    return np.where(cols >= ((pos + 1) // ratio)[:, None], -1, slots)
 
 
 def candidate_slots(

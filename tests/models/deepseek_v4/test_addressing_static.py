@@ -3,10 +3,12 @@ are built from the block table by ``to()``; a missing block is still refused on 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from deepinfer_core.models.batch import ForwardBatch
+from deepinfer_core.models.deepseek_v4 import addressing
 from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 
 BS = 16
@@ -83,15 +85,18 @@ def _candidates_by_hand(positions: list[int], tables: list[list[int]], ratio: in
     ]
 
 
-def test_prefill_candidate_tables_are_deferred_and_built_where_the_step_runs_as_the_rule_says():
-    """A dynamic step (a prefill chunk) keeps no ``[T, C]`` candidate table on the host: ``to()`` builds it
-    (the device, in the engine), and a host addressing used directly builds it on first use; both equal the
-    slots counted out entry by entry, ``-1`` past each row's visible entries."""
+@pytest.mark.parametrize("on_host", [False, True])
+def test_candidate_tables_are_built_as_the_rule_says_deferred_or_on_the_host(monkeypatch, on_host):
+    """A large ``[T, C]`` candidate table (over ``HOST_CANDIDATES`` entries: a prefill chunk's) is not kept on
+    the host: ``to()`` builds it (the device, in the engine), and a host addressing used directly builds it on
+    first use; a small one (a decode step's) is built on the host with the other tables. All equal the slots
+    counted out entry by entry, ``-1`` past each row's visible entries."""
+    monkeypatch.setattr(addressing, "HOST_CANDIDATES", 1 << 14 if on_host else 0)
     g = torch.Generator().manual_seed(1)
     positions = [5, 63, 64, 100, 3, 47]
     tables = [torch.randperm(40, generator=g)[: p // BS + 1].tolist() for p in positions]
     addr = StepAddressing(_batch(positions, tables), sliding_window=8, kinds=KINDS)
-    assert all(c.cand_slots is None for c in addr._compressions.values())
+    assert all((c.cand_slots is not None) == on_host for c in addr._compressions.values())
     moved = addr.to(torch.device("cpu"))
     for ratio, overlap in KINDS:
         want = _candidates_by_hand(positions, tables, ratio)
@@ -108,3 +113,19 @@ def test_a_prefill_step_refuses_a_released_compressed_block_on_the_host():
     batch = _batch([40], [[0, -1, 2]])
     with pytest.raises(RuntimeError, match="no 'compressed' block for position 16"):
         StepAddressing(batch, sliding_window=8, kinds=((4, True),))
+
+
+def test_the_host_candidate_table_equals_the_device_one_on_random_tables():
+    """``_candidate_slots_host`` (numpy) and ``candidate_slots`` (torch) on random block tables with released
+    blocks (``-1``) and rows of every length: equal everywhere, the padding and past-visible columns included."""
+    g = torch.Generator().manual_seed(7)
+    for ratio in (1, 4, 16):
+        T, cols = 9, 12
+        table = torch.randint(0, 50, (T, cols), generator=g)
+        table[torch.rand(T, cols, generator=g) < 0.2] = -1
+        pos = torch.randint(0, cols * BS, (T,), generator=g)
+        req = torch.randint(0, T, (T,), generator=g)
+        width = cols * BS // ratio + 3
+        dev = addressing.candidate_slots(table, req, pos, ratio, width, BS)
+        host = addressing._candidate_slots_host(table.numpy(), req.numpy(), pos.numpy(), ratio, width, BS)
+        assert host.dtype == np.int64 and torch.equal(torch.from_numpy(host), dev)
