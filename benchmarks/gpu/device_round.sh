@@ -97,7 +97,7 @@ for part in "${@:-check slice gemm}"; do
                      --shared-prefix 4080 "${prof[@]}" --out "$0/b1_$r"; done' "$OUT/v41ctx4k") ;;
       v41ctx4kbig) cmd=(timeout 280 python3 benchmarks/gpu/v41_slice.py --batches 16 64 256 --ks 0 --tokens 16 --prompt 4096
                      --shared-prefix 4080 --out "$OUT/v41ctx4kbig") ;;
-      enghost) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections engine --batches 1 --engine-prompt 64
+      enghost) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections engine --batches 1 16 --engine-prompt 64
                     --engine-tokens 128 --engine-host-profile --out "$OUT/enghost") ;;
       v41ctx32k) cmd=(timeout 150 python3 benchmarks/gpu/v41_slice.py --batches 1 16 --ks 0 --tokens 16 --prompt 32768
                       --shared-prefix 32752 --out "$OUT/v41ctx32k") ;;
