@@ -11,7 +11,8 @@
 #                                    checkfin check.py with DEEPINFER_CUDA_SM100__SPLITK_FINISH=1
 #                                    splitfin split-K finished in-kernel against the epilogue launch: equal, timed
 #                                    gemm     decode GEMV tiles at one row, weights cold in L2
-#                                    checksamp check.py's sampling section only (graphed probs among them)
+#                                    checksamp check.py's sampling section only, graphed_probs on
+#                                    enghostab the V4 engine at batch 1/16, graphed_probs off / on twice each
 #                                    checkattn check.py's attention section only
 #                                    checkdense check.py's dense section only (the fused mHC checks among them)
 #                                    nohc     the slice at batch 1/2 with DEEPINFER_CUDA_SM100__HC_FUSED=0 (A/B)
@@ -57,7 +58,11 @@ for part in "${@:-check slice gemm}"; do
                  --contexts 4096 --prefill 0 --out "$OUT/noh2") ;;
       finish) cmd=(env DEEPINFER_CUDA_SM100__SPLITK_FINISH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy slice
                    --batches 1 16 --contexts 4096 --prefill 0 --profile 1 --out "$OUT/finish") ;;
-      checksamp) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only sampling --out "$OUT/checksamp") ;;
+      checksamp) cmd=(env DEEPINFER_CUDA_SM100__GRAPHED_PROBS=1 timeout 120 python3 benchmarks/gpu/check.py --only sampling
+                      --out "$OUT/checksamp") ;;
+      enghostab) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- DEEPINFER_CUDA_SM100__GRAPHED_PROBS=$v"; d="$0/probs${v}_$(date +%s)"; mkdir -p "$d"
+                      DEEPINFER_CUDA_SM100__GRAPHED_PROBS=$v timeout 140 python3 benchmarks/gpu/v4_slice.py --sections engine \
+                      --batches 1 16 --engine-prompt 64 --engine-tokens 128 --out "$d"; done' "$OUT/enghostab") ;;
       checkattn) cmd=(timeout 150 python3 benchmarks/gpu/check.py --only attention --out "$OUT/checkattn") ;;
       checkdense) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only dense --out "$OUT/checkdense") ;;
       greedyhc) cmd=(env DEEPINFER_CUDA_SM100__HC_FUSED=1 timeout 160 python3 benchmarks/gpu/v4_slice.py --sections greedy

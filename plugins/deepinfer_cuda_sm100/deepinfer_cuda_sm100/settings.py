@@ -38,9 +38,10 @@ class CudaSM100Settings(PlatformSettings):
         "scale block a step (dispatch.mx_gemm_config); off: measured on the H200 at 8-12% of the BF16 matmul rate (v25)",
     )
     graphed_probs: bool = Field(
-        True,
+        False,
         description="the sampler's probs (temperature, top-k, top-p, min-p) replayed from a CUDA graph per bucket "
-        "of up to 16 rows (ops/row_graphs.py): three launches instead of ~30 a step",
+        "of up to 16 rows (ops/row_graphs.py): three launches instead of ~30 a step; off until it has run on a GPU "
+        "(written 2026-12-05 after the session's last device call; device_round.sh checksamp enghostab)",
     )
     tilelang: bool = Field(
         True,

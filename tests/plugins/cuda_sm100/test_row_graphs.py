@@ -41,10 +41,12 @@ def _params(gen, B: int) -> SamplingTensors:
     )
 
 
-def test_graphed_probs_match_the_reference_at_every_batch_and_keep_earlier_results(gen):
+def test_graphed_probs_match_the_reference_at_every_batch_and_keep_earlier_results(gen, monkeypatch):
+    from deepinfer_cuda_sm100 import settings
     from deepinfer_cuda_sm100.ops import sampling
     from deepinfer_cuda_sm100.ops.row_graphs import RowGraphs
 
+    monkeypatch.setattr(settings, "_active", settings.CudaSM100Settings(graphed_probs=True))
     counts = {"captures": 0, "replays": 0}
     ops = sampling.CudaSamplingOps()
     ops._probs_graphs = RowGraphs(sampling._probs, capture=_stand_in(counts))

@@ -1,7 +1,7 @@
 """CUDA sampling ops.
 
 Triton: ``apply_penalties`` and ``apply_bitmask`` (one read and one write of ``[B, V]`` each).
-Torch on the GPU: ``probs`` (two sorts per row; replayed from a graph per bucket of up to 16 rows), ``sample`` and ``rejection_sample`` (exponential-race
+Torch on the GPU: ``probs`` (two sorts per row; with ``graphed_probs``, replayed from a graph per bucket of up to 16 rows), ``sample`` and ``rejection_sample`` (exponential-race
 draws with per-row generators), ``argmax``. A one-program-per-row Triton ``probs`` (every cut a bisection
 threshold, no sort) was correct but 1.3x slower than the sorts on the H200 (benchmarks/gpu/NOTES.md v7).
 """
@@ -79,8 +79,8 @@ class CudaSamplingOps(SamplingOps):
         return logits.argmax(dim=-1)
 
     def probs(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-        """:func:`_probs`, replayed from a captured graph per bucket of up to 16 rows (``RowGraphs``: ~30 launches
-        become three) unless the ``graphed_probs`` setting is off."""
+        """:func:`_probs`; with the ``graphed_probs`` setting (off by default until run on a GPU) replayed from a
+        captured graph per bucket of up to 16 rows (``RowGraphs``: ~30 launches become three)."""
         args = (logits.float(), params.temperature, params.top_k, params.top_p, params.min_p)
         return (self._probs_graphs if dispatch.graphed_probs() else _probs)(*args)
 
