@@ -142,5 +142,7 @@ class PersistentBatch:
         return out
 
     def sampling_tensors(self, rows: list[int], device: torch.device) -> SamplingTensors:
-        (p,) = move_together([self.params[:, rows]], device)
-        return SamplingTensors(temperature=p[0], top_k=p[1].to(torch.int64), top_p=p[2], min_p=p[3])
+        host = self.params[:, rows]
+        (p,) = move_together([host], device)
+        uses = ((host[1] > 0).any(), (host[2] < 1).any(), (host[3] > 0).any())  # on the host: no sync
+        return SamplingTensors(p[0], p[1].to(torch.int64), p[2], p[3], *(bool(u) for u in uses))

@@ -108,7 +108,15 @@ def _prompt_logprobs(logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, R
 
 
 def _select(p: SamplingTensors, rows: torch.Tensor) -> SamplingTensors:
-    return SamplingTensors(p.temperature[rows], p.top_k[rows], p.top_p[rows], p.min_p[rows])
+    return SamplingTensors(
+        p.temperature[rows],
+        p.top_k[rows],
+        p.top_p[rows],
+        p.min_p[rows],
+        p.any_top_k,
+        p.any_top_p,
+        p.any_min_p,
+    )
 
 
 class _DraftRow:
@@ -145,6 +153,9 @@ def sampling_tensors(seqs: list[Any], device: torch.device | None = None) -> Sam
         top_k=torch.tensor([q.top_k for q in p], dtype=torch.int64, device=device),
         top_p=torch.tensor([q.top_p for q in p], dtype=torch.float32, device=device),
         min_p=torch.tensor([q.min_p for q in p], dtype=torch.float32, device=device),
+        any_top_k=any(q.top_k > 0 for q in p),
+        any_top_p=any(q.top_p < 1 for q in p),
+        any_min_p=any(q.min_p > 0 for q in p),
     )
 
 

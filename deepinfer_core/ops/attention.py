@@ -114,6 +114,22 @@ class AttentionOps(ABC):
         read by ``key_format`` when given).
         """
 
+    def indexer_topk_slots(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        key_pool: torch.Tensor,
+        cand_slots: torch.Tensor,
+        topk: int,
+        key_format: object | None = None,
+    ) -> torch.Tensor:
+        """:meth:`indexer_topk`, returning the chosen candidates' *slots* (``cand_slots`` at the chosen columns,
+        ``-1`` where a row has fewer valid candidates) in the same order. DeepSeek-V4.1's index query layers
+        attend those slots; this default looks them up in torch (four launches), and a platform may do it in its
+        select kernel (plugin API 2.4)."""
+        cols = self.indexer_topk(q, weights, key_pool, cand_slots, topk, key_format=key_format)
+        return torch.where(cols >= 0, cand_slots.gather(1, cols.clamp(min=0)), -1)
+
     def indexer_scores(
         self,
         q: torch.Tensor,

@@ -21,6 +21,12 @@ class SamplingTensors:
     top_k: torch.Tensor  # [B] int64; -1 or 0 disables
     top_p: torch.Tensor  # [B]; 1 disables
     min_p: torch.Tensor  # [B]; 0 disables
+    #: what the host knows of the rows (plugin API 2.5): ``False`` when no row uses the cut, so a platform may
+    #: skip it (it is the identity for every row: a full sort of ``[B, V]`` for top-k or top-p). ``True`` (the
+    #: default) promises nothing.
+    any_top_k: bool = True
+    any_top_p: bool = True
+    any_min_p: bool = True
 
 
 class SamplingOps(ABC):

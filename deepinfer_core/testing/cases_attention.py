@@ -55,6 +55,19 @@ def _indexer(g):
     return (randn(g, T, 8, 16), randn(g, T, 8).abs(), randn(g, 30, 16), cand, 5), {}
 
 
+def _indexer_packed(g):
+    """:func:`_indexer`'s rows over V4.1's FP4 index keys (e2m1 codes, ue8m0 scales per 32), read as packed
+    bytes through their format."""
+    from deepinfer_core.kv.packed import PackedFormat
+    from deepinfer_core.models.deepseek_v41.kv_formats import PackedKV
+
+    fmt = PackedKV(PackedFormat("e2m1", "ue8m0", 32, (64,)), torch.float32)
+    cand = _slots(g, T, 12, 30)
+    cand[1, 2:] = -1
+    keys = fmt.pack(randn(g, 30, 64))
+    return (randn(g, T, 4, 64), randn(g, T, 4).abs(), keys, cand, 5), {"key_format": fmt}
+
+
 def _indexer_scores(g):
     args, _ = _indexer(g)
     return args[:4], {}
@@ -151,6 +164,8 @@ CASES = [
         kv_cache_dtype="fp8",
     ),
     OpCase("attention", "indexer_topk", "topk_with_short_rows", _indexer, compare=_same_topk),
+    OpCase("attention", "indexer_topk_slots", "topk_with_short_rows", _indexer, compare=_same_topk),
+    OpCase("attention", "indexer_topk_slots", "v41_fp4_keys", _indexer_packed, compare=_same_topk),
     OpCase("attention", "encoder_attention", "three_images", _encoder, atol=1e-5, rtol=1e-4),
     OpCase("attention", "indexer_scores", "short_rows", _indexer_scores, atol=1e-5, rtol=1e-4),
     OpCase("attention", "candidate_blocks", "pinned_tied_and_empty_rows", _candidate_blocks),

@@ -69,6 +69,29 @@ def _probs_inputs(g: torch.Generator):
     return (_logits(g, 16, 40), _params(g, 16)), {}
 
 
+def _probs_unused_cuts(keep: str):
+    """Rows that all disable every cut but ``keep``, and say so (``any_*`` False): the platform may skip those
+    cuts; the probabilities must not change."""
+
+    def make(g: torch.Generator):
+        p = _params(g, 16)
+        b = 16
+        return (
+            _logits(g, b, 40),
+            SamplingTensors(
+                p.temperature,
+                p.top_k if keep == "top_k" else torch.where(torch.rand(b, generator=g) < 0.5, 0, -1),
+                p.top_p if keep == "top_p" else torch.ones(b),
+                p.min_p if keep == "min_p" else torch.zeros(b),
+                any_top_k=keep == "top_k",
+                any_top_p=keep == "top_p",
+                any_min_p=keep == "min_p",
+            ),
+        ), {}
+
+    return make
+
+
 def _argmax_inputs(g: torch.Generator):
     x = torch.randint(0, 4, (32, 70), generator=g).float()  # many ties: the lowest id wins
     return (x,), {}
@@ -144,6 +167,10 @@ def _greedy_verify_inputs(g: torch.Generator):
 CASES = [
     OpCase("sampling", "apply_penalties", "vllm_semantics", _penalty_inputs),
     OpCase("sampling", "probs", "temperature_topk_topp_minp_greedy", _probs_inputs, atol=1e-5, rtol=1e-4),
+    *(
+        OpCase("sampling", "probs", f"only_{keep}", _probs_unused_cuts(keep), atol=1e-5, rtol=1e-4)
+        for keep in ("top_k", "top_p", "min_p", "none")
+    ),
     OpCase("sampling", "argmax", "ties_lowest_id", _argmax_inputs),
     OpCase("sampling", "apply_bitmask", "ragged_vocab_sign_bit", _bitmask_inputs),
     OpCase("sampling", "sample", "chi_square", _sample_inputs, compare=_compare_sample),

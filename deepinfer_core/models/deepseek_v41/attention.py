@@ -218,8 +218,9 @@ class Attention(Module):
             )
         elif role.uses_candidates:
             cand = torch.where(shared["candidates"], cand, -1)
-        cols = ops.attention.indexer_topk(q, weights, keys, cand, self.cfg.index_topk, key_format=f.keys)
-        slots = torch.where(cols >= 0, cand.gather(1, cols.clamp(min=0)), -1)
+        slots = ops.attention.indexer_topk_slots(
+            q, weights, keys, cand, self.cfg.index_topk, key_format=f.keys
+        )
         shared["topk"] = slots
         return cmp_pool, slots
 

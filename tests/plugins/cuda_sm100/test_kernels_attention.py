@@ -147,6 +147,31 @@ def test_indexer_select_returns_the_slots_of_indexer_topk(ops, gen, monkeypatch,
     assert (got[3] == -1).sum() == 16 - (cand[3] >= 0).sum() and (got[got >= 0] < S).all()
 
 
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("select", ["kernel", "torch"])
+def test_indexer_topk_slots_are_the_slots_of_indexer_topk_in_order(ops, gen, monkeypatch, select, packed):
+    """``indexer_topk_slots`` (columns mapped to slots in the select kernel, or beside ``torch.topk``): bit for
+    bit ``indexer_topk``'s columns looked up in torch, the core's default, over plain keys and V4.1's FP4 index
+    keys."""
+    from deepinfer_core.kv.packed import PackedFormat
+    from deepinfer_core.models.deepseek_v41.kv_formats import PackedKV
+    from deepinfer_cuda_sm100 import dispatch
+
+    monkeypatch.setattr(dispatch, "indexer_select", lambda c: select)
+    T, Hi, Di, C, S = 4, 8, 64, 90, 120
+    q, keys = rand(gen, T, Hi, Di), rand(gen, S, Di)
+    fmt = PackedKV(PackedFormat("e2m1", "ue8m0", 32, (Di,)), torch.float32) if packed else None
+    keys = fmt.pack(keys) if packed else keys
+    w = rand(gen, T, Hi).abs()
+    cand = _slots(gen, T, C, S, pad_frac=0.2)
+    cand[3, 5:] = -1
+    q, w, keys, cand = dev(q, w, keys, cand)
+    got = ops.indexer_topk_slots(q, w, keys, cand, 16, key_format=fmt)
+    cols = ops.indexer_topk(q, w, keys, cand, 16, key_format=fmt)
+    assert torch.equal(got, torch.where(cols >= 0, cand.gather(1, cols.clamp(min=0)), -1))
+    assert (got[3] == -1).sum() == 16 - (cand[3] >= 0).sum() and (got[got >= 0] < S).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compress_matches_reference(ops, gen, dtype):
     E, L, D = 6, 8, 40

@@ -44,12 +44,10 @@ def _params(gen, B: int) -> SamplingTensors:
 def test_graphed_probs_match_the_reference_at_every_batch_and_keep_earlier_results(gen, monkeypatch):
     from deepinfer_cuda_sm100 import settings
     from deepinfer_cuda_sm100.ops import sampling
-    from deepinfer_cuda_sm100.ops.row_graphs import RowGraphs
 
     monkeypatch.setattr(settings, "_active", settings.CudaSM100Settings(graphed_probs=True))
     counts = {"captures": 0, "replays": 0}
-    ops = sampling.CudaSamplingOps()
-    ops._probs_graphs = RowGraphs(sampling._probs, capture=_stand_in(counts))
+    ops = sampling.CudaSamplingOps(capture=_stand_in(counts))
     kept = []
     for B in (1, 3, 2, 4, 3, 5, 16, 1):
         logits, params = rand(gen, B, 300, scale=3.0), _params(gen, B)
@@ -69,9 +67,10 @@ def test_rows_over_the_largest_bucket_and_empty_calls_run_eagerly(gen):
     counts = {"captures": 0, "replays": 0}
     graphs = RowGraphs(sampling._probs, capture=_stand_in(counts), buckets=(1, 2))
     logits, params = rand(gen, 3, 50), _params(gen, 3)
-    got = graphs(logits, *vars(params).values())
+    tensors = (params.temperature, params.top_k, params.top_p, params.min_p)
+    got = graphs(logits, *tensors)
     torch.testing.assert_close(got, REF.probs(logits, params), atol=1e-6, rtol=1e-5)
-    assert graphs(torch.empty(0, 50), *(v[:0] for v in vars(params).values())).shape == (0, 50)
+    assert graphs(torch.empty(0, 50), *(v[:0] for v in tensors)).shape == (0, 50)
     assert counts == {"captures": 0, "replays": 0}
 
 
@@ -91,12 +90,41 @@ def test_a_bucket_keys_on_the_trailing_shape_and_dtypes(gen):
 def test_the_setting_picks_the_graphed_or_the_eager_probs(gen, monkeypatch, on):
     from deepinfer_cuda_sm100 import settings
     from deepinfer_cuda_sm100.ops import sampling
-    from deepinfer_cuda_sm100.ops.row_graphs import RowGraphs
 
     counts = {"captures": 0, "replays": 0}
     monkeypatch.setattr(settings, "_active", settings.CudaSM100Settings(graphed_probs=on))
-    ops = sampling.CudaSamplingOps()
-    ops._probs_graphs = RowGraphs(sampling._probs, capture=_stand_in(counts))
+    ops = sampling.CudaSamplingOps(capture=_stand_in(counts))
     logits, params = rand(gen, 2, 64), _params(gen, 2)
     torch.testing.assert_close(ops.probs(logits, params), REF.probs(logits, params), atol=1e-6, rtol=1e-5)
     assert counts["replays"] == (1 if on else 0)
+
+
+@pytest.mark.parametrize(
+    "cuts", [(False, False, False), (False, True, True), (True, False, True), (True, True, False)]
+)
+def test_skipping_cuts_no_row_uses_gives_the_same_bits(gen, cuts):
+    """``_probs`` with a cut skipped (``SamplingTensors.any_*`` False) on rows that all disable it: bit for bit
+    the full computation, which runs that cut as an identity."""
+    from deepinfer_cuda_sm100.ops import sampling
+
+    B = 6
+    params = _params(gen, B)
+    top_k = params.top_k if cuts[0] else torch.where(torch.rand(B, generator=gen) < 0.5, 0, -1)
+    top_p = params.top_p if cuts[1] else torch.ones(B)
+    min_p = params.min_p if cuts[2] else torch.zeros(B)
+    logits = rand(gen, B, 300, scale=3.0)
+    full = sampling._probs(logits, params.temperature, top_k, top_p, min_p)
+    skipped = sampling._probs(logits, params.temperature, top_k, top_p, min_p, cuts=cuts)
+    assert torch.equal(full, skipped)
+    ref = REF.probs(logits, SamplingTensors(params.temperature, top_k, top_p, min_p))
+    torch.testing.assert_close(skipped, ref, atol=1e-6, rtol=1e-5)
+
+
+def test_a_cut_skipped_while_a_row_uses_it_changes_the_result(gen):
+    """The check above can fail: skipping top-p where rows use it gives other probabilities."""
+    from deepinfer_cuda_sm100.ops import sampling
+
+    params = _params(gen, 6)
+    logits = rand(gen, 6, 300, scale=3.0)
+    args = (logits, params.temperature, params.top_k, params.top_p, params.min_p)
+    assert not torch.equal(sampling._probs(*args), sampling._probs(*args, cuts=(True, False, True)))

@@ -177,6 +177,11 @@ def best_columns(scores: torch.Tensor, cand_slots: torch.Tensor, topk: int) -> t
     return _best(scores, cand_slots, topk, slots=False)
 
 
+def best_slots(scores: torch.Tensor, cand_slots: torch.Tensor, topk: int) -> torch.Tensor:
+    """:func:`best_columns`' choice as ``cand_slots`` ids (mapped in the select kernel), in the same order."""
+    return _best(scores, cand_slots, topk, slots=True)
+
+
 def _best(scores: torch.Tensor, cand_slots: torch.Tensor, topk: int, slots: bool) -> torch.Tensor:
     """The ``min(topk, C)`` best columns of ``scores`` (``slots``: their ``cand_slots`` ids), by the select
     kernel or ``torch.topk`` as :func:`dispatch.indexer_select` picks; ``-1`` past the valid ones."""

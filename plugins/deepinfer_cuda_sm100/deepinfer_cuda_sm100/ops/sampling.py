@@ -8,6 +8,8 @@ threshold, no sort) was correct but 1.3x slower than the sorts on the H200 (benc
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from deepinfer_core.plugin_api import SamplingOps, SamplingTensors
@@ -42,32 +44,41 @@ def _probs(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor,
+    cuts: tuple[bool, bool, bool] = (True, True, True),
 ) -> torch.Tensor:
     """Temperature, top-k (ties at the k-th value kept), softmax, top-p (stable order: equal probabilities by
     token id), min-p, renormalising after each cut; the same order and tie rules as the reference, with no host
-    synchronisation (disabled cuts are identities per row). Row-wise: row ``b`` reads only row ``b``."""
+    synchronisation (disabled cuts are identities per row). Row-wise: row ``b`` reads only row ``b``. ``cuts``:
+    whether any row uses top-k, top-p, min-p (``SamplingTensors.any_*``); a cut no row uses is skipped, its
+    renormalisation kept, so the result is the same bits (top-k and top-p each cost a full sort of ``[B, V]``)."""
     V = logits.shape[-1]
     greedy = temperature <= 0
     temp = torch.where(greedy, torch.ones_like(temperature), temperature)
     x = logits / temp[:, None]
-    kk = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
-    thresh = torch.sort(x, dim=-1, descending=True).values.gather(1, (kk - 1)[:, None])
-    p = torch.softmax(x.masked_fill(x < thresh, float("-inf")), dim=-1)
-    order = torch.sort(-p, dim=-1, stable=True).indices
-    sp = p.gather(1, order)
-    keep_sorted = (torch.cumsum(sp, dim=-1) - sp < top_p[:, None]) | (top_p[:, None] >= 1)
-    keep_sorted[:, 0] = True
-    p = p * torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+    if cuts[0]:
+        kk = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))
+        thresh = torch.sort(x, dim=-1, descending=True).values.gather(1, (kk - 1)[:, None])
+        x = x.masked_fill(x < thresh, float("-inf"))
+    p = torch.softmax(x, dim=-1)
+    if cuts[1]:
+        order = torch.sort(-p, dim=-1, stable=True).indices
+        sp = p.gather(1, order)
+        keep_sorted = (torch.cumsum(sp, dim=-1) - sp < top_p[:, None]) | (top_p[:, None] >= 1)
+        keep_sorted[:, 0] = True
+        p = p * torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
     p = p / p.sum(dim=-1, keepdim=True)
-    p = torch.where(p >= min_p[:, None] * p.amax(dim=-1, keepdim=True), p, torch.zeros_like(p))
+    if cuts[2]:
+        p = torch.where(p >= min_p[:, None] * p.amax(dim=-1, keepdim=True), p, torch.zeros_like(p))
     p = p / p.sum(dim=-1, keepdim=True)
     onehot = torch.zeros_like(p).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], onehot, p)
 
 
 class CudaSamplingOps(SamplingOps):
-    def __init__(self) -> None:
-        self._probs_graphs = RowGraphs(_probs)
+    def __init__(self, capture=None) -> None:
+        """``capture``: how ``probs`` graphs are captured (``RowGraphs``; default CUDA's, a stand-in in tests)."""
+        self._capture = capture
+        self._probs_graphs: dict[tuple[bool, bool, bool], RowGraphs] = {}
 
     def apply_penalties(self, logits, prompt_mask, output_counts, presence, frequency, repetition):
         return ks.apply_penalties(logits, prompt_mask, output_counts, presence, frequency, repetition)
@@ -81,8 +92,14 @@ class CudaSamplingOps(SamplingOps):
     def probs(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
         """:func:`_probs`; with the ``graphed_probs`` setting (off by default until run on a GPU) replayed from a
         captured graph per bucket of up to 16 rows (``RowGraphs``: ~30 launches become three)."""
+        cuts = (params.any_top_k, params.any_top_p, params.any_min_p)
         args = (logits.float(), params.temperature, params.top_k, params.top_p, params.min_p)
-        return (self._probs_graphs if dispatch.graphed_probs() else _probs)(*args)
+        if not dispatch.graphed_probs():
+            return _probs(*args, cuts=cuts)
+        graphs = self._probs_graphs.get(cuts)
+        if graphs is None:
+            graphs = self._probs_graphs[cuts] = RowGraphs(functools.partial(_probs, cuts=cuts), self._capture)
+        return graphs(*args)
 
     def sample(self, probs, generators):
         return _race(probs, _exponential(tuple(probs.shape), generators, probs.device))
