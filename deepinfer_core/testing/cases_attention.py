@@ -68,6 +68,12 @@ def _indexer_packed(g):
     return (randn(g, T, 4, 64), randn(g, T, 4).abs(), keys, cand, 5), {"key_format": fmt}
 
 
+def _needs_packed_kv(backends) -> str | None:
+    if getattr(backends.attention, "packed_kv", False):
+        return None
+    return "the platform does not read V4.1's packed KV formats (AttentionOps.packed_kv is False)"
+
+
 def _indexer_scores(g):
     args, _ = _indexer(g)
     return args[:4], {}
@@ -165,7 +171,14 @@ CASES = [
     ),
     OpCase("attention", "indexer_topk", "topk_with_short_rows", _indexer, compare=_same_topk),
     OpCase("attention", "indexer_topk_slots", "topk_with_short_rows", _indexer, compare=_same_topk),
-    OpCase("attention", "indexer_topk_slots", "v41_fp4_keys", _indexer_packed, compare=_same_topk),
+    OpCase(
+        "attention",
+        "indexer_topk_slots",
+        "v41_fp4_keys",
+        _indexer_packed,
+        compare=_same_topk,
+        requires=_needs_packed_kv,
+    ),
     OpCase("attention", "encoder_attention", "three_images", _encoder, atol=1e-5, rtol=1e-4),
     OpCase("attention", "indexer_scores", "short_rows", _indexer_scores, atol=1e-5, rtol=1e-4),
     OpCase("attention", "candidate_blocks", "pinned_tied_and_empty_rows", _candidate_blocks),

@@ -31,5 +31,6 @@ def test_conformance_kit_passes_for_ascend950(standin, monkeypatch, switches):
     # what ascend950 does not declare: the FP8 KV cache (docs/platforms/ascend950.md) and graph capture
     # (MemoryOps.supports_graphs); and what needs its collectives between processes (HCCL, not gloo)
     skipped = {c.id for c in CASES if c.kv_cache_dtype == "fp8" or c.op == "capture_graph" or c.world > 1}
+    skipped.add("attention.indexer_topk_slots[v41_fp4_keys]")  # nor V4.1's packed KV (AttentionOps.packed_kv)
     assert {c.id for c in CASES if not c.applies_to(backends)} == skipped
     assert "attention.sparse_attention[fp8_kv_cache]" in skipped
