@@ -42,6 +42,9 @@ class PersistentBatch:
         self.version: list[int] = []
         self.tokens = torch.zeros(0, dtype=torch.int64, device=device)
         self.params = torch.zeros(4, 0, dtype=torch.float32)  # temperature, top_k, top_p, min_p per row
+        self.cuts: list[
+            tuple[bool, bool, bool]
+        ] = []  # per row: uses top-k, top-p, min-p (SamplingTensors.any_*)
         self._grow(max(1, capacity))
 
     def _grow(self, capacity: int) -> None:
@@ -54,6 +57,7 @@ class PersistentBatch:
             self.table_len[g] += [0] * (capacity - old)
         self.version += [-1] * (capacity - old)
         self.owner += [None] * (capacity - old)
+        self.cuts += [(False, False, False)] * (capacity - old)
         tokens = torch.zeros(capacity, dtype=torch.int64, device=self.device)
         tokens[:old] = self.tokens
         self.tokens = tokens
@@ -98,6 +102,7 @@ class PersistentBatch:
         self.version[r] = -1
         p = seq.params
         self.params[:, r] = torch.tensor([p.temperature, p.top_k, p.top_p, p.min_p], dtype=torch.float32)
+        self.cuts[r] = (p.top_k > 0, p.top_p < 1, p.min_p > 0)
         return r
 
     def _reclaim(self) -> None:
@@ -142,7 +147,7 @@ class PersistentBatch:
         return out
 
     def sampling_tensors(self, rows: list[int], device: torch.device) -> SamplingTensors:
-        host = self.params[:, rows]
-        (p,) = move_together([host], device)
-        uses = ((host[1] > 0).any(), (host[2] < 1).any(), (host[3] > 0).any())  # on the host: no sync
-        return SamplingTensors(p[0], p[1].to(torch.int64), p[2], p[3], *(bool(u) for u in uses))
+        (p,) = move_together([self.params[:, rows]], device)
+        cuts = self.cuts
+        uses = (any(cuts[r][i] for r in rows) for i in range(3))  # Python over the rows: no torch op
+        return SamplingTensors(p[0], p[1].to(torch.int64), p[2], p[3], *uses)
