@@ -44,16 +44,21 @@ class ForwardBatch:
     image_embeds: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> ForwardBatch:
-        """A copy with every tensor on ``device`` (one copy for all of them), and the plan moved by its
-        own ``.to``."""
+        """A copy with every tensor on ``device`` (one copy for all of them), the plan's tables in the same copy
+        when it lists them (``host_tensors`` / ``from_moved``), else moved by its own ``.to``."""
         groups = list(self.block_tables)
         extra = [self.real_rows] if self.real_rows is not None else []
-        ids, pos, qsl, ctx, rows, *tables = move_together(
+        own = (
             [self.input_ids, self.positions, self.query_start_loc, self.context_lens, self.logits_indices]
             + [self.block_tables[g] for g in groups]
-            + extra,
-            device,
+            + extra
         )
+        # a plan that lists its tables (StepAddressing.host_tensors) rides in the same copy when they share its dtype
+        ride = list(self.plan.host_tensors()) if hasattr(self.plan, "host_tensors") else []
+        if ride and len({t.dtype for t in own + ride}) != 1:
+            ride = []
+        moved = move_together(own + ride, device)
+        ids, pos, qsl, ctx, rows, *tables = moved[: len(own)]
         real = tables.pop() if extra else None
         out = ForwardBatch(
             input_ids=ids,
@@ -64,7 +69,11 @@ class ForwardBatch:
             block_size=self.block_size,
             logits_indices=rows,
             layer_range=self.layer_range,
-            plan=self.plan.to(device) if self.plan is not None else None,
+            plan=(
+                self.plan.from_moved(iter(moved[len(own) :]))
+                if ride
+                else (self.plan.to(device) if self.plan is not None else None)
+            ),
             graph_key=self.graph_key,
             num_real_rows=self.num_real_rows,
             real_rows=real,

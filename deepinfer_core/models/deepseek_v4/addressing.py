@@ -27,6 +27,7 @@ int64), which the host would build in seconds and copy, where the device builds 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,20 +120,29 @@ class StepAddressing:
         return out
 
     def to(self, device: torch.device) -> StepAddressing:
-        """A copy with every table on ``device`` (all compressions must be built already); deferred
+        """A copy with every table on ``device`` (all compressions must be built already), in one copy; deferred
         candidate tables are built there."""
+        return self.from_moved(iter(move_together(self.host_tensors(), device)))
+
+    def host_tensors(self) -> list[torch.Tensor]:
+        """The tables :meth:`to` copies, in order; :meth:`from_moved` takes them back from the device (the step's
+        batch packs them into its own copy: :meth:`ForwardBatch.to`)."""
+        host = [self.req, self.positions, self.token_slots, self.window_slots]
+        for c in self._compressions.values():
+            host += [c.entry_slots, c.entry_positions, c.src_slots]
+            host += [c.cand_slots] if c.cand_slots is not None else []
+        if any(c.cand_slots is None for c in self._compressions.values()):
+            host.append(self.batch.block_tables["compressed"])
+        return host
+
+    def from_moved(self, moved: Iterator[torch.Tensor]) -> StepAddressing:
+        """This addressing on the device, from :meth:`host_tensors` moved there (in order, consumed from
+        ``moved``); deferred candidate tables are built there."""
         out = object.__new__(StepAddressing)
         out.batch, out.block_size, out.context_bucket = None, self.block_size, self.context_bucket
         out.sliding_window = self.sliding_window
         kinds = list(self._compressions.items())
-        host = [self.req, self.positions, self.token_slots, self.window_slots]
-        for _, c in kinds:
-            host += [c.entry_slots, c.entry_positions, c.src_slots]
-            host += [c.cand_slots] if c.cand_slots is not None else []
         deferred = any(c.cand_slots is None for _, c in kinds)
-        if deferred:
-            host.append(self.batch.block_tables["compressed"])
-        moved = iter(move_together(host, device))  # one copy
         out.req, out.positions, out.token_slots, out.window_slots = (next(moved) for _ in range(4))
         parts = [(k, c, [next(moved) for _ in range(3 if c.cand_slots is None else 4)]) for k, c in kinds]
         table = next(moved) if deferred else None

@@ -129,3 +129,29 @@ def test_the_host_candidate_table_equals_the_device_one_on_random_tables():
         dev = addressing.candidate_slots(table, req, pos, ratio, width, BS)
         host = addressing._candidate_slots_host(table.numpy(), req.numpy(), pos.numpy(), ratio, width, BS)
         assert host.dtype == np.int64 and torch.equal(torch.from_numpy(host), dev)
+
+
+@pytest.mark.parametrize("bucket", [None, 256])
+def test_the_batch_carries_its_plan_in_its_own_copy(monkeypatch, bucket):
+    """``ForwardBatch.to`` packs the plan's tables (``host_tensors``) into the batch's one copy: a single
+    ``move_together`` for both, and the moved plan equal to the plan's own ``.to``, deferred candidates
+    included (``HOST_CANDIDATES`` 0: built where the step runs)."""
+    from deepinfer_core.models import batch as batch_module
+
+    monkeypatch.setattr(addressing, "HOST_CANDIDATES", 0)
+    g = torch.Generator().manual_seed(3)
+    positions = [5, 63, 64, 100]
+    tables = [torch.randperm(40, generator=g)[: p // BS + 1].tolist() for p in positions]
+    batch = _batch(positions, tables)
+    batch.plan = StepAddressing(batch, sliding_window=8, kinds=KINDS, context_bucket=bucket)
+    calls = []
+    real = batch_module.move_together
+    monkeypatch.setattr(batch_module, "move_together", lambda ts, d: calls.append(len(ts)) or real(ts, d))
+    moved = batch.to(torch.device("meta"))
+    assert len(calls) == 1 and calls[0] == 5 + 2 + len(batch.plan.host_tensors())
+    alone = batch.plan.to(torch.device("meta"))
+    for a, b in zip(moved.plan.tensors(), alone.tensors(), strict=True):
+        assert a.device.type == "meta" and a.shape == b.shape and a.dtype == b.dtype
+    here = batch.to(torch.device("cpu"))  # on the batch's own device: the same tables as the plan's .to
+    for a, b in zip(here.plan.tensors(), batch.plan.to(torch.device("cpu")).tensors(), strict=True):
+        assert torch.equal(a, b)
