@@ -10,6 +10,7 @@ get a :class:`TailBatch` in :attr:`ForwardBatch.tail`, the rows its later layers
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,7 @@ class ForwardBatch:
             + extra
         )
         # a plan that lists its tables (StepAddressing.host_tensors) rides in the same copy when they share its dtype
-        ride = list(self.plan.host_tensors()) if hasattr(self.plan, "host_tensors") else []
+        ride = list(self.plan.host_tensors()) if isinstance(self.plan, PackedPlan) else []
         if ride and len({t.dtype for t in own + ride}) != 1:
             ride = []
         moved = move_together(own + ride, device)
@@ -96,6 +97,18 @@ class ForwardBatch:
         """``[T]`` index of the request each token row belongs to."""
         counts = self.query_start_loc[1:] - self.query_start_loc[:-1]
         return torch.repeat_interleave(torch.arange(self.num_requests, device=counts.device), counts)
+
+
+class PackedPlan:
+    """A step's plan whose tables travel in the batch's own host-to-device copy (:meth:`ForwardBatch.to`)."""
+
+    def host_tensors(self) -> list[torch.Tensor]:
+        """The tables to copy, in order."""
+        raise NotImplementedError
+
+    def from_moved(self, moved: Iterator[torch.Tensor]) -> PackedPlan:
+        """The plan on the device, from :meth:`host_tensors` moved there (consumed in order from ``moved``)."""
+        raise NotImplementedError
 
 
 @dataclass

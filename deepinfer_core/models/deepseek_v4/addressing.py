@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from deepinfer_core.models.batch import ForwardBatch, move_together
+from deepinfer_core.models.batch import ForwardBatch, PackedPlan, move_together
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
 
 
-class StepAddressing:
+class StepAddressing(PackedPlan):
     """Slot tables of one :class:`ForwardBatch`, computed once and shared by every layer.
 
     ``kinds``: the ``(ratio, overlap)`` compressions to build now (the rest are built on first use);
