@@ -25,7 +25,7 @@ import torch
 
 from deepinfer_core.engine.sequence import SeqStatus
 from deepinfer_core.models.batch import move_together
-from deepinfer_core.ops.sampling import SamplingTensors
+from deepinfer_core.ops.sampling import SamplingTensors, cuts_used
 
 
 class PersistentBatch:
@@ -42,9 +42,8 @@ class PersistentBatch:
         self.version: list[int] = []
         self.tokens = torch.zeros(0, dtype=torch.int64, device=device)
         self.params = torch.zeros(4, 0, dtype=torch.float32)  # temperature, top_k, top_p, min_p per row
-        self.cuts: list[
-            tuple[bool, bool, bool]
-        ] = []  # per row: uses top-k, top-p, min-p (SamplingTensors.any_*)
+        # per row: whether it uses top-k, top-p, min-p (SamplingTensors.any_*)
+        self.cuts: list[tuple[bool, bool, bool]] = []
         self._grow(max(1, capacity))
 
     def _grow(self, capacity: int) -> None:
@@ -102,7 +101,7 @@ class PersistentBatch:
         self.version[r] = -1
         p = seq.params
         self.params[:, r] = torch.tensor([p.temperature, p.top_k, p.top_p, p.min_p], dtype=torch.float32)
-        self.cuts[r] = (p.top_k > 0, p.top_p < 1, p.min_p > 0)
+        self.cuts[r] = cuts_used(p.top_k, p.top_p, p.min_p)
         return r
 
     def _reclaim(self) -> None:

@@ -21,6 +21,7 @@ and whatever was drawn for it is discarded, so that request alone ends with an e
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ import torch
 from deepinfer_core.engine.scheduler import ScheduledSeq, SchedulerOutput
 from deepinfer_core.engine.sequence import Sequence
 from deepinfer_core.models.batch import move_together
-from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
+from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors, cuts_used
 
 #: (token id, logprob, rank) triples of one position; the output processor turns them into Logprob
 RawLogprobs = list[tuple[int, float, int]]
@@ -108,14 +109,8 @@ def _prompt_logprobs(logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, R
 
 
 def _select(p: SamplingTensors, rows: torch.Tensor) -> SamplingTensors:
-    return SamplingTensors(
-        p.temperature[rows],
-        p.top_k[rows],
-        p.top_p[rows],
-        p.min_p[rows],
-        p.any_top_k,
-        p.any_top_p,
-        p.any_min_p,
+    return dataclasses.replace(
+        p, temperature=p.temperature[rows], top_k=p.top_k[rows], top_p=p.top_p[rows], min_p=p.min_p[rows]
     )
 
 
@@ -148,14 +143,15 @@ def _with_top(lp: torch.Tensor, token: int, k: int) -> RawLogprobs:
 
 def sampling_tensors(seqs: list[Any], device: torch.device | None = None) -> SamplingTensors:
     p = [s.params for s in seqs]
+    cuts = [cuts_used(q.top_k, q.top_p, q.min_p) for q in p]
     return SamplingTensors(
         temperature=torch.tensor([q.temperature for q in p], dtype=torch.float32, device=device),
         top_k=torch.tensor([q.top_k for q in p], dtype=torch.int64, device=device),
         top_p=torch.tensor([q.top_p for q in p], dtype=torch.float32, device=device),
         min_p=torch.tensor([q.min_p for q in p], dtype=torch.float32, device=device),
-        any_top_k=any(q.top_k > 0 for q in p),
-        any_top_p=any(q.top_p < 1 for q in p),
-        any_min_p=any(q.min_p > 0 for q in p),
+        any_top_k=any(c[0] for c in cuts),
+        any_top_p=any(c[1] for c in cuts),
+        any_min_p=any(c[2] for c in cuts),
     )
 
 

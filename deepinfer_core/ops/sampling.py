@@ -29,6 +29,11 @@ class SamplingTensors:
     any_min_p: bool = True
 
 
+def cuts_used(top_k: int, top_p: float, min_p: float) -> tuple[bool, bool, bool]:
+    """Whether a row with these parameters uses top-k, top-p and min-p (the order of ``SamplingTensors.any_*``)."""
+    return top_k > 0, top_p < 1, min_p > 0
+
+
 class SamplingOps(ABC):
     @abstractmethod
     def apply_penalties(
