@@ -33,18 +33,34 @@ from deepinfer_core.ops.reference import reference_op  # noqa: E402
 from deepinfer_cuda_sm100 import dispatch  # noqa: E402
 from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps  # noqa: E402
 
+#: query rows of the sparse-attention rows, bf16 and FP8 side by side; from ``dispatch.UNPACK_DISTINCT_ROWS`` rows
+#: (the prefill rows) FP8 entries are unpacked once each before the plain kernel
+ATTN_T = (16, 64, 256, 2048, 2048)
+ATTN_TAGS = ("check", "decode", "decode", "prefill", "prefill_shared")
+
+
+def slot_lists(T, tag, S, C):
+    """``[T, WINDOW]`` window and ``[T, IDX_TOPK]`` compressed slots, some padding: random over the pools, or (a
+    real prefill chunk, ``prefill_shared``) sliding windows over consecutive slots and ``T / 4`` entries."""
+    kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
+    cmp_slots = torch.randint(0, C, (T, IDX_TOPK), device=DEV, generator=G)
+    if tag == "prefill_shared":
+        t = torch.arange(T, device=DEV)
+        kv_slots = (t[:, None] + torch.arange(WINDOW, device=DEV)[None, :]) % S
+        cmp_slots = cmp_slots % max(1, min(C, T // 4))
+    kv_slots[0, 100:] = -1
+    cmp_slots[1, 300:] = -1
+    return kv_slots, cmp_slots
+
 
 def check_attention():
     ops, ref = CudaAttentionOps(), reference_op("attention")
     S = 1 << 20 if not SMOKE else 512
     kv_pool, cmp_pool, sinks = rnd(S, HEAD_DIM), rnd(S // 4, HEAD_DIM), rnd(HEADS, dtype=F32)
     scale = HEAD_DIM**-0.5
-    for T, tag in zip(sizes(16, 64, 256, 2048), ("check", "decode", "decode", "prefill")):
+    for T, tag in zip(sizes(*ATTN_T), ATTN_TAGS):
         q = rnd(T, HEADS, HEAD_DIM)
-        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
-        kv_slots[0, 100:] = -1
-        cmp_slots = torch.randint(0, S // 4, (T, IDX_TOPK), device=DEV, generator=G)
-        cmp_slots[1, 300:] = -1
+        kv_slots, cmp_slots = slot_lists(T, tag, S, S // 4)
         args = (q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale)
         out = poisoned(lambda: ops.sparse_attention(*args))
         err = rel_err(out, ref.sparse_attention(*args)) if tag == "check" else None
@@ -158,15 +174,12 @@ def check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale):
     fmt = Fp8KVFormat(HEAD_DIM, ROPE_DIM, BF16)
     kv8, cmp8 = fmt.pack(kv_pool), fmt.pack(cmp_pool)
     S = kv8.shape[0]
-    for T, tag in zip(sizes(16, 64, 256, 2048), ("check", "decode", "decode", "prefill")):
+    for T, tag in zip(sizes(*ATTN_T), ATTN_TAGS):
         q = rnd(T, HEADS, HEAD_DIM)
-        kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
-        kv_slots[0, 100:] = -1
-        cmp_slots = torch.randint(0, cmp8.shape[0], (T, IDX_TOPK), device=DEV, generator=G)
-        cmp_slots[1, 300:] = -1
+        kv_slots, cmp_slots = slot_lists(T, tag, S, cmp8.shape[0])
         args = (q, kv8, kv_slots, cmp8, cmp_slots, sinks, scale, fmt)
-        out = poisoned(lambda: ops.sparse_attention(*args))
-        err = rel_err(out, ref.sparse_attention(*args)) if tag == "check" else None
+        out = poisoned(lambda: ops.sparse_attention(*args))  # from UNPACK_DISTINCT_ROWS rows: unpacked once
+        err = rel_err(out, ref.sparse_attention(*args)) if tag != "decode" else None
         n = WINDOW + IDX_TOPK
         record(f"sparse_attention fp8 KV[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
                bench(lambda: ops.sparse_attention(*args)), T * n * fmt.row_bytes + 2 * q.numel() * 2,
