@@ -21,8 +21,11 @@ whose every part, ``model.plan`` and the copies included, still runs for real).
 With ``--async`` the engine overlaps (``async_scheduling=True``); on the CPU nothing runs at the same time,
 so the host time is what would be hidden behind a device step.
 
+With ``--static`` the decode steps have static shapes (padded to a batch bucket, as replayed graphs are; not
+captured here), and with ``--device-plan`` too their slot plan is built inside the step (``forward``).
+
 Usage: ``python benchmarks/engine_overhead.py [--seqs 1 16 64 256 1024] [--steps 20] [--greedy] [--async]
-[--real-forward] [--prompt-len 64]``
+[--real-forward] [--prompt-len 64] [--static [--device-plan]]``
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ def stub_forward(model) -> None:
 
 
 PROMPT_LEN = 64
+#: ``--static`` / ``--device-plan``
+STATIC = DEVICE_PLAN = False
 
 
 def build(
@@ -115,6 +120,9 @@ def build(
         **({"async_scheduling": True} if async_ else {}),  # (so the script also runs on older revisions)
     )
     e = llm.engine
+    if STATIC:  # static steps (as graphs are replayed), uncaptured; the plan on the device with --device-plan
+        e.runner.static_decode(num_seqs, capture=False)
+        e.runner.device_plan = DEVICE_PLAN and e.model.device_plan
     if not real:
         stub_forward(e.model)
     rng = random.Random(seed)
@@ -191,8 +199,19 @@ def main() -> None:
         action="store_true",
         help="count the torch operators per step by part, instead of timing",
     )
+    ap.add_argument(
+        "--static",
+        action="store_true",
+        help="static decode steps (padded to a batch bucket, as replayed graphs are), not captured",
+    )
+    ap.add_argument(
+        "--device-plan",
+        action="store_true",
+        help="with --static: the slot plan built inside the step (counted as forward: device work)",
+    )
     args = ap.parse_args()
     globals()["PROMPT_LEN"] = args.prompt_len
+    globals()["STATIC"], globals()["DEVICE_PLAN"] = args.static, args.device_plan
     if args.count_ops:
         for n in args.seqs:
             c = count_ops(n, args.steps, args.greedy, args.async_, args.model)
@@ -205,7 +224,8 @@ def main() -> None:
     print(
         f"{args.model} (reference backend); sampling: {'greedy' if args.greedy else 'top-p 0.95, seeded'}; "
         f"async_scheduling={args.async_}; forward: {'real' if args.real_forward else 'random logits'}; "
-        f"{args.prompt_len}-token prompts; {args.steps} decode steps, best of {args.repeats}"
+        f"{args.prompt_len}-token prompts; {args.steps} decode steps, best of {args.repeats}; "
+        f"static={args.static}, device_plan={args.device_plan}"
     )
     cols = ["schedule", "prepare", "rest", "host", "forward", "sampling_ops"]
     print(f"{'seqs':>6} " + " ".join(f"{c:>12}" for c in cols) + "  (ms/step, CPU time)")

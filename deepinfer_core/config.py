@@ -153,6 +153,11 @@ class EngineConfig(BaseModel):
         "into passes that fit; one image is never split, and an image with more patches is refused, its "
         "request failing alone); None: one image a pass",
     )
+    device_plan: bool = Field(
+        False,
+        description="build a static step's slot plan on the device, inside its captured graph, where the model "
+        "can (DeepSeek-V4): the host then builds and copies no plan a step; off by default until measured on a GPU",
+    )
     max_cudagraph_capture_size: int = Field(
         256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"
     )

@@ -95,6 +95,7 @@ def section_greedy(args) -> None:
         for name, extra in (
             ("cuda_f32_eager", dict(dtype="float32", enforce_eager=True)),
             ("cuda_f32_graphs", dict(dtype="float32")),
+            ("cuda_f32_graphs_device_plan", dict(dtype="float32", device_plan=True)),
             ("cuda_bf16_graphs", dict(dtype="bfloat16")),
             (
                 "cuda_f32_graphs_fp8kv",
@@ -124,7 +125,7 @@ def section_greedy(args) -> None:
                 "graphs_captured": sorted(map(list, llm.engine.runner.graphs)),
             }
             log(sch.name, name, row[name])
-            if name == "cuda_f32_graphs" and not SMOKE:
+            if name.startswith("cuda_f32_graphs") and not SMOKE:
                 row["sync_free_replay"] = sync_check(llm, prompts[0])
                 log(sch.name, "sync_free_replay", row["sync_free_replay"])
         out[sch.name] = row
@@ -347,6 +348,11 @@ def main() -> None:
         "--engine-host-profile",
         action="store_true",
         help="engine section: cProfile + CUDA API counts at the first batch",
+    )
+    ap.add_argument(
+        "--device-plan",
+        action="store_true",
+        help="engine section: the engine's device_plan setting (slot plans built inside the decode graphs)",
     )
     ap.add_argument("--profile", type=int, nargs="*", default=[], help="batches to profile per kernel")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (slice section only)")

@@ -91,6 +91,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, backends, self.kv_layout, self.max_model_len, graph_bs)
         self.runner.bounded_replay = replay
         self.runner.max_encoder_patches = config.max_encoder_patches
+        self.runner.device_plan = config.device_plan and model.device_plan
         self.structured = StructuredOutputManager(
             structured_backends or {},
             config.structured_outputs_backend,

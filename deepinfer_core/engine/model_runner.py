@@ -31,6 +31,7 @@ draft rows) if it samples. :class:`~deepinfer_core.engine.sampler.Sampler` walks
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -86,6 +87,9 @@ class ModelRunner:
         self.bounded_replay: BoundedReplay | None = None
         #: image input: most ViT patches a tower pass encodes (see :mod:`.images`)
         self.max_encoder_patches: int | None = None
+        #: static target steps build their plan on the device, inside the step (``CausalLM.plan_on_device``;
+        #: the engine sets it where the model can): the host builds and copies no plan
+        self.device_plan = False
         if backends.memory.supports_graphs:
             self.static_decode(max_graph_batch_size, capture=True)
 
@@ -119,7 +123,8 @@ class ModelRunner:
             for b in pending:
                 ids[b] = [0]
             batch = self._static_batch(seqs, [s.start for s in scheduled], ids, key, rows)
-            batch.plan = self.model.plan(batch, key[1])  # host-side tables and checks
+            if not self.device_plan:
+                batch.plan = self.model.plan(batch, key[1])  # host-side tables and checks
             self.last_rows = [b * q for b in range(len(scheduled))]
             return self._fill_pending(
                 batch.to(self.device), [b * q for b in pending], [rows[b] for b in pending]
@@ -209,7 +214,7 @@ class ModelRunner:
             query_start_loc=_ints(range(0, (bucket + 1) * q, q)),
             context_lens=_ints(ctx),
             block_tables=(
-                self.batch.block_tables(rows, bucket)
+                self.batch.block_tables(rows, bucket, self._table_width(key[1]))
                 if rows is not None
                 else {g: self.block_table(seqs, g, bucket) for g in self.groups}
             ),
@@ -219,6 +224,11 @@ class ModelRunner:
         batch.graph_key, batch.num_real_rows = key, len(real)
         batch.real_rows = None if real == list(range(len(real))) else _ints(real)
         return batch
+
+    def _table_width(self, context_bucket: int) -> int | None:
+        """Block-table columns of a static step: the bucket's (a graph input of fixed shape) with a device-built
+        plan, else the longest table's."""
+        return -(-context_bucket // self.block_size) if self.device_plan else None
 
     def block_table(self, seqs: Sequence, group: str, rows: int) -> torch.Tensor:
         tables = [s.block_tables.get(group, ()) for s in seqs] + [()] * (rows - len(seqs))
@@ -256,10 +266,16 @@ class ModelRunner:
         ``(*key, *batch.graph_key)`` (the target's steps use the empty key) and replayed afterwards."""
         if batch.graph_key is None or not self.capture:
             return fn(batch, *inputs)
-        graph_inputs = [batch.input_ids, *batch.plan.tensors(), *inputs]
+        if batch.plan is None:  # built inside the step (device_plan) from the positions and block tables
+            graph_inputs = [batch.input_ids, batch.positions, *(batch.block_tables[g] for g in self.groups)]
+        else:
+            graph_inputs = [batch.input_ids, *batch.plan.tensors()]
+        graph_inputs += inputs
         return self.graphs.run((*key, *batch.graph_key), lambda: fn(batch, *inputs), graph_inputs, batch)
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        if batch.plan is None and batch.graph_key is not None:  # device_plan: built here, inside the step
+            batch = dataclasses.replace(batch, plan=self.model.plan_on_device(batch, batch.graph_key[1]))
         hidden = self.model.forward(batch, self.kv)
         if batch.logits_indices.numel() == 0:
             return hidden, torch.empty(0, self.model.vocab_size, dtype=torch.float32, device=self.device)

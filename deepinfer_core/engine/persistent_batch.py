@@ -134,15 +134,20 @@ class PersistentBatch:
 
     # ------------------------------------------------------------------ a step's view
 
-    def block_tables(self, rows: list[int], num_rows: int) -> dict[str, torch.Tensor]:
+    def block_tables(
+        self, rows: list[int], num_rows: int, width: int | None = None
+    ) -> dict[str, torch.Tensor]:
         """``group -> [num_rows, width]`` tables of ``rows`` (padded with all ``-1`` rows), width the longest
-        table among them (at least 1)."""
+        table among them (at least 1) unless given (a static step's fixed shape: columns past the longest are
+        ``-1``, those past ``width`` left out)."""
         idx = torch.tensor(rows + [self.capacity] * (num_rows - len(rows)), dtype=torch.int64)
+        if width is not None and width > self.max_blocks:
+            self._widen(width)
         out = {}
         for g in self.groups:
             lens = self.table_len[g]
-            width = max(max((lens[r] for r in rows), default=0), 1)
-            out[g] = self.tables[g][idx, :width]
+            cols = max(max((lens[r] for r in rows), default=0), 1) if width is None else width
+            out[g] = self.tables[g][idx, :cols]
         return out
 
     def sampling_tensors(self, rows: list[int], device: torch.device) -> SamplingTensors:

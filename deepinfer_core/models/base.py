@@ -96,6 +96,19 @@ class CausalLM(ABC):
         depend only on the row count and the bucket, every context in the batch being below it."""
         return None
 
+    #: :meth:`plan_on_device` builds a static step's plan on the device, so the runner may build it inside the
+    #: captured step (``device_plan`` setting) instead of on the host every step
+    device_plan: bool = False
+
+    def plan_on_device(self, batch: ForwardBatch, context_bucket: int) -> object:
+        """The static step's plan (what :meth:`plan` gives with ``context_bucket``) built where ``batch`` lives
+        (the device) from its ``positions`` and ``block_tables``, with tensor ops only: no host
+        synchronisation and no host checks, so a captured step holds it and its graph reads only
+        ``input_ids``, ``positions`` and the block tables. The tables are ``context_bucket / block_size``
+        columns wide. Asked only of models that set :attr:`device_plan`, and never with
+        :meth:`prepare_static` work to do."""
+        raise NotImplementedError(f"{type(self).__name__} builds no plan on the device")
+
     def prepare_static(self, batch: ForwardBatch, kv: dict[str, torch.Tensor]) -> None:
         """Called before each static target step (``batch`` on the device, with its plan): the step's work
         that a captured graph cannot hold (V4.1: reading its Engram rows from host memory), whose results

@@ -49,9 +49,18 @@ def v4_sync(ckpt):
     return llm.generate(_v4_prompts(), V4_PARAMS, use_tqdm=False)
 
 
+@pytest.mark.parametrize("device_plan", [False, True], ids=["host_plan", "device_plan"])
 @pytest.mark.parametrize("capture", [False, True], ids=["static", "replayed"])
-def test_static_decode_steps_read_pending_tokens_from_the_device(ckpt, v4_sync, monkeypatch, capture):
-    llm = LLM(ckpt, kv_cache_memory_bytes=64 << 20, max_model_len=256, async_scheduling=True)
+def test_static_decode_steps_read_pending_tokens_from_the_device(
+    ckpt, v4_sync, monkeypatch, capture, device_plan
+):
+    llm = LLM(
+        ckpt,
+        kv_cache_memory_bytes=64 << 20,
+        max_model_len=256,
+        async_scheduling=True,
+        device_plan=device_plan,
+    )
     runner = llm.engine.runner
     counts = stand_in_capture(runner, monkeypatch) if capture else None
     runner.static_decode(8, capture=capture)

@@ -243,13 +243,19 @@ def test_mtp_samples_the_drafts_of_a_sampling_request_and_returns_their_q(ckpt):
     _no_leaks(llm)
 
 
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize(
+    "k,device_plan", [(1, False), (3, False), (3, True)], ids=["k1", "k3", "k3_device_plan"]
+)
 @pytest.mark.parametrize("capture", [False, True], ids=["static", "replayed"])
-def test_mtp_verify_and_draft_steps_run_static_and_replayed(ckpt, plain, monkeypatch, k, capture):
+def test_mtp_verify_and_draft_steps_run_static_and_replayed(
+    ckpt, plain, monkeypatch, k, device_plan, capture
+):
     """With MTP on, decode/verify steps (1 + k rows per sequence, short drafts padded) and the MTP catch-up
     and chained draft steps all run with static shapes, and replay captured graphs: the tap of the
-    target's hidden states is a graph output, so speculative decoding no longer turns graphs off."""
-    llm = _llm(ckpt, k, max_num_batched_tokens=64)
+    target's hidden states is a graph output, so speculative decoding no longer turns graphs off.
+    ``device_plan``: the target's decode and verify steps build their slot plan inside the step."""
+    llm = _llm(ckpt, k, max_num_batched_tokens=64, device_plan=device_plan)
+    assert llm.engine.runner.device_plan is device_plan
     runner = llm.engine.runner
     counts = stand_in_capture(runner, monkeypatch) if capture else None
     runner.static_decode(8, capture=capture)

@@ -137,20 +137,32 @@ def _decode_heavy() -> tuple[list[dict], list[SamplingParams]]:
     return prompts, params
 
 
+@pytest.mark.parametrize("device_plan", [False, True], ids=["host_plan", "device_plan"])
 @pytest.mark.parametrize("capture", [False, True], ids=["static", "replayed"])
-def test_v4_static_decode_steps_match_dynamic_ones(v4, monkeypatch, capture):
+def test_v4_static_decode_steps_match_dynamic_ones(v4, monkeypatch, capture, device_plan):
     """Decode steps with static shapes (rows padded to a batch bucket, candidate tables to a context bucket,
     unused compression entries written to the scratch block) give the dynamic steps' tokens and logprobs.
 
     ``replayed``: a stand-in for graph capture whose replay re-runs the captured closure over the captured
     buffers, so every later step reaches the model only through the runner's input copies; an input the
-    forward reads but the runner does not copy would replay a stale step and fail this test."""
+    forward reads but the runner does not copy would replay a stale step and fail this test.
+    ``device_plan``: the slot plan is built inside the step from its positions and block tables (no plan
+    from the host at all, checked by making the host's plan raise)."""
     prompts, params = _decode_heavy()
     dynamic = _llm(v4[1], max_num_batched_tokens=512).generate(prompts, params, use_tqdm=False)
-    llm = _llm(v4[1], max_num_batched_tokens=512)
+    llm = _llm(v4[1], max_num_batched_tokens=512, device_plan=device_plan)
     runner = llm.engine.runner
+    assert runner.device_plan is device_plan
     counts = stand_in_capture(runner, monkeypatch) if capture else {}
     runner.static_decode(8, capture=capture)
+    if device_plan:
+        real_plan = runner.model.plan
+
+        def dynamic_only(batch, context_bucket=None):
+            assert context_bucket is None, "a static step's plan was built on the host"
+            return real_plan(batch, context_bucket)
+
+        monkeypatch.setattr(runner.model, "plan", dynamic_only)
     assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
     if capture:
         assert counts["captures"] == len(runner.graphs)

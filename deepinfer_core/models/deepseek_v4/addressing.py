@@ -88,6 +88,50 @@ class StepAddressing(PackedPlan):
         self.token_slots, self.window_slots = self._window("window")
         self._compressions: dict[tuple[int, bool], Compression] = {k: self._build(*k) for k in kinds}
 
+    @classmethod
+    def static_on_device(
+        cls,
+        batch: ForwardBatch,
+        sliding_window: int,
+        kinds: tuple[tuple[int, bool], ...],
+        context_bucket: int,
+    ) -> StepAddressing:
+        """The static tables of ``batch`` built where it lives, with tensor ops only (no host synchronisation,
+        no checks), so a captured step can hold them: the step's graph then reads only ``input_ids``,
+        ``positions`` and the block tables, and the host builds no plan. ``batch`` is static (every sequence
+        ``q = T / B`` rows, padding rows at position ``-1``) with block tables at least
+        ``context_bucket / block_size`` wide. Every table equals the host's (:meth:`__init__` with
+        ``context_bucket``) where the host's checks pass; where a block the host would refuse is absent, a
+        written slot is ``-1`` (the scratch slot) and a read one negative (nothing read), never another row's."""
+        out = object.__new__(cls)
+        bs = out.block_size = batch.block_size
+        out.batch, out.context_bucket, out.sliding_window = None, context_bucket, sliding_window
+        pos = out.positions = batch.positions.long()
+        t, b = pos.shape[0], batch.context_lens.shape[0]
+        dev = pos.device
+        out.req = req = torch.arange(t, device=dev) // max(1, t // max(b, 1))
+        # each table with a last column of -1: every position outside a table's columns reads it (column -1)
+        window, compressed = (_with_absent_column(batch.block_tables[g]) for g in ("window", "compressed"))
+        w = torch.arange(1 - sliding_window, 1, device=dev)
+        out.window_slots = _device_slots(window, req[:, None], pos[:, None] + w[None, :], bs, 1)
+        out.token_slots = out.window_slots[:, -1].contiguous()  # the window's last column is the token itself
+        out._compressions = {}
+        p1 = pos + 1
+        for ratio, overlap in kinds:
+            # an entry closes at this token: e = p1 / r - 1 >= 0, its first token e * r
+            live = (p1 % ratio == 0) & (p1 >= ratio)
+            first = torch.where(live, p1 - ratio, -1)
+            span = torch.arange(-ratio if overlap else 0, ratio, device=dev)
+            src_pos = torch.where(live[:, None], first[:, None] + span[None, :], -1)
+            out._compressions[(ratio, overlap)] = Compression(
+                _device_slots(compressed, req, first, bs, ratio),
+                first.clamp(min=0),
+                _device_slots(window, req[:, None], src_pos, bs, 1),
+                candidate_slots(compressed, req, pos, ratio, context_bucket // ratio, bs),
+                context_bucket // ratio,
+            )
+        return out
+
     def _window_positions(self) -> np.ndarray:
         """``[T, W]``: the position each column of :attr:`window_slots` holds (negative: before the start)."""
         w = self.sliding_window
@@ -272,6 +316,23 @@ def _candidate_slots_host(
     column = np.minimum(cols // epb, max(table.shape[1] - 1, 0))
     slots = table[req[:, None], column] * epb + cols % epb
     return np.where(cols >= ((pos + 1) // ratio)[:, None], -1, slots)
+
+
+def _with_absent_column(table: torch.Tensor) -> torch.Tensor:
+    """``table`` with one more column, all ``-1`` (no block)."""
+    return torch.nn.functional.pad(table, (0, 1), value=-1)
+
+
+def _device_slots(
+    table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, block_size: int, tokens_per_entry: int
+) -> torch.Tensor:
+    """:meth:`StepAddressing.slots` with tensor ops only, on a table from :func:`_with_absent_column`: the slot
+    of the entry holding ``pos`` (``req`` and ``pos`` broadcast together), ``-1`` where ``pos < 0``, past the
+    table's columns or in an absent block (each reads the last column: negative columns clamp to -1)."""
+    epb = block_size // tokens_per_entry
+    block = table[req, (pos // block_size).clamp(-1, table.shape[1] - 1)]
+    entry = pos // tokens_per_entry if tokens_per_entry > 1 else pos
+    return torch.where(block >= 0, block * epb + entry % epb, -1)
 
 
 def candidate_slots(

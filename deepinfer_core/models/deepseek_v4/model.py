@@ -100,10 +100,19 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
     def plan(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepAddressing:
         """The step's slot tables, built where ``batch`` lives (the host) with every host-side check; the
         runner moves them to the device with the batch. ``context_bucket``: static shapes for graph replay."""
+        return StepAddressing(batch, self.cfg.sliding_window, self._kinds(), context_bucket)
+
+    device_plan = True
+
+    def plan_on_device(self, batch: ForwardBatch, context_bucket: int) -> StepAddressing:
+        """:meth:`plan`'s static tables built on the device (:meth:`StepAddressing.static_on_device`)."""
+        return StepAddressing.static_on_device(batch, self.cfg.sliding_window, self._kinds(), context_bucket)
+
+    def _kinds(self) -> tuple[tuple[int, bool], ...]:
         kinds = {
             (block.attn.ratio, block.attn.kind == CSA) for block in self.layers if block.attn.kind != SLIDING
         }
-        return StepAddressing(batch, self.cfg.sliding_window, tuple(sorted(kinds)), context_bucket)
+        return tuple(sorted(kinds))
 
     def plan_draft(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepAddressing:
         """The tables of an MTP draft step: MTP blocks attend to their sliding window only."""

@@ -155,3 +155,65 @@ def test_the_batch_carries_its_plan_in_its_own_copy(monkeypatch, bucket):
     here = batch.to(torch.device("cpu"))  # on the batch's own device: the same tables as the plan's .to
     for a, b in zip(here.plan.tensors(), batch.plan.to(torch.device("cpu")).tensors(), strict=True):
         assert torch.equal(a, b)
+
+
+def _static_batch(g, starts: list[int], q: int, bucket: int, context: int) -> ForwardBatch:
+    """Sequence ``b < len(starts)`` computes ``q`` rows from ``starts[b]`` (its last ``b % q`` rows padding,
+    position -1), the rest of the ``bucket`` sequences are all padding; block tables ``context / BS`` wide,
+    the blocks each sequence needs present (random ids), the rest absent."""
+    width = context // BS
+    pos, tables = [], {"window": [], "compressed": []}
+    for b in range(bucket):
+        real = q - b % q if b < len(starts) else 0
+        start = starts[b] if b < len(starts) else 0
+        pos += list(range(start, start + real)) + [-1] * (q - real)
+        need = (start + real + BS - 1) // BS if real else 0
+        for group in tables:
+            ids = torch.randperm(200, generator=g)[:need].tolist()
+            tables[group].append(ids + [-1] * (width - need))
+    positions = torch.tensor(pos)
+    return ForwardBatch(
+        input_ids=torch.zeros(bucket * q, dtype=torch.int64),
+        positions=positions,
+        query_start_loc=torch.arange(0, (bucket + 1) * q, q),
+        context_lens=torch.zeros(bucket, dtype=torch.int64),
+        block_tables={k: torch.tensor(v) for k, v in tables.items()},
+        block_size=BS,
+        logits_indices=torch.arange(bucket * q),
+    )
+
+
+@pytest.mark.parametrize("q", [1, 3])
+def test_the_device_built_static_tables_equal_the_host_ones(q):
+    """``StepAddressing.static_on_device`` (tensor ops on the batch, what a captured step holds) gives every
+    table of the host's static plan, exactly: random positions (entries closing and not, windows reaching
+    before position 0), padding rows and padding sequences, ratios 4 (overlapped) and 16."""
+    g = torch.Generator().manual_seed(11)
+    for _ in range(5):
+        starts = torch.randint(0, 250 - q, (5,), generator=g).tolist() + [0, 3, 15]
+        batch = _static_batch(g, starts, q, bucket=10, context=256)
+        host = StepAddressing(batch, sliding_window=8, kinds=KINDS, context_bucket=256).to(
+            torch.device("cpu")
+        )
+        dev = StepAddressing.static_on_device(batch, sliding_window=8, kinds=KINDS, context_bucket=256)
+        assert torch.equal(dev.req, host.req)
+        for a, b in zip(dev.tensors(), host.tensors(), strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_the_device_built_tables_never_address_an_absent_block():
+    """Where the host refuses a released block, the device-built tables write slot ``-1`` (the scratch slot)
+    and read nothing (a negative slot), never another block's slot."""
+    g = torch.Generator().manual_seed(5)
+    batch = _static_batch(g, [100], 1, bucket=1, context=256)
+    batch.block_tables["compressed"][0, 1] = -1  # entries of positions 16..31
+    batch.block_tables["window"][0, 6] = -1  # positions 96..111: the token and its window
+    with pytest.raises(RuntimeError, match="no 'window' block"):
+        StepAddressing(batch, sliding_window=8, kinds=KINDS, context_bucket=256)
+    dev = StepAddressing.static_on_device(batch, sliding_window=8, kinds=KINDS, context_bucket=256)
+    assert dev.token_slots.tolist() == [-1]
+    assert (dev.window_slots[0, -5:] == -1).all() and (dev.window_slots[0, :-5] >= 0).all()  # 96..100 gone
+    cand = dev.compression(4, True).cand_slots[0]
+    assert (cand[4:8] < 0).all() and (cand[:4] >= 0).all() and (cand[8:25] >= 0).all()
+    for c in (dev.compression(r, o) for r, o in KINDS):
+        assert (c.entry_slots >= -1).all() and (c.src_slots >= -1).all()
