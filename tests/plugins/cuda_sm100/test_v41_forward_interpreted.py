@@ -15,6 +15,7 @@ import random
 from dataclasses import replace
 
 import pytest
+import torch
 
 from deepinfer_core import LLM, SamplingParams
 from tests.models.deepseek_v41.goldens import checkpoint
@@ -87,6 +88,7 @@ def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(
         return real_roundtrip(*a, **k)
 
     used["act_quant"] = 0
+    _same_topk_order(monkeypatch)
     monkeypatch.setattr(sparse_attention, "sparse_attention", attn)
     monkeypatch.setattr(indexer, "indexer_scores", scores)
     monkeypatch.setattr(act_quant, "fp8_act_roundtrip", roundtrip)
@@ -101,6 +103,28 @@ def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(
         for j, (lw, lg, t) in enumerate(zip(w.logprobs, g.logprobs, w.token_ids, strict=True)):
             tol = 1e-4 if floor is None else 1e-4 + 2 * floor[i][j]
             assert lg[t].logprob == pytest.approx(lw[t].logprob, abs=tol)
+
+
+def _same_topk_order(monkeypatch) -> None:
+    """Both backends hand the attention their index top-k slots in one order, ascending. The contract leaves the
+    order open (``AttentionOps.indexer_topk``: any order; the select kernel gives column order, ``torch.topk``
+    score order), and with the trained cache it is not harmless here: the attention sums its slots in their
+    order, and a float32 rounding that moves can flip one FP8 / FP4 code of the next layer's stored KV. On one
+    machine the 40-token prompt's logprobs then moved by 7e-3 to 1.5e-2 (tokens unchanged); with an unquantized
+    cache, or the slots in any other order, by 1e-6."""
+    from deepinfer_core.ops.reference.attention import ReferenceAttentionOps
+    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+
+    for cls in (ReferenceAttentionOps, CudaAttentionOps):
+        real = cls.indexer_topk_slots
+
+        def ascending(self, *a, _real=real, **k):
+            slots = _real(self, *a, **k)
+            none = torch.iinfo(slots.dtype).max  # -1 (no entry) sorts last
+            ordered = torch.where(slots < 0, none, slots).sort(dim=1).values
+            return torch.where(ordered == none, -1, ordered)
+
+        monkeypatch.setattr(cls, "indexer_topk_slots", ascending)
 
 
 def _floor(want) -> list[list[float]]:
