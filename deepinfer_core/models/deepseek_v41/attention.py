@@ -92,10 +92,8 @@ class Indexer(Module):
     def keys(
         self, latent: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor, ops: Backends
     ) -> torch.Tensor:
-        k = ops.dense.rms_norm(
-            ops.dense.linear(latent, self.wk.value), self.k_norm.value, self.cfg.rms_norm_eps
-        )
-        return ops.dense.rope(k[:, None], positions, freq)[:, 0]
+        k = ops.dense.linear(latent, self.wk.value)[:, None]
+        return ops.fused.rms_norm_rope(k, self.k_norm.value, self.cfg.rms_norm_eps, positions, freq)[:, 0]
 
     def query(
         self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor, freq: torch.Tensor, codec, ops: Backends
@@ -182,8 +180,8 @@ class Attention(Module):
         t, h, d = x.shape[0], c.num_attention_heads, c.head_dim
         qr = dense.rms_norm(dense.linear(x, self.wq_a.value), self.q_norm.value, c.rms_norm_eps)
         q = dense.rope(dense.linear(qr, self.wq_b.value).view(t, h, d), pos, self.freq)
-        kv = dense.rms_norm(dense.linear(x, self.wkv.value), self.kv_norm.value, c.rms_norm_eps)
-        kv = dense.rope(kv.view(t, 1, d), pos, self.freq).view(t, d)
+        kv = dense.linear(x, self.wkv.value).view(t, 1, d)
+        kv = ops.fused.rms_norm_rope(kv, self.kv_norm.value, c.rms_norm_eps, pos, self.freq).view(t, d)
         swa = flat(pools[f"{self.name}.swa_kv"])
         ops.attention.store_kv(swa, addr.token_slots, kv, self.formats.window)
         cmp_pool = cmp_slots = None
