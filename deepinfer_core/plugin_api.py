@@ -55,6 +55,8 @@ _WHERE: dict[str, tuple[str, str]] = {
     "FusedOps": ("deepinfer_core.ops.fusions", "FusedOps"),
     "compose_hc_post_pre": ("deepinfer_core.ops.compose", "compose_hc_post_pre"),
     "compose_hc_pre_norm": ("deepinfer_core.ops.compose", "compose_hc_pre_norm"),
+    "compose_hc_site_norm": ("deepinfer_core.ops.compose", "compose_hc_site_norm"),
+    "compose_hc_post_site_norm": ("deepinfer_core.ops.compose", "compose_hc_post_site_norm"),
     "compose_indexer_select": ("deepinfer_core.ops.compose", "compose_indexer_select"),
     "compose_linear_f32": ("deepinfer_core.ops.compose", "compose_linear_f32"),
     "engram_gate_rows": ("deepinfer_core.ops.dense", "engram_gate_rows"),

@@ -63,6 +63,43 @@ def compose_hc_post_pre(
     return (h, *pre_norm(h, hc, weight))
 
 
+SiteNorm = Callable[
+    [torch.Tensor, "HCParams", torch.Tensor, torch.Tensor],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+]
+
+
+def compose_hc_site_norm(
+    dense: DenseOps, x: torch.Tensor, hc: HCParams, pre: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """V4.1's single-pass site entry over the streams ``x [T, N, D]``: the site's coefficients ``hc_mixes(x, hc)``
+    and its input, the streams collapsed by ``pre [T, N]`` (the site before's) and normed,
+    ``rms_norm(hc_collapse(x, pre), weight, hc.norm_eps)`` -> ``(normed [T, D], pre, post, comb)`` (the site's
+    own ``pre``, float32, collapses the next site's input)."""
+    new_pre, post, comb = dense.hc_mixes(x, hc)
+    return dense.rms_norm(dense.hc_collapse(x, pre), weight, hc.norm_eps), new_pre, post, comb
+
+
+def compose_hc_post_site_norm(
+    dense: DenseOps,
+    y: torch.Tensor,
+    residual: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    hc: HCParams,
+    pre: torch.Tensor,
+    weight: torch.Tensor,
+    site_norm: SiteNorm | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A V4.1 sublayer's exit and the next site's entry: ``h = hc_post(y, residual, post, comb)``, then
+    :func:`compose_hc_site_norm` of ``h`` -> ``(h [T, N, D], normed, pre, post, comb)``. ``site_norm``: the entry
+    to use (default :func:`compose_hc_site_norm`)."""
+    h = dense.hc_post(y, residual, post, comb)
+    if site_norm is None:
+        return (h, *compose_hc_site_norm(dense, h, hc, pre, weight))
+    return (h, *site_norm(h, hc, pre, weight))
+
+
 def compose_linear_f32(dense: DenseOps, x: torch.Tensor, weight: Weight) -> torch.Tensor:
     """``x @ weight.T`` with a float32 result, ``x`` widened to float32 exactly first (V4's MoE router logits)."""
     return dense.linear(x.float(), weight)

@@ -15,6 +15,12 @@ class Fusion(StrEnum):
     HC_PRE_NORM = "hc_pre_norm"
     #: a sublayer's mHC exit and the next one's entry (:func:`~deepinfer_core.ops.compose.compose_hc_post_pre`)
     HC_POST_PRE = "hc_post_pre"
+    #: V4.1's single-pass mHC site entry: the site's coefficients of the streams and the streams collapsed by the
+    #: site before's ``pre``, normed (:func:`~deepinfer_core.ops.compose.compose_hc_site_norm`), dense
+    HC_SITE_NORM = "hc_site_norm"
+    #: a V4.1 sublayer's mHC exit and the next site's entry
+    #: (:func:`~deepinfer_core.ops.compose.compose_hc_post_site_norm`), dense
+    HC_POST_SITE_NORM = "hc_post_site_norm"
     #: ``linear`` with a float32 result (:func:`~deepinfer_core.ops.compose.compose_linear_f32`), dense
     LINEAR_F32 = "linear_f32"
     #: the indexer's top-k as slot ids (:func:`~deepinfer_core.ops.compose.compose_indexer_select`), attention

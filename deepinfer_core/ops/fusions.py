@@ -26,6 +26,8 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
     Fusion.RMS_NORM_ROPE: compose.compose_rms_norm_rope,
     Fusion.HC_PRE_NORM: compose.compose_hc_pre_norm,
     Fusion.HC_POST_PRE: compose.compose_hc_post_pre,
+    Fusion.HC_SITE_NORM: compose.compose_hc_site_norm,
+    Fusion.HC_POST_SITE_NORM: compose.compose_hc_post_site_norm,
     Fusion.LINEAR_F32: compose.compose_linear_f32,
     Fusion.INDEXER_SELECT: compose.compose_indexer_select,
 }
@@ -39,6 +41,8 @@ class FusedOps:
     rms_norm_rope: Callable[..., Any]
     hc_pre_norm: Callable[..., Any]
     hc_post_pre: Callable[..., Any]
+    hc_site_norm: Callable[..., Any]
+    hc_post_site_norm: Callable[..., Any]
     linear_f32: Callable[..., Any]
     indexer_select: Callable[..., Any]
     declared: frozenset[Fusion]
@@ -97,6 +101,10 @@ def resolve_fusions(dense: object, attention: object) -> FusedOps:
             # the exit, then the backend's own fused entry
             steps[fusion.value] = partial(
                 compose.compose_hc_post_pre, ops, pre_norm=steps[Fusion.HC_PRE_NORM]
+            )
+        elif fusion is Fusion.HC_POST_SITE_NORM and Fusion.HC_SITE_NORM in declared["dense"]:
+            steps[fusion.value] = partial(
+                compose.compose_hc_post_site_norm, ops, site_norm=steps[Fusion.HC_SITE_NORM]
             )
         else:
             steps[fusion.value] = partial(COMPOSED[fusion], ops)

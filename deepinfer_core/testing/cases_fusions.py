@@ -47,6 +47,20 @@ def _hc_post_pre(g):
     return (y, residual, post, comb, *_hc_pre_norm(g)[0][1:]), {}
 
 
+def _hc_site_norm(g):
+    """V4.1's site entry: ``hc_pre``'s case, the site before's ``pre`` (positive, float32) and a norm weight."""
+    (x, hc), _ = _hc_pre(g)
+    t, n, d = x.shape
+    pre = torch.rand(t, n, generator=g) + 0.25
+    return (x, hc, pre, randn(g, d).abs() + 0.5), {}
+
+
+def _hc_post_site_norm(g):
+    """``hc_post``'s case, then the next site's parameters, the ``pre`` it collapses with and its norm weight."""
+    (y, residual, post, comb), _ = _hc_post(g)
+    return (y, residual, post, comb, *_hc_site_norm(g)[0][1:]), {}
+
+
 def _indexer_select(g):
     """The indexer's case with unscaled bf16 weights and a scale: slot ids come back, not columns."""
     (q, w, keys, cand, k), _ = _indexer(g)
@@ -59,6 +73,10 @@ CASES = [
     OpCase("dense", "rms_norm_rope", "kv_row", _norm_rope(True), atol=1e-5, rtol=1e-4, fusion=True),
     OpCase("dense", "hc_pre_norm", "hc4_sinkhorn20", _hc_pre_norm, atol=1e-5, rtol=1e-4, fusion=True),
     OpCase("dense", "hc_post_pre", "hc4_sinkhorn20", _hc_post_pre, atol=1e-5, rtol=1e-4, fusion=True),
+    OpCase("dense", "hc_site_norm", "hc4_sinkhorn20", _hc_site_norm, atol=1e-5, rtol=1e-4, fusion=True),
+    OpCase(
+        "dense", "hc_post_site_norm", "hc4_sinkhorn20", _hc_post_site_norm, atol=1e-5, rtol=1e-4, fusion=True
+    ),
     OpCase(
         "attention", "indexer_select", "slots_bf16_weights", _indexer_select, compare=_same_topk, fusion=True
     ),

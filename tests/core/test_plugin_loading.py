@@ -79,13 +79,14 @@ def test_a_1x_plugin_is_refused_with_what_moved(fake_dist):
 @pytest.mark.parametrize(
     "declared, ok",
     [
-        ("2.0", True),  # a 2.0 plugin keeps loading on the 2.5 core
+        ("2.0", True),  # a 2.0 plugin keeps loading on the 2.6 core
         ("2.1", True),
         ("2.2", True),
         ("2.3", True),
         ("2.4", True),
         ("2.5", True),
-        ("2.6", False),
+        ("2.6", True),
+        ("2.7", False),
         ("1.3", False),
         ("1.0", False),
         ("3.0", False),

@@ -84,9 +84,9 @@ def test_pytest_plugin_reports_the_wrong_op(pytester, wrong_plugin):
     )  # fmt: skip
     outcomes = result.parseoutcomes()
     # the wrong rms_norm also breaks the composed ops whose defaults call it
-    on_rms = ("rms_norm_rope", "hc_pre_norm", "hc_post_pre")
+    on_rms = ("rms_norm_rope", "hc_pre_norm", "hc_post_pre", "hc_site_norm", "hc_post_site_norm")
     composed = [c for c in all_cases() if c.concern == "dense" and c.op in on_rms]
-    assert len(composed) >= 4
+    assert len(composed) >= 6
     assert outcomes.get("failed", 0) == len(rms_cases()) + len(composed)
     assert outcomes.get("passed", 0) > 0
     result.stdout.fnmatch_lines(["*dense.rms_norm*"])

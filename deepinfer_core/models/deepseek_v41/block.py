@@ -176,16 +176,17 @@ class Block(Module):
         over the streams of the block's input (after Engram), what DSpark reads of a target layer.
         ``image_mask [T]``: image-span rows, which Engram passes through untouched and the router steers
         with ``bias_vl``."""
-        dense, eps = ops.dense, self.cfg.rms_norm_eps
         if self.engram is not None:
             out = self.engram.forward(h, engram.rows(self.engram.index, h.dtype), ops)
             h = out if image_mask is None else torch.where(image_mask[:, None, None], h, out)
         if tap is not None:
             tap.append(h.mean(dim=1))
-        a_pre, post, comb = dense.hc_mixes(h, self.hc["hc_attn"])
-        x = dense.rms_norm(dense.hc_collapse(h, pre), self.attn_norm.value, eps)
-        h = dense.hc_post(self.attn.forward(x, addr, pools, ops, shared), h, post, comb)
-        f_pre, post, comb = dense.hc_mixes(h, self.hc["hc_ffn"])
-        x = dense.rms_norm(dense.hc_collapse(h, a_pre), self.ffn_norm.value, eps)
-        h = dense.hc_post(self.ffn.forward(x, ops, image_mask), h, post, comb)
+        # each site: its coefficients of the streams, and its input collapsed by the site before's pre, normed
+        # (the rms_norm's eps is hc.norm_eps, the config's rms_norm_eps)
+        x, a_pre, post, comb = ops.fused.hc_site_norm(h, self.hc["hc_attn"], pre, self.attn_norm.value)
+        y = self.attn.forward(x, addr, pools, ops, shared)
+        h, x, f_pre, post, comb = ops.fused.hc_post_site_norm(
+            y, h, post, comb, self.hc["hc_ffn"], a_pre, self.ffn_norm.value
+        )
+        h = ops.dense.hc_post(self.ffn.forward(x, ops, image_mask), h, post, comb)
         return h, f_pre

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_core.ops.compose import compose_hc_post_pre, compose_hc_pre_norm
+from deepinfer_core.ops.compose import (
+    compose_hc_post_pre,
+    compose_hc_post_site_norm,
+    compose_hc_pre_norm,
+    compose_hc_site_norm,
+)
 from deepinfer_core.ops.mhc import HCParams
 from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.reference import reference_op
@@ -145,6 +150,37 @@ def test_hc_post_pre_matches_reference(ops, gen, monkeypatch, dtype, T, D):
     # differently in the two kernels' layouts)
     alone = ops.hc_post(*dev(y, res, post, comb))
     assert torch.equal(got[0], alone) if INTERPRETED else rel_err(got[0], alone) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("post", [False, True], ids=["site", "post_site"])
+@pytest.mark.parametrize("T, D", [(1, 200), (2, 48), (3, 48)])
+def test_v41_hc_site_norm_matches_reference(ops, gen, monkeypatch, dtype, post, T, D):
+    """V4.1's single-pass site entry (plugin API 2.6), alone (``hc_site_norm``) or after a sublayer's exit
+    (``hc_post_site_norm``): the two boundary launches up to ``HC_FUSED_MAX_TOKENS`` tokens (the collapse by the
+    given ``pre``, the site's own ``pre`` stored beside ``post`` and ``comb``), else the separate ops; against the
+    reference's ``hc_post``, ``hc_mixes``, ``hc_collapse`` and ``rms_norm``."""
+    y, res = rand(gen, T, D, dtype=dtype), rand(gen, T, 4, D, dtype=dtype)
+    post_in, comb_in = rand(gen, T, 4).sigmoid() * 2, rand(gen, T, 4, 4).softmax(-1)
+    _, fn, base, scale = _hc_inputs(gen, T=T, D=D, dtype=dtype)
+    pre = torch.rand(T, 4, generator=gen) + 0.25  # the site before's
+    w = rand(gen, D).abs() + 0.5
+    hc, hc_dev = HCParams(fn, base, scale, 20, 1e-6, 1e-6), HCParams(*dev(fn, base, scale), 20, 1e-6, 1e-6)
+    launches = _count_boundary_launches(monkeypatch)
+    if post:
+        got = ops.hc_post_site_norm(*dev(y, res, post_in, comb_in), hc_dev, *dev(pre, w))
+        ref = compose_hc_post_site_norm(REF, y, res, post_in, comb_in, hc, pre, w)
+    else:
+        got = ops.hc_site_norm(dev(res), hc_dev, *dev(pre, w))
+        ref = compose_hc_site_norm(REF, res, hc, pre, w)
+    assert len(launches) == (2 if T <= 2 else 0)
+    assert len(got) == len(ref) == (5 if post else 4)
+    for g, r in zip(got, ref, strict=True):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        assert rel_err(g, r) < BOUND[dtype]
+    # the site's own pre is not the one it collapsed with (a kernel that mixed them up fails here)
+    own_pre = got[2 if post else 1].cpu()
+    assert rel_err(own_pre, pre) > 10 * BOUND[dtype]
 
 
 @pytest.mark.parametrize("rows", [1, 3])

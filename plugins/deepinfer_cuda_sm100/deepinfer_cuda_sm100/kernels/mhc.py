@@ -354,23 +354,32 @@ def _hc_boundary_mix_kernel(
 
 @triton.jit
 def _hc_collapse_norm_kernel(
-    h_ptr, part_ptr, sq_ptr, gram_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, post_ptr, comb_ptr,
-    T, N, D, M, P, stride_ht, stride_hn, stride_ot, iters, inv_k, hc_eps, norm_eps,
+    h_ptr, part_ptr, sq_ptr, gram_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, post_ptr, comb_ptr, pre_in_ptr,
+    pre_out_ptr, T, N, D, M, P, stride_ht, stride_hn, stride_ot, iters, inv_k, hc_eps, norm_eps,
     BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PRE_IN: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Launch 2, over ``(token, channel block)``, as ``_hc_split_kernel`` (its first block also stores
     ``post`` and ``comb``), except that it writes the collapse already normed: ``sum_d c[d]^2`` of the collapse
     ``c = pre . h`` is ``pre^T G pre``, from launch 1's Gram partials, so no program needs the whole row. (The
     square sum is of ``c`` before its rounding to ``h``'s dtype, which the separate ops would norm: exact in
-    float32, a relative difference of order 1e-5 in the norm in bf16.)"""
+    float32, a relative difference of order 1e-5 in the norm in bf16.) ``PRE_IN`` (V4.1's single pass): the
+    collapse is by ``pre_in`` (the site before's), and the first block stores the site's own ``pre`` to
+    ``pre_out`` with ``post`` and ``comb``."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     db = tl.program_id(1)
     n = tl.arange(0, BLOCK_N)
     nm = n < N
-    pre = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps, BLOCK_N,
-                    BLOCK_P)  # fmt: skip
+    if PRE_IN:
+        pre = tl.load(pre_in_ptr + t * N + n, mask=nm, other=0.0)
+        if db == 0:
+            own = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps,
+                            BLOCK_N, BLOCK_P)  # fmt: skip
+            tl.store(pre_out_ptr + t * N + n, own, mask=nm)
+    else:
+        pre = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps, BLOCK_N,
+                        BLOCK_P)  # fmt: skip
     s = tl.arange(0, BLOCK_P)
     jk = tl.arange(0, BLOCK_NN)
     g = tl.load(gram_ptr + ((s * T + t) * BLOCK_NN)[:, None] + jk[None, :], mask=(s < P)[:, None], other=0.0)
@@ -392,10 +401,12 @@ def _hc_collapse_norm_kernel(
 
 
 def _boundary(
-    y, residual, post, comb, h, fn, base, scale, weight, iters: int, hc_eps: float, norm_eps: float, cfg
-):
+    y, residual, post, comb, h, fn, base, scale, weight, iters: int, hc_eps: float, norm_eps: float, cfg,
+    pre_in=None,
+):  # fmt: skip
     """The two launches; ``y is None``: ``h`` holds the input streams (``hc_pre_norm``), else they are written
-    to it (``hc_post_pre``). -> ``(normed [T, D], post [T, N], comb [T, N, N])``."""
+    to it (``hc_post_pre``). -> ``(normed [T, D], post [T, N], comb [T, N, N])``; with ``pre_in`` (V4.1: the
+    collapse by the site before's ``pre``) ``(normed, pre [T, N], post, comb)``, ``pre`` the site's own."""
     T, N, D = h.shape
     M = fn.shape[0]
     P = triton.cdiv(D, cfg.block_d)
@@ -420,12 +431,17 @@ def _boundary(
         POST=y is not None, BLOCK_N=BN, BLOCK_M=pow2(M), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
         **dispatch.pdl_args(T),
     )  # fmt: skip
+    pre_out = torch.empty((T, N), **f32) if pre_in is not None else post_out  # (not written without pre_in)
+    pre_in = pre_in.float().contiguous() if pre_in is not None else None
     _hc_collapse_norm_kernel[(T, triton.cdiv(D, cfg.norm_block_d))](
         h, part, sq, gram, scale.float().contiguous(), base.float().contiguous(), weight.float().contiguous(), out,
-        post_out, comb_out, T, N, D, M, P, h.stride(0), h.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps,
-        norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN, BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), num_warps=cfg.norm_warps,
+        post_out, comb_out, pre_in if pre_in is not None else post_out, pre_out, T, N, D, M, P, h.stride(0),
+        h.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps, norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN,
+        BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None, num_warps=cfg.norm_warps,
         **dispatch.pdl_args(T),
     )  # fmt: skip
+    if pre_in is not None:
+        return out, pre_out, post_out, comb_out
     return out, post_out, comb_out
 
 
@@ -453,3 +469,30 @@ def hc_post_pre(y, residual, post, comb, fn, base, scale, sinkhorn_iters: int, h
     h = torch.empty((T, N, D), dtype=residual.dtype, device=residual.device)
     return (h, *_boundary(y, residual, post, comb, h, fn, base, scale, weight, sinkhorn_iters, hc_eps, norm_eps,
                           cfg))  # fmt: skip
+
+
+def hc_site_norm(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float, pre, weight):
+    """The fused ``compose_hc_site_norm`` (plugin API 2.6, V4.1): ``hc_pre_norm``'s two launches, the collapse by
+    ``pre``; ``None`` where :func:`dispatch.hc_fused_config` leaves it to ``hc_mixes``, ``hc_collapse`` and
+    ``rms_norm``."""
+    T, N, D = x.shape
+    cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
+    if cfg is None:
+        return None
+    return _boundary(None, None, None, None, x.contiguous(), fn, base, scale, weight, sinkhorn_iters, hc_eps,
+                     norm_eps, cfg, pre_in=pre)  # fmt: skip
+
+
+def hc_post_site_norm(y, residual, post, comb, fn, base, scale, sinkhorn_iters: int, hc_eps: float,
+                      norm_eps: float, pre, weight):  # fmt: skip
+    """The fused ``compose_hc_post_site_norm`` (plugin API 2.6, V4.1): ``hc_post_pre``'s two launches, the
+    collapse by ``pre``; ``None`` where :func:`dispatch.hc_fused_config` leaves it to the separate ops."""
+    T, N, D = residual.shape
+    cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
+    if cfg is None:
+        return None
+    y = y if y.stride(-1) == 1 else y.contiguous()
+    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
+    h = torch.empty((T, N, D), dtype=residual.dtype, device=residual.device)
+    return (h, *_boundary(y, residual, post, comb, h, fn, base, scale, weight, sinkhorn_iters, hc_eps, norm_eps,
+                          cfg, pre_in=pre))  # fmt: skip

@@ -23,7 +23,9 @@ from deepinfer_core.plugin_api import (
     Weight,
     act_block,
     compose_hc_post_pre,
+    compose_hc_post_site_norm,
     compose_hc_pre_norm,
+    compose_hc_site_norm,
     compose_linear_f32,
     compose_rms_norm_rope,
     engram_gate_rows,
@@ -35,7 +37,16 @@ from deepinfer_cuda_sm100.ops._tables import ScheduleCache, TableCache
 
 
 class CudaDenseOps(DenseOps):
-    fusions = frozenset({Fusion.RMS_NORM_ROPE, Fusion.HC_PRE_NORM, Fusion.HC_POST_PRE, Fusion.LINEAR_F32})
+    fusions = frozenset(
+        {
+            Fusion.RMS_NORM_ROPE,
+            Fusion.HC_PRE_NORM,
+            Fusion.HC_POST_PRE,
+            Fusion.HC_SITE_NORM,
+            Fusion.HC_POST_SITE_NORM,
+            Fusion.LINEAR_F32,
+        }
+    )
     activation_quant = True  # kernels/act_quant.py, and SM100's MX GEMM
 
     def __init__(self) -> None:
@@ -146,6 +157,21 @@ class CudaDenseOps(DenseOps):
         mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps, weight)
         fused = mhc.hc_post_pre(y, residual, post, comb, *mix)
         return fused if fused is not None else compose_hc_post_pre(self, y, residual, post, comb, hc, weight)
+
+    def hc_site_norm(self, x, hc: HCParams, pre, weight):
+        """V4.1's site entry in two launches where :meth:`hc_pre_norm` has them, else ``hc_mixes``, ``hc_collapse``
+        and ``rms_norm`` (four)."""
+        mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps)
+        fused = mhc.hc_site_norm(x, *mix, pre, weight)
+        return fused if fused is not None else compose_hc_site_norm(self, x, hc, pre, weight)
+
+    def hc_post_site_norm(self, y, residual, post, comb, hc: HCParams, pre, weight):
+        """A V4.1 sublayer's exit and the next site's entry in two launches where :meth:`hc_site_norm` has them."""
+        mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps)
+        fused = mhc.hc_post_site_norm(y, residual, post, comb, *mix, pre, weight)
+        if fused is not None:
+            return fused
+        return compose_hc_post_site_norm(self, y, residual, post, comb, hc, pre, weight)
 
     def hc_mixes(self, x, hc: HCParams):
         """V4.1's single-pass mHC coefficients, all tokens in two launches (the core default runs one token at a
