@@ -156,7 +156,8 @@ class EngineConfig(BaseModel):
     device_plan: bool = Field(
         False,
         description="build a static step's slot plan on the device, inside its captured graph, where the model "
-        "can (DeepSeek-V4): the host then builds and copies no plan a step; off by default until measured on a GPU",
+        "can (DeepSeek-V4; V4.1 with its Engram tables read in the step): the host then builds and copies no "
+        "plan a step; off by default until measured on a GPU",
     )
     max_cudagraph_capture_size: int = Field(
         256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"

@@ -14,6 +14,8 @@
 #                                    checksamp check.py's sampling section only, graphed_probs on
 #                                    enghostab the V4 engine at batch 1/16, graphed_probs off / on twice each
 #                                    engdp    the V4 engine at batch 1/16/64, device_plan off / on twice each
+#                                    v41dp    the V4.1 slice at batch 1 and 16 (4k), device_plan off / on twice each,
+#                                             greedy tokens kept (equal across the four runs)
 #                                    checkattn check.py's attention section only
 #                                    checkdense check.py's dense section only (the fused mHC checks among them)
 #                                    nohc     the slice at batch 1/2 with DEEPINFER_CUDA_SM100__HC_FUSED=0 (A/B)
@@ -67,6 +69,9 @@ for part in "${@:-check slice gemm}"; do
       engdp) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- device_plan=$v"; d="$0/dp${v}_$(date +%s)"; mkdir -p "$d"
                   flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 140 python3 benchmarks/gpu/v4_slice.py --sections engine \
                   --batches 1 16 64 --engine-prompt 64 --engine-tokens 128 "${flag[@]}" --out "$d"; done' "$OUT/engdp") ;;
+      v41dp) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- device_plan=$v"; d="$0/dp${v}_$(date +%s)"; mkdir -p "$d"
+                  flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 110 python3 benchmarks/gpu/v41_slice.py --batches 1 16 \
+                  --ks 0 --tokens 16 --prompt 4096 --shared-prefix 4080 --save-tokens "${flag[@]}" --out "$d"; done' "$OUT/v41dp") ;;
       checkattn) cmd=(timeout 150 python3 benchmarks/gpu/check.py --only attention --out "$OUT/checkattn") ;;
       checkdense) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only dense --out "$OUT/checkdense") ;;
       greedyhc) cmd=(env DEEPINFER_CUDA_SM100__HC_FUSED=1 timeout 160 python3 benchmarks/gpu/v4_slice.py --sections greedy

@@ -117,6 +117,7 @@ def slice_llm(model, rt, args, **settings):
         backend="reference" if SMOKE else "cuda_sm100",
         kv_cache_memory_bytes=args.kv_bytes,
         enforce_eager=SMOKE,
+        device_plan=getattr(args, "device_plan", False),
         **settings,
     )
     reg = rt.registry
@@ -438,6 +439,12 @@ def main() -> None:
         default="none",
         choices=["none", "fp8"],
         help="EngineConfig.activation_quant: fp8 quantises every FP8 / FP4 GEMM input as DeepSeek's release does",
+    )
+    ap.add_argument(
+        "--device-plan",
+        action="store_true",
+        help="EngineConfig.device_plan: static plans built inside the decode graphs (needs the Engram tables read "
+        "in the step)",
     )
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU reference backend")
     args = ap.parse_args()

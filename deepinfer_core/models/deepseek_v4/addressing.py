@@ -115,6 +115,7 @@ class StepAddressing(PackedPlan):
         w = torch.arange(1 - sliding_window, 1, device=dev)
         out.window_slots = _device_slots(window, req[:, None], pos[:, None] + w[None, :], bs, 1)
         out.token_slots = out.window_slots[:, -1].contiguous()  # the window's last column is the token itself
+        out._padded = {"window": window}
         out._compressions = {}
         p1 = pos + 1
         for ratio, overlap in kinds:
@@ -131,6 +132,23 @@ class StepAddressing(PackedPlan):
                 context_bucket // ratio,
             )
         return out
+
+    def device_window_group(self, block_tables: dict[str, torch.Tensor], group: str) -> StepAddressing:
+        """(An addressing from :meth:`static_on_device`.) The same tables with ``token_slots`` and ``window_slots``
+        in window group ``group`` (``block_tables[group]``), tensor ops only: what :meth:`with_window_group`
+        gives on the host for a static step."""
+        out = object.__new__(StepAddressing)
+        out.__dict__.update(self.__dict__)
+        w = torch.arange(1 - self.sliding_window, 1, device=self.positions.device)
+        pos = self.positions[:, None] + w[None, :]
+        out.window_slots = device_slots(block_tables[group], self.req[:, None], pos, self.block_size, 1)
+        out.token_slots = out.window_slots[:, -1].contiguous()
+        return out
+
+    def device_window_slots(self, pos: torch.Tensor) -> torch.Tensor:
+        """(An addressing from :meth:`static_on_device`.) ``window`` group slots of positions ``pos [T, k]`` of
+        each row's sequence, tensor ops only (``-1`` before the start or in an absent block)."""
+        return _device_slots(self._padded["window"], self.req[:, None], pos, self.block_size, 1)
 
     def _window_positions(self) -> np.ndarray:
         """``[T, W]``: the position each column of :attr:`window_slots` holds (negative: before the start)."""
@@ -321,6 +339,13 @@ def _candidate_slots_host(
 def _with_absent_column(table: torch.Tensor) -> torch.Tensor:
     """``table`` with one more column, all ``-1`` (no block)."""
     return torch.nn.functional.pad(table, (0, 1), value=-1)
+
+
+def device_slots(
+    table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, block_size: int, tokens_per_entry: int
+) -> torch.Tensor:
+    """:func:`_device_slots` on a plain block table."""
+    return _device_slots(_with_absent_column(table), req, pos, block_size, tokens_per_entry)
 
 
 def _device_slots(

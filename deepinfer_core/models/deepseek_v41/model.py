@@ -248,6 +248,26 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
     #: rows before the step (:meth:`prepare_static`), so a platform may capture them as graphs
     supports_graphs = True
 
+    @property
+    def device_plan(self) -> bool:  # type: ignore[override]
+        """Static plans built on the device where nothing has to be read before the step: no Engram, or its
+        tables read inside the step (:meth:`place_engram`); else :meth:`prepare_static` fills the host plan."""
+        return self.hasher is None or self.engram_in_step
+
+    def plan_on_device(self, batch: ForwardBatch, context_bucket: int) -> StepPlan:
+        """:meth:`plan`'s static tables built on the device (V4's :meth:`StepAddressing.static_on_device`; the
+        Engram look-back and the decoder's window slots the same way)."""
+        addr = StepAddressing.static_on_device(batch, self.cfg.sliding_window, self.kinds, context_bucket)
+        history = None
+        if self.cfg.engram is not None:
+            shifts = torch.arange(self.cfg.engram.max_ngram_size, device=addr.positions.device)
+            history = addr.device_window_slots(addr.positions[:, None] - shifts[None, :])
+        if self.decoder_start is None:
+            return StepPlan(addr, history)
+        return StepPlan(
+            addr, history, addr.device_window_group(batch.block_tables, "decoder"), late_shares=True
+        )
+
     def plan(self, batch: ForwardBatch, context_bucket: int | None = None) -> StepPlan:
         window = self.cfg.sliding_window
         addr = StepAddressing(batch, window, self.kinds, context_bucket)

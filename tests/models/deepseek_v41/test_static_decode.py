@@ -101,3 +101,44 @@ def test_v41_static_verify_and_draft_steps_keep_dspark_greedy_output(monkeypatch
     # but not its catch-up over a whole prompt (up to 250 rows a sequence): that stays dynamic
     assert max(key[-1] for key in runner.graphs) <= MAX_STATIC_ROWS_PER_SEQ
     assert counts["replays"] == counts["runs"]
+
+
+def test_v41_device_built_plans_equal_the_host_ones_and_keep_the_tokens(dynamic, monkeypatch):
+    """``device_plan``: with the Engram tables read inside the step (the CPU platform made to declare that its
+    device reads host memory in place, as CUDA does), a static step's plan is built inside it
+    (``plan_on_device``: V4's tables, the Engram look-back, the decoder's window slots). Every replayed step's
+    device-built tables equal the host plan of the same batch, the host builds none itself, and the tokens and
+    logprobs are the dynamic steps'."""
+    import torch
+
+    from deepinfer_core.ops.reference.memory import ReferenceMemoryOps
+
+    monkeypatch.setattr(ReferenceMemoryOps, "reads_host_memory", True)
+    prompts, params = _decode_heavy()
+    llm = _llm(engram_in_step=True, device_plan=True)
+    runner, model = llm.engine.runner, llm.engine.model
+    assert model.engram_in_step and model.decoder_start is not None and runner.device_plan
+    counts = stand_in_capture(runner, monkeypatch)
+    runner.static_decode(8, capture=True)
+    real_plan, real_device = model.plan, model.plan_on_device
+    compared = []
+
+    def checked(batch, context_bucket):
+        got = real_device(batch, context_bucket)
+        want = real_plan(batch, context_bucket).to(torch.device("cpu"))
+        assert len(got.tensors()) == len(want.tensors())
+        for a, b in zip(got.tensors(), want.tensors(), strict=True):
+            assert torch.equal(a, b)
+        compared.append(batch.graph_key)
+        return got
+
+    def dynamic_only(batch, context_bucket=None):
+        assert context_bucket is None, "a static step's plan was built on the host"
+        return real_plan(batch, context_bucket)
+
+    monkeypatch.setattr(model, "plan_on_device", checked)
+    monkeypatch.setattr(model, "plan", dynamic_only)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    monkeypatch.setattr(model, "plan", real_plan)
+    assert_same_outputs(dynamic, got)
+    assert len(compared) == counts["runs"] + counts["captures"] and counts["replays"] == counts["runs"] > 8
