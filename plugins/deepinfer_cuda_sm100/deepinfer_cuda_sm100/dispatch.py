@@ -491,6 +491,27 @@ def plain_gemv(rows: int, dtype: torch.dtype, weight: torch.Tensor) -> bool:
     )
 
 
+#: most rows a step's plain grouped projection runs on the grouped GEMM with (beyond: cuBLAS per group)
+PLAIN_GROUPED_MAX_TOKENS = 16
+
+
+def plain_grouped(t: int, dtype: torch.dtype, weights: list) -> bool:
+    """Plain weights of a grouped projection (V4.1's ``wo_a``, held dequantised as DeepSeek's reference holds it)
+    through one grouped GEMM instead of a GEMV or cuBLAS call per group: up to
+    :data:`PLAIN_GROUPED_MAX_TOKENS` rows, weights of one shape, row-major, of the activation's dtype (or BF16
+    under float32 activations), as :func:`plain_gemv` takes them."""
+    w0 = weights[0]
+    return (
+        0 < t <= PLAIN_GROUPED_MAX_TOKENS
+        and all(
+            isinstance(w, torch.Tensor) and w.shape == w0.shape and w.dtype == w0.dtype and w.stride(-1) == 1
+            for w in weights
+        )
+        and w0.dim() == 2
+        and (w0.dtype == dtype or (w0.dtype == torch.bfloat16 and dtype == torch.float32))
+    )
+
+
 def fp4_h2_mode(cfg: GemmConfig, fp4: bool, dtype: torch.dtype, aligned: bool) -> int:
     """``FP4_H2`` of the GEMV kernel: one-row FP4 tiles in float16 pair arithmetic (``fp4_pairs.one_row_fp4_h2``)
     for bf16 and float16 activations, K whole steps and aligned rows: 2 by PTX on a GPU, 1 emulated in Triton

@@ -51,4 +51,8 @@ def test_declared_fused_ops_are_called_and_match_the_compositions(checkpoints, b
     ids = tokens(12, seed=5)
     CALLS.clear()
     assert torch.equal(full_logits(fused, ids), full_logits(plain, ids))
-    assert set(CALLS) == set(Fusion), CALLS
+    assert set(CALLS) == set(Fusion) - V41_ONLY, CALLS
+
+
+#: DeepSeek-V4.1's single-pass mHC site entries (its test: ``tests/models/deepseek_v41/test_fused_steps.py``)
+V41_ONLY = {Fusion.HC_SITE_NORM, Fusion.HC_POST_SITE_NORM}

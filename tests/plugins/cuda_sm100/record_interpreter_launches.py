@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -71,6 +71,16 @@ def v41_launches() -> dict:
                 hc = HCParams(r(24, 512) * 0.05, r(24), torch.rand(3, generator=g) + 0.5, 20, 1e-6, 1e-6)
                 pre, _, _ = dense.hc_mixes(x, hc)
                 dense.hc_collapse(x, pre)
+                if (
+                    T == 1
+                ):  # the site entries' fused launches (plugin API 2.6; the two boundary kernels, PRE_IN)
+                    w_norm = torch.rand(128, generator=g) + 0.5
+                    dense.hc_site_norm(x, hc, pre, w_norm)
+                    post, comb = (
+                        torch.rand(T, 4, generator=g) * 2,
+                        torch.rand(T, 4, 4, generator=g).softmax(-1),
+                    )
+                    dense.hc_post_site_norm(r(T, 128, dt=dt), x, post, comb, hc, pre, w_norm)
                 w = quantize_fp8_block(r(96, 128) * 0.1, "ue8m0", block=32)
                 dense.linear(r(T, 128, dt=dt), w)
                 w1, w3 = (quantize_fp8_block(r(64, 128) * 0.1, "ue8m0", block=32) for _ in range(2))
@@ -130,6 +140,7 @@ def v41_launches() -> dict:
         or e["constexprs"].get("SB") == 32
         or e["constexprs"].get("KV_PACK", 0) > 0
         or e["constexprs"].get("KEY_PACK", 0) > 0
+        or e["constexprs"].get("PRE_IN") is True
     }
 
 

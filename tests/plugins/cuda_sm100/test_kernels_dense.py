@@ -281,10 +281,30 @@ def test_linear_and_mlp_with_split_k_match_reference(ops, gen, gemm_kind, fmt, m
     assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_block32", "fp4_e2m1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_grouped_linear_beyond_decode_sizes_keeps_a_gemm_per_group(ops, gen, monkeypatch, dtype):
+    """Plain weights take the grouped GEMM up to ``PLAIN_GROUPED_MAX_TOKENS`` rows only (a prefill chunk keeps
+    one cuBLAS GEMM per group); both equal the reference, float32 activations over BF16 weights included."""
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+
+    launches = []
+    real = gg.grouped_gemm
+    monkeypatch.setattr(gg, "grouped_gemm", lambda *a, **k: launches.append(1) or real(*a, **k))
+    ws = [rand(gen, 40, 64, scale=0.1).to(torch.bfloat16) for _ in range(3)]
+    for rows in (dispatch.PLAIN_GROUPED_MAX_TOKENS, dispatch.PLAIN_GROUPED_MAX_TOKENS + 1):
+        launches.clear()
+        x = rand(gen, rows, 3, 64, dtype=dtype)
+        got = ops.grouped_linear(dev(x), [dev(w) for w in ws])
+        assert len(launches) == (1 if rows <= dispatch.PLAIN_GROUPED_MAX_TOKENS else 0)
+        assert got.dtype == dtype and rel_err(got, REF.grouped_linear(x, ws)) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_block32", "fp4_e2m1", "plain"])
 @pytest.mark.parametrize("rows", [1, 9])
 def test_grouped_linear_is_one_gemm_matching_the_reference(ops, gen, gemm_kind, fmt, rows, monkeypatch):
-    """Four groups, each its own weight (V4's wo_a has 8), through one grouped GEMM, with and without split-K."""
+    """Four groups, each its own weight (V4's wo_a has 8), through one grouped GEMM, with and without split-K;
+    ``plain``: BF16 weights (V4.1's dequantised wo_a groups) at decode sizes."""
     from dataclasses import replace
 
     from deepinfer_cuda_sm100 import dispatch

@@ -111,12 +111,15 @@ class CudaDenseOps(DenseOps):
     def grouped_linear(self, x: torch.Tensor, weights: list[Weight]) -> torch.Tensor:
         """All groups in one grouped GEMM (the experts' kernel, groups as experts): row ``t * G + g`` of
         ``x [T*G, K]`` is read and written in place through the same row index, sorted by group, so no
-        copy of ``x`` per group and one launch instead of ``G`` (plus their split-K epilogues)."""
+        copy of ``x`` per group and one launch instead of ``G`` (plus their split-K epilogues). Plain weights
+        (V4.1's dequantised ``wo_a`` groups) too, at decode sizes (:func:`dispatch.plain_grouped`)."""
         T, G, K = x.shape
-        fmt = weights[0].format if isinstance(weights[0], QuantizedWeight) else None
-        same = all(isinstance(w, QuantizedWeight) and w.format == fmt for w in weights)
+        fmt = weights[0].format if isinstance(weights[0], QuantizedWeight) else "plain"
+        same = all((w.format if isinstance(w, QuantizedWeight) else "plain") == fmt for w in weights)
         acts = {act_block(w) for w in weights}
-        if fmt is None or not same or T == 0 or fmt not in gg.FORMATS or len(acts) != 1:
+        if fmt == "plain" and not (same and dispatch.plain_grouped(T, x.dtype, weights)):
+            return super().grouped_linear(x, weights)  # (V4.1's wo_a groups, dequantised, at prefill: cuBLAS)
+        if not same or T == 0 or fmt not in gg.FORMATS or len(acts) != 1:
             return super().grouped_linear(x, weights)
         table = self._tables.get(tuple(weights), lambda: gg.WeightTable.build(list(weights), x.device))
         a = _act_input(x.reshape(T * G, K), weights[0])
