@@ -171,3 +171,18 @@ def test_v4_static_decode_steps_match_dynamic_ones(v4, monkeypatch, capture, dev
         assert counts["replays"] > 3 * counts["captures"]
         # a device graph's capture only records the step: every run, the capturing one too, must replay
         assert counts["replays"] == counts["runs"]
+
+
+def test_stale_block_tables_would_fail_the_replayed_device_plan_test(v4, monkeypatch):
+    """The replayed ``device_plan`` check above can fail: a step whose block tables are left out of the graph's
+    inputs replays the captured step's tables, and the tokens differ from the dynamic steps'."""
+    prompts, params = _decode_heavy()
+    dynamic = _llm(v4[1], max_num_batched_tokens=512).generate(prompts, params, use_tqdm=False)
+    llm = _llm(v4[1], max_num_batched_tokens=512, device_plan=True)
+    runner = llm.engine.runner
+    stand_in_capture(runner, monkeypatch)
+    runner.static_decode(8, capture=True)
+    real = runner.graphs.run
+    monkeypatch.setattr(runner.graphs, "run", lambda key, fn, inputs, keep: real(key, fn, inputs[:2], keep))
+    with pytest.raises(AssertionError):
+        assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
