@@ -85,16 +85,32 @@ def test_stale_engram_rows_would_fail_the_replayed_test(dynamic, monkeypatch):
         assert_same_outputs(dynamic, llm.generate(prompts, params, use_tqdm=False))
 
 
-def test_v41_static_verify_and_draft_steps_keep_dspark_greedy_output(monkeypatch):
+@pytest.mark.parametrize("device_plan", [False, True], ids=["host_plan", "device_plan"])
+def test_v41_static_verify_and_draft_steps_keep_dspark_greedy_output(monkeypatch, device_plan):
+    """``device_plan``: the verify steps' plans built inside them (the Engram tables read in the step, as in
+    the test below); the draft head's steps keep their host plans."""
     prompts = _decode_heavy()[0][1:]  # every prompt of 2+ tokens: the draft head's catch-up could be static
     params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=1, ignore_eos=True)
     spec = {"method": "dspark", "num_speculative_tokens": 3}
     plain = _llm().generate(prompts, params, use_tqdm=False)
-    llm = _llm(speculative_config=spec)
+    extra = {}
+    if device_plan:
+        from deepinfer_core.ops.reference.memory import ReferenceMemoryOps
+
+        monkeypatch.setattr(ReferenceMemoryOps, "reads_host_memory", True)
+        extra = {"engram_in_step": True, "device_plan": True}
+    llm = _llm(speculative_config=spec, **extra)
     runner = llm.engine.runner
+    assert runner.device_plan is device_plan
     counts = stand_in_capture(runner, monkeypatch)
     runner.static_decode(8, capture=True)
+    built = []
+    real_device = llm.engine.model.plan_on_device
+    monkeypatch.setattr(
+        llm.engine.model, "plan_on_device", lambda b, c: built.append(b.graph_key[-1]) or real_device(b, c)
+    )
     assert_same_outputs(plain, llm.generate(prompts, params, use_tqdm=False))
+    assert (4 in built) is device_plan  # the verify steps' plans were built inside them
     qs = {key[-1] for key in runner.graphs}
     assert 4 in qs  # verify steps of k + 1 rows a sequence ran static
     assert any(isinstance(key[0], str) for key in runner.graphs)  # and the draft head's steps
