@@ -112,22 +112,27 @@ class StepAddressing(PackedPlan):
         out.req = req = torch.arange(t, device=dev) // max(1, t // max(b, 1))
         # each table with a last column of -1: every position outside a table's columns reads it (column -1)
         window, compressed = (_with_absent_column(batch.block_tables[g]) for g in ("window", "compressed"))
+        # every window-group position the step reads, in one lookup: its window, then each kind's sources
         w = torch.arange(1 - sliding_window, 1, device=dev)
-        out.window_slots = _device_slots(window, req[:, None], pos[:, None] + w[None, :], bs, 1)
-        out.token_slots = out.window_slots[:, -1].contiguous()  # the window's last column is the token itself
-        out._padded = {"window": window}
-        out._compressions = {}
-        p1 = pos + 1
+        window_pos, firsts, p1 = [pos[:, None] + w[None, :]], [], pos + 1
         for ratio, overlap in kinds:
             # an entry closes at this token: e = p1 / r - 1 >= 0, its first token e * r
             live = (p1 % ratio == 0) & (p1 >= ratio)
             first = torch.where(live, p1 - ratio, -1)
             span = torch.arange(-ratio if overlap else 0, ratio, device=dev)
-            src_pos = torch.where(live[:, None], first[:, None] + span[None, :], -1)
+            window_pos.append(torch.where(live[:, None], first[:, None] + span[None, :], -1))
+            firsts.append(first)
+        widths = [p.shape[1] for p in window_pos]
+        looked_up = _device_slots(window, req[:, None], torch.cat(window_pos, dim=1), bs, 1)
+        out.window_slots, *sources = (part.contiguous() for part in looked_up.split(widths, dim=1))
+        out.token_slots = out.window_slots[:, -1].contiguous()  # the window's last column is the token itself
+        out._padded = {"window": window}
+        out._compressions = {}
+        for (ratio, overlap), first, src in zip(kinds, firsts, sources, strict=True):
             out._compressions[(ratio, overlap)] = Compression(
                 _device_slots(compressed, req, first, bs, ratio),
                 first.clamp(min=0),
-                _device_slots(window, req[:, None], src_pos, bs, 1),
+                src,
                 candidate_slots(compressed, req, pos, ratio, context_bucket // ratio, bs),
                 context_bucket // ratio,
             )
