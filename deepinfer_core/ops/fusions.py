@@ -33,6 +33,14 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
 }
 
 
+#: an mHC exit-then-entry step, the entry it composes and the keyword its composition takes that entry by: a
+#: backend that fuses only the entry gets the composition over its fused entry
+EXIT_THEN_ENTRY: dict[Fusion, tuple[Fusion, str]] = {
+    Fusion.HC_POST_PRE: (Fusion.HC_PRE_NORM, "pre_norm"),
+    Fusion.HC_POST_SITE_NORM: (Fusion.HC_SITE_NORM, "site_norm"),
+}
+
+
 @dataclass(frozen=True)
 class FusedOps:
     """The callable of each fused step, fixed once; arguments as the compositions in :mod:`.compose` take them
@@ -97,15 +105,9 @@ def resolve_fusions(dense: object, attention: object) -> FusedOps:
         ops = owners[fusion.concern]
         if fusion in declared[fusion.concern]:
             steps[fusion.value] = getattr(ops, fusion.value)
-        elif fusion is Fusion.HC_POST_PRE and Fusion.HC_PRE_NORM in declared["dense"]:
-            # the exit, then the backend's own fused entry
-            steps[fusion.value] = partial(
-                compose.compose_hc_post_pre, ops, pre_norm=steps[Fusion.HC_PRE_NORM]
-            )
-        elif fusion is Fusion.HC_POST_SITE_NORM and Fusion.HC_SITE_NORM in declared["dense"]:
-            steps[fusion.value] = partial(
-                compose.compose_hc_post_site_norm, ops, site_norm=steps[Fusion.HC_SITE_NORM]
-            )
+        elif fusion in EXIT_THEN_ENTRY and EXIT_THEN_ENTRY[fusion][0] in declared["dense"]:
+            entry, keyword = EXIT_THEN_ENTRY[fusion]  # the exit, then the backend's own fused entry
+            steps[fusion.value] = partial(COMPOSED[fusion], ops, **{keyword: steps[entry.value]})
         else:
             steps[fusion.value] = partial(COMPOSED[fusion], ops)
     return FusedOps(**steps, declared=declared["dense"] | declared["attention"])

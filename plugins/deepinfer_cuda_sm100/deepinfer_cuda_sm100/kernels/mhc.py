@@ -445,21 +445,22 @@ def _boundary(
     return out, post_out, comb_out
 
 
-def hc_pre_norm(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float, weight):
-    """The fused ``compose_hc_pre_norm`` (plugin API); ``None`` where
-    :func:`dispatch.hc_fused_config` leaves it to ``hc_pre`` and ``rms_norm``."""
+def hc_pre_norm(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float, weight, pre_in=None):
+    """The fused ``compose_hc_pre_norm`` (plugin API), or with ``pre_in`` ``compose_hc_site_norm`` (2.6, V4.1: the
+    collapse by the site before's ``pre``); ``None`` where :func:`dispatch.hc_fused_config` leaves it to the
+    separate ops."""
     T, N, D = x.shape
     cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
     if cfg is None:
         return None
     return _boundary(None, None, None, None, x.contiguous(), fn, base, scale, weight, sinkhorn_iters, hc_eps,
-                     norm_eps, cfg)  # fmt: skip
+                     norm_eps, cfg, pre_in)  # fmt: skip
 
 
 def hc_post_pre(y, residual, post, comb, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float,
-                weight):  # fmt: skip
-    """The fused ``compose_hc_post_pre`` (plugin API); ``None`` where
-    :func:`dispatch.hc_fused_config` leaves it to ``hc_post`` and ``hc_pre_norm``."""
+                weight, pre_in=None):  # fmt: skip
+    """The fused ``compose_hc_post_pre`` (plugin API), or with ``pre_in`` ``compose_hc_post_site_norm`` (2.6,
+    V4.1); ``None`` where :func:`dispatch.hc_fused_config` leaves it to the separate ops."""
     T, N, D = residual.shape
     cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
     if cfg is None:
@@ -468,31 +469,4 @@ def hc_post_pre(y, residual, post, comb, fn, base, scale, sinkhorn_iters: int, h
     residual = residual if residual.stride(-1) == 1 else residual.contiguous()
     h = torch.empty((T, N, D), dtype=residual.dtype, device=residual.device)
     return (h, *_boundary(y, residual, post, comb, h, fn, base, scale, weight, sinkhorn_iters, hc_eps, norm_eps,
-                          cfg))  # fmt: skip
-
-
-def hc_site_norm(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float, pre, weight):
-    """The fused ``compose_hc_site_norm`` (plugin API 2.6, V4.1): ``hc_pre_norm``'s two launches, the collapse by
-    ``pre``; ``None`` where :func:`dispatch.hc_fused_config` leaves it to ``hc_mixes``, ``hc_collapse`` and
-    ``rms_norm``."""
-    T, N, D = x.shape
-    cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
-    if cfg is None:
-        return None
-    return _boundary(None, None, None, None, x.contiguous(), fn, base, scale, weight, sinkhorn_iters, hc_eps,
-                     norm_eps, cfg, pre_in=pre)  # fmt: skip
-
-
-def hc_post_site_norm(y, residual, post, comb, fn, base, scale, sinkhorn_iters: int, hc_eps: float,
-                      norm_eps: float, pre, weight):  # fmt: skip
-    """The fused ``compose_hc_post_site_norm`` (plugin API 2.6, V4.1): ``hc_post_pre``'s two launches, the
-    collapse by ``pre``; ``None`` where :func:`dispatch.hc_fused_config` leaves it to the separate ops."""
-    T, N, D = residual.shape
-    cfg = dispatch.hc_fused_config(T, N, D, fn.shape[0])
-    if cfg is None:
-        return None
-    y = y if y.stride(-1) == 1 else y.contiguous()
-    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
-    h = torch.empty((T, N, D), dtype=residual.dtype, device=residual.device)
-    return (h, *_boundary(y, residual, post, comb, h, fn, base, scale, weight, sinkhorn_iters, hc_eps, norm_eps,
-                          cfg, pre_in=pre))  # fmt: skip
+                          cfg, pre_in))  # fmt: skip

@@ -165,13 +165,13 @@ class CudaDenseOps(DenseOps):
         """V4.1's site entry in two launches where :meth:`hc_pre_norm` has them, else ``hc_mixes``, ``hc_collapse``
         and ``rms_norm`` (four)."""
         mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps)
-        fused = mhc.hc_site_norm(x, *mix, pre, weight)
+        fused = mhc.hc_pre_norm(x, *mix, weight, pre)
         return fused if fused is not None else compose_hc_site_norm(self, x, hc, pre, weight)
 
     def hc_post_site_norm(self, y, residual, post, comb, hc: HCParams, pre, weight):
         """A V4.1 sublayer's exit and the next site's entry in two launches where :meth:`hc_site_norm` has them."""
         mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps)
-        fused = mhc.hc_post_site_norm(y, residual, post, comb, *mix, pre, weight)
+        fused = mhc.hc_post_pre(y, residual, post, comb, *mix, weight, pre)
         if fused is not None:
             return fused
         return compose_hc_post_site_norm(self, y, residual, post, comb, hc, pre, weight)
