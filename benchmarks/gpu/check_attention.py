@@ -30,7 +30,7 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
 
 from deepinfer_core.ops.kv_fp8 import Fp8KVFormat  # noqa: E402
 from deepinfer_core.ops.reference import reference_op  # noqa: E402
-from deepinfer_cuda_sm100 import dispatch  # noqa: E402
+from deepinfer_cuda_sm100 import dispatch, settings  # noqa: E402
 from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps  # noqa: E402
 
 #: query rows of the sparse-attention rows, bf16 and FP8 side by side; from ``dispatch.UNPACK_DISTINCT_ROWS`` rows
@@ -174,16 +174,21 @@ def check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale):
     fmt = Fp8KVFormat(HEAD_DIM, ROPE_DIM, BF16)
     kv8, cmp8 = fmt.pack(kv_pool), fmt.pack(cmp_pool)
     S = kv8.shape[0]
-    for T, tag in zip(sizes(*ATTN_T), ATTN_TAGS):
-        q = rnd(T, HEADS, HEAD_DIM)
-        kv_slots, cmp_slots = slot_lists(T, tag, S, cmp8.shape[0])
-        args = (q, kv8, kv_slots, cmp8, cmp_slots, sinks, scale, fmt)
-        out = poisoned(lambda: ops.sparse_attention(*args))  # from UNPACK_DISTINCT_ROWS rows: unpacked once
-        err = rel_err(out, ref.sparse_attention(*args)) if tag != "decode" else None
-        n = WINDOW + IDX_TOPK
-        record(f"sparse_attention fp8 KV[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
-               bench(lambda: ops.sparse_attention(*args)), T * n * fmt.row_bytes + 2 * q.numel() * 2,
-               4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
+    active = settings.active()
+    for gather in (False, True):  # the kernel's two ways of scaling the codes, side by side (dispatch.fp8_kv_mode)
+        settings.use(active.model_copy(update={"fp8_kv_scale_gather": gather}))
+        name = "sparse_attention fp8 KV" + (" scales gathered" if gather else "")
+        for T, tag in zip(sizes(*ATTN_T), ATTN_TAGS):
+            q = rnd(T, HEADS, HEAD_DIM)
+            kv_slots, cmp_slots = slot_lists(T, tag, S, cmp8.shape[0])
+            args = (q, kv8, kv_slots, cmp8, cmp_slots, sinks, scale, fmt)
+            out = poisoned(lambda: ops.sparse_attention(*args))  # from UNPACK_DISTINCT_ROWS rows: unpacked once
+            err = rel_err(out, ref.sparse_attention(*args)) if tag != "decode" else None
+            n = WINDOW + IDX_TOPK
+            record(f"{name}[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
+                   bench(lambda: ops.sparse_attention(*args)), T * n * fmt.row_bytes + 2 * q.numel() * 2,
+                   4 * T * HEADS * n * HEAD_DIM)  # fmt: skip
+    settings.use(active)
     for n in sizes(64, 4096):
         vals, slots = rnd(n, HEAD_DIM), torch.randperm(S, device=DEV, generator=G)[:n]
         pool = torch.zeros_like(kv8)

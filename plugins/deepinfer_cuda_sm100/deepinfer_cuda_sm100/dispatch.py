@@ -466,6 +466,13 @@ def split_finish(cfg: GemmConfig) -> bool:
     return cfg.split_finish or settings().splitk_finish
 
 
+def fp8_kv_mode() -> int:
+    """How the sparse-attention kernel scales V4's FP8 KV codes (``FP8`` of ``_load_kv``): 1, a row's scales
+    loaded once and broadcast through reshapes (v8: FP8 decode 2.7-3.2x the bf16 pool's time, the reshapes
+    the first suspect); 2, each channel gathers its group's scale, with ``settings.fp8_kv_scale_gather``."""
+    return 2 if settings().fp8_kv_scale_gather else 1
+
+
 def graphed_probs() -> bool:
     """The sampler's ``probs`` replays a captured graph per bucket of rows (``ops/row_graphs.py``):
     ``settings.graphed_probs``."""

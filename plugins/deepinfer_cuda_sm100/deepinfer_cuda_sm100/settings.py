@@ -43,6 +43,12 @@ class CudaSM100Settings(PlatformSettings):
         "of up to 16 rows (ops/row_graphs.py): three launches instead of ~30 a step; off until it has run on a GPU "
         "(written 2026-12-05 after the session's last device call; device_round.sh checksamp enghostab)",
     )
+    fp8_kv_scale_gather: bool = Field(
+        False,
+        description="V4's FP8 KV in the sparse-attention kernel: each channel gathers its group's scale instead of "
+        "broadcasting a row's scales through reshapes (dispatch.fp8_kv_mode); off until the H200 A/B "
+        "(check.py --only attention times both)",
+    )
     tilelang: bool = Field(
         True,
         description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",

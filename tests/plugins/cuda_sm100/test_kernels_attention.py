@@ -43,19 +43,21 @@ def test_sparse_attention_matches_reference(ops, gen, dtype, with_cmp):
 
 
 @pytest.mark.parametrize("splits", [2, 3, 8])
-@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("fp8", [False, True, "gather"])
 def test_split_kv_attention_matches_reference(gen, splits, fp8):
     """Split-KV decode (chunks of the window + compressed lists, then a combine): the same attention as the
     reference, for chunks that straddle the two lists (37 window slots), a row with no valid slot at all
-    (only the sink: zeros) and a chunk whose slots are all padding."""
+    (only the sink: zeros) and a chunk whose slots are all padding. ``gather``: FP8 scales gathered per channel."""
     from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100 import settings
     from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
 
+    settings.use(settings.CudaSM100Settings(fp8_kv_scale_gather=fp8 == "gather"))
     T, H, D = 3, 20, 80
     fmt = Fp8KVFormat(D, 16, torch.float32) if fp8 else None
     q = rand(gen, T, H, D)
     kv, cmp = _spread(gen, 70, D), _spread(gen, 30, D)
-    if fp8:
+    if fmt is not None:
         kv, cmp = fmt.pack(kv), fmt.pack(cmp)
     kv_slots, cmp_slots = _slots(gen, T, 37, 70), _slots(gen, T, 19, 30)
     kv_slots[1], cmp_slots[1] = -1, -1
@@ -256,10 +258,15 @@ def test_fp8_kv_store_writes_the_reference_bytes(gen, dtype, dims):
     assert torch.equal(pool.cpu(), want)
 
 
+@pytest.mark.parametrize("gather", [False, True], ids=["scales_reshaped", "scales_gathered"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sparse_attention_reads_fp8_pools(ops, gen, dtype):
+def test_sparse_attention_reads_fp8_pools(ops, gen, dtype, gather):
+    """Both ways the kernel scales the codes (``dispatch.fp8_kv_mode``) read the reference's values."""
     from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100 import dispatch, settings
 
+    settings.use(settings.CudaSM100Settings(fp8_kv_scale_gather=gather))
+    assert dispatch.fp8_kv_mode() == (2 if gather else 1)
     T, H, D = 5, 20, 80  # nope 64 + RoPE 16; D=80: a partial channel tile
     fmt = Fp8KVFormat(D, 16, dtype)
     q = rand(gen, T, H, D, dtype=dtype)
@@ -272,6 +279,29 @@ def test_sparse_attention_reads_fp8_pools(ops, gen, dtype):
     assert rel_err(got, ref) < BOUND[dtype]
     plain = REF.sparse_attention(q, fmt.unpack(kv), kv_slots, fmt.unpack(cmp), cmp_slots, sinks, 0.05)
     assert torch.equal(ref, plain)  # the packed read is the unpacked values, nothing else
+
+
+@pytest.mark.parametrize("D, rope", [(80, 16), (576, 64)])
+def test_fp8_kv_scales_gathered_give_the_reshaped_result_bit_for_bit(gen, D, rope):
+    """The gathered scales multiply the same code by the same scale as the reshaped ones: equal outputs, on a
+    partial channel tile and on V4's 448 + 64 rows (seven groups of 64 in a 1,024-wide tile)."""
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100 import settings
+    from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
+
+    T, H = 3, 16
+    fmt = Fp8KVFormat(D, rope, torch.float32)
+    q = rand(gen, T, H, D)
+    kv, cmp = fmt.pack(_spread(gen, 50, D)), fmt.pack(_spread(gen, 20, D))
+    kv_slots, cmp_slots = _slots(gen, T, 29, 50), _slots(gen, T, 11, 20)
+    sinks = rand(gen, H)
+    outs = []
+    for gather in (False, True):
+        settings.use(settings.CudaSM100Settings(fp8_kv_scale_gather=gather))
+        outs.append(sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt).cpu())
+    assert torch.equal(outs[0], outs[1])
+    ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.05, fmt)
+    assert rel_err(outs[1], ref) < BOUND[torch.float32]
 
 
 def test_fp8_kv_store_rounds_ties_to_even_like_torch():

@@ -39,13 +39,20 @@ def _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, 
     """``[BLOCK_N, BLOCK_D]`` KV rows at ``slot``: plain rows, or packed FP8 rows (``pool_ptr`` the e4m3 view,
     ``rope_ptr`` the model-dtype view, ``scale_ptr`` the float32 view of the same bytes) decoded exactly as
     ``Fp8KVFormat.unpack``: ``code * scale`` for the first ``NOPE`` channels, the RoPE channels as stored.
-    The ``NG`` scales of a row are loaded once, as ``[BLOCK_N, BLOCK_D // GROUP]``, and broadcast per group."""
+    ``FP8 == 1``: the ``NG`` scales of a row are loaded once, as ``[BLOCK_N, BLOCK_D // GROUP]``, and broadcast
+    per group through two reshapes. ``FP8 == 2`` (``dispatch.fp8_kv_mode``): each channel loads its group's
+    scale (a gather whose ``GROUP`` neighbours read one word, as ``_load_packed`` reads V4.1's scales), no
+    reshape. The same products either way."""
     m = valid[:, None] & dmask[None, :]
     if FP8:
         code = d < NOPE
         c = tl.load(pool_ptr + slot[:, None] * stride_pool + d[None, :], mask=m & code[None, :], other=0.0)
         c = c.to(tl.float32)
-        if BLOCK_D <= GROUP:
+        if FP8 == 2:
+            sc = tl.load(scale_ptr + slot[:, None] * SCALE_ROW + SCALE_OFF + (d // GROUP)[None, :],
+                         mask=m & code[None, :], other=0.0)  # fmt: skip
+            c = c * sc
+        elif BLOCK_D <= GROUP:
             sc = tl.load(scale_ptr + slot * SCALE_ROW + SCALE_OFF, mask=valid, other=0.0)
             c = c * sc[:, None]
         else:
@@ -294,7 +301,8 @@ def sparse_attention(
         q.stride(0), q.stride(1), kv_pool.stride(0), kv_slots.stride(0), cmp_pool.stride(0), cmp_slots.stride(0),
         out.stride(0), out.stride(1), scale * LOG2E, *layout,
         HAS_CMP=has_cmp, DOT_T=dot_dtype(q.dtype), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=bd,
-        FP8=fmt is not None, GROUP=GROUP, SPLIT=splits > 1, KV_PACK=kv_pack[0], KV_CODE=kv_pack[1], KV_SB=kv_pack[2],
+        FP8=dispatch.fp8_kv_mode() if fmt is not None else 0, GROUP=GROUP, SPLIT=splits > 1, KV_PACK=kv_pack[0],
+        KV_CODE=kv_pack[1], KV_SB=kv_pack[2],
         CMP_PACK=cmp_pack[0], CMP_CODE=cmp_pack[1], CMP_SB=cmp_pack[2], num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **dispatch.pdl_args(T),
     )  # fmt: skip
