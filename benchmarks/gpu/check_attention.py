@@ -175,14 +175,16 @@ def check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale):
     kv8, cmp8 = fmt.pack(kv_pool), fmt.pack(cmp_pool)
     S = kv8.shape[0]
     active = settings.active()
-    for gather in (False, True):  # the kernel's two ways of scaling the codes, side by side (dispatch.fp8_kv_mode)
+    # the kernel's two ways of scaling the codes, side by side (dispatch.fp8_kv_mode)
+    for gather in (False, True):
         settings.use(active.model_copy(update={"fp8_kv_scale_gather": gather}))
         name = "sparse_attention fp8 KV" + (" scales gathered" if gather else "")
         for T, tag in zip(sizes(*ATTN_T), ATTN_TAGS):
             q = rnd(T, HEADS, HEAD_DIM)
             kv_slots, cmp_slots = slot_lists(T, tag, S, cmp8.shape[0])
             args = (q, kv8, kv_slots, cmp8, cmp_slots, sinks, scale, fmt)
-            out = poisoned(lambda: ops.sparse_attention(*args))  # from UNPACK_DISTINCT_ROWS rows: unpacked once
+            # from UNPACK_DISTINCT_ROWS rows: unpacked once
+            out = poisoned(lambda: ops.sparse_attention(*args))
             err = rel_err(out, ref.sparse_attention(*args)) if tag != "decode" else None
             n = WINDOW + IDX_TOPK
             record(f"{name}[{tag}]", f"T={T} H={HEADS} D={HEAD_DIM} slots={n}", err, BOUND["bf16"],
