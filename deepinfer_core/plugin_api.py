@@ -59,7 +59,9 @@ _WHERE: dict[str, tuple[str, str]] = {
     "compose_hc_post_site_norm": ("deepinfer_core.ops.compose", "compose_hc_post_site_norm"),
     "compose_indexer_select": ("deepinfer_core.ops.compose", "compose_indexer_select"),
     "compose_linear_f32": ("deepinfer_core.ops.compose", "compose_linear_f32"),
+    "compose_swiglu_mlp_add": ("deepinfer_core.ops.compose", "compose_swiglu_mlp_add"),
     "engram_gate_rows": ("deepinfer_core.ops.dense", "engram_gate_rows"),
+    "ENGRAM_GATE_FLOOR": ("deepinfer_core.ops.dense", "ENGRAM_GATE_FLOOR"),
     "compose_rms_norm_rope": ("deepinfer_core.ops.compose", "compose_rms_norm_rope"),
     # the KV cache
     "CacheSpec": ("deepinfer_core.kv.spec", "CacheSpec"),

@@ -100,6 +100,14 @@ def compose_hc_post_site_norm(
     return (h, *site_norm(h, hc, pre, weight))
 
 
+def compose_swiglu_mlp_add(
+    dense: DenseOps, x: torch.Tensor, w1: Weight, w3: Weight, w2: Weight, limit: float, add: torch.Tensor
+) -> torch.Tensor:
+    """``add + swiglu_mlp(x, w1, w3, w2, limit)`` in ``x.dtype``: the MoE's routed output (``add [T, D]``, already
+    rounded to ``x.dtype``) plus its shared expert, each rounded once as the two ops and the add round."""
+    return add + dense.swiglu_mlp(x, w1, w3, w2, limit)
+
+
 def compose_linear_f32(dense: DenseOps, x: torch.Tensor, weight: Weight) -> torch.Tensor:
     """``x @ weight.T`` with a float32 result, ``x`` widened to float32 exactly first (V4's MoE router logits)."""
     return dense.linear(x.float(), weight)

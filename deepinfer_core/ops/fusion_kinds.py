@@ -21,6 +21,9 @@ class Fusion(StrEnum):
     #: a V4.1 sublayer's mHC exit and the next site's entry
     #: (:func:`~deepinfer_core.ops.compose.compose_hc_post_site_norm`), dense
     HC_POST_SITE_NORM = "hc_post_site_norm"
+    #: the shared expert's clamped SwiGLU added to a sublayer's other output (the routed experts') in one pass
+    #: (:func:`~deepinfer_core.ops.compose.compose_swiglu_mlp_add`), dense
+    SWIGLU_MLP_ADD = "swiglu_mlp_add"
     #: ``linear`` with a float32 result (:func:`~deepinfer_core.ops.compose.compose_linear_f32`), dense
     LINEAR_F32 = "linear_f32"
     #: the indexer's top-k as slot ids (:func:`~deepinfer_core.ops.compose.compose_indexer_select`), attention

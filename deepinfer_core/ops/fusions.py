@@ -28,6 +28,7 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
     Fusion.HC_POST_PRE: compose.compose_hc_post_pre,
     Fusion.HC_SITE_NORM: compose.compose_hc_site_norm,
     Fusion.HC_POST_SITE_NORM: compose.compose_hc_post_site_norm,
+    Fusion.SWIGLU_MLP_ADD: compose.compose_swiglu_mlp_add,
     Fusion.LINEAR_F32: compose.compose_linear_f32,
     Fusion.INDEXER_SELECT: compose.compose_indexer_select,
 }
@@ -51,6 +52,7 @@ class FusedOps:
     hc_post_pre: Callable[..., Any]
     hc_site_norm: Callable[..., Any]
     hc_post_site_norm: Callable[..., Any]
+    swiglu_mlp_add: Callable[..., Any]
     linear_f32: Callable[..., Any]
     indexer_select: Callable[..., Any]
     declared: frozenset[Fusion]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer_core.testing.cases_attention import _indexer, _same_topk
-from deepinfer_core.testing.cases_dense import _hc_post, _hc_pre, inv_freq, randn
+from deepinfer_core.testing.cases_dense import _hc_post, _hc_pre, _swiglu, inv_freq, randn
 from deepinfer_core.testing.opcase import OpCase
 
 
@@ -61,6 +61,16 @@ def _hc_post_site_norm(g):
     return (y, residual, post, comb, *_hc_site_norm(g)[0][1:]), {}
 
 
+def _swiglu_mlp_add(quant: bool):
+    """The shared expert (plain or FP8-block weights) and the routed experts' output it is added to."""
+
+    def make(g):
+        (x, w1, w3, w2, limit), _ = _swiglu(quant, 1.5)(g)
+        return (x, w1, w3, w2, limit, randn(g, *x.shape, scale=0.5)), {}
+
+    return make
+
+
 def _indexer_select(g):
     """The indexer's case with unscaled bf16 weights and a scale: slot ids come back, not columns."""
     (q, w, keys, cand, k), _ = _indexer(g)
@@ -77,6 +87,8 @@ CASES = [
     OpCase(
         "dense", "hc_post_site_norm", "hc4_sinkhorn20", _hc_post_site_norm, atol=1e-5, rtol=1e-4, fusion=True
     ),
+    OpCase("dense", "swiglu_mlp_add", "plain", _swiglu_mlp_add(False), atol=1e-4, rtol=1e-4, fusion=True),
+    OpCase("dense", "swiglu_mlp_add", "fp8_block", _swiglu_mlp_add(True), atol=1e-4, rtol=1e-4, fusion=True),
     OpCase(
         "attention", "indexer_select", "slots_bf16_weights", _indexer_select, compare=_same_topk, fusion=True
     ),

@@ -64,7 +64,7 @@ class MoE(Module):
         else:
             routed = self._expert_parallel(x, ids, weights, ops)
         s = self.shared_experts
-        return routed + ops.dense.swiglu_mlp(x, s.w1.value, s.w3.value, s.w2.value, cfg.swiglu_limit)
+        return ops.fused.swiglu_mlp_add(x, s.w1.value, s.w3.value, s.w2.value, cfg.swiglu_limit, routed)
 
     def _expert_parallel(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ops: Backends

@@ -73,7 +73,7 @@ class MoE(Module):
             weights = torch.nn.functional.softplus(logits.gather(1, ids)).sqrt() * c.routed_scaling_factor
         routed = ops.moe.experts(x, ids, weights, self.routed, c.swiglu_limit)
         s = self.shared_experts
-        return routed + ops.dense.swiglu_mlp(x, s.w1.value, s.w3.value, s.w2.value, c.swiglu_limit)
+        return ops.fused.swiglu_mlp_add(x, s.w1.value, s.w3.value, s.w2.value, c.swiglu_limit, routed)
 
     def _route(
         self, logits: torch.Tensor, bias: torch.Tensor, ops: Backends

@@ -34,7 +34,11 @@ def test_v41_calls_its_declared_fused_ops_and_matches_the_compositions():
         assert [{t: lp.logprob for t, lp in d.items()} for d in a.logprobs] == [
             {t: lp.logprob for t, lp in d.items()} for d in b.logprobs
         ]
-    assert {Fusion.HC_SITE_NORM, Fusion.HC_POST_SITE_NORM, Fusion.RMS_NORM_ROPE, Fusion.LINEAR_F32} <= set(
-        CALLS
-    )
+    assert {
+        Fusion.HC_SITE_NORM,
+        Fusion.HC_POST_SITE_NORM,
+        Fusion.RMS_NORM_ROPE,
+        Fusion.LINEAR_F32,
+        Fusion.SWIGLU_MLP_ADD,
+    } <= set(CALLS)
     assert CALLS[Fusion.HC_SITE_NORM] == CALLS[Fusion.HC_POST_SITE_NORM] > 0  # one of each per block and step

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -48,6 +48,7 @@ def _arch(name: str, **switches):
 
 def v41_launches() -> dict:
     from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
     from deepinfer_core.ops.mhc import HCParams
     from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
     from deepinfer_core.ops.weights import ExpertWeights
@@ -86,6 +87,15 @@ def v41_launches() -> dict:
                 w1, w3 = (quantize_fp8_block(r(64, 128) * 0.1, "ue8m0", block=32) for _ in range(2))
                 w2 = quantize_fp8_block(r(128, 64) * 0.1, "ue8m0", block=32)
                 dense.swiglu_mlp(r(T, 128, dt=dt), w1, w3, w2, 10.0)
+                # the shared expert with the routed output added in its epilogue (plugin API 2.7): V4.1's 32 x 32
+                # and V4's 128 x 128 FP8 blocks
+                dense.swiglu_mlp_add(r(T, 128, dt=dt), w1, w3, w2, 10.0, r(T, 128, dt=dt))
+                v1, v3 = (quantize_fp8_block(r(64, 128) * 0.1, "ue8m0") for _ in range(2))
+                v2 = quantize_fp8_block(r(128, 64) * 0.1, "ue8m0")
+                dense.swiglu_mlp_add(r(T, 128, dt=dt), v1, v3, v2, 10.0, r(T, 128, dt=dt))
+                dense.engram_gate(
+                    r(T, 4, 128, dt=dt), r(T, 4, 128, dt=dt), r(T, 128, dt=dt), r(4, 128), 1e-20
+                )
                 f = kv_formats("auto", 64, 64, dt)
                 q = r(T, 8, 64, dt=dt)
                 kv, cmp = f.window.pack(r(40, 64, dt=dt)), f.compressed.pack(r(20, 64, dt=dt))
@@ -104,6 +114,12 @@ def v41_launches() -> dict:
                     act_quant.fp8_act_roundtrip(r(T, width, dt=dt))
                     act_quant.fp8_act_roundtrip(r(T * 6, width, dt=dt), row_w=torch.rand(T * 6, generator=g))
                     act_quant.fp8_act_codes(r(T, width, dt=dt))
+                # V4's FP8 KV, scales gathered per channel
+                with _arch("interpreter", fp8_kv_scale_gather=True):
+                    f8 = Fp8KVFormat(512, 64, dt)
+                    kv8, cmp8 = f8.pack(r(40, 512, dt=dt)), f8.pack(r(20, 512, dt=dt))
+                    q8 = r(T, 8, 512, dt=dt)
+                    attn.sparse_attention(q8, kv8, slots, cmp8, slots, r(8), 0.1, kv_format=f8)
             for width in (256, 8):  # an Engram table's codes and scales rows, read in the step
                 table = torch.randint(0, 256, (30, width), generator=g, dtype=torch.uint8)
                 host_rows(table, torch.randint(0, 30, (T * 4,), generator=g), torch.device("cpu"))
@@ -132,6 +148,7 @@ def v41_launches() -> dict:
         "_host_rows_kernel",
         "_act_quant_kernel",
         "_mx_gemm_kernel",
+        "_engram_gate_kernel",
     )
     return {
         k: dict(e, source="interpreter")
@@ -141,6 +158,8 @@ def v41_launches() -> dict:
         or e["constexprs"].get("KV_PACK", 0) > 0
         or e["constexprs"].get("KEY_PACK", 0) > 0
         or e["constexprs"].get("PRE_IN") is True
+        or e["constexprs"].get("HAS_ADD") is True
+        or e["constexprs"].get("FP8") == 2
     }
 
 

@@ -281,6 +281,49 @@ def test_linear_and_mlp_with_split_k_match_reference(ops, gen, gemm_kind, fmt, m
     assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]
 
 
+@pytest.mark.parametrize("fmt", ["plain", "fp8_block32", "fp4_e2m1"])
+@pytest.mark.parametrize(
+    "split, dtype, rows",
+    [
+        ("whole_k", torch.float32, 1),
+        ("whole_k", torch.bfloat16, 1),
+        ("whole_k", torch.bfloat16, 3),
+        ("split_k", torch.bfloat16, 3),
+        ("split_finish", torch.bfloat16, 1),
+    ],
+)
+def test_swiglu_mlp_add_is_the_mlp_then_the_add(ops, gen, gemm_kind, fmt, rows, split, dtype, monkeypatch):
+    """The shared expert with the routed output added in its down projection's epilogue (``swiglu_mlp_add``)
+    equals this backend's ``swiglu_mlp`` followed by a torch add, bit for bit: the epilogue rounds the GEMM's
+    result to the output dtype, then adds and rounds again, as the two ops do. Whole K, split K finished by a
+    second launch, and split K finished by the last slice; and the reference's composition to its bound."""
+    from dataclasses import replace
+
+    from deepinfer_core.ops.compose import compose_swiglu_mlp_add
+    from deepinfer_cuda_sm100 import dispatch, settings
+
+    if split != "whole_k":
+        orig = dispatch.gemm_config
+        monkeypatch.setattr(dispatch, "gemm_config", lambda *a, **k: replace(orig(*a, **k), split_k=3))
+        settings.use(settings.CudaSM100Settings(splitk_finish=split == "split_finish"))
+    x = rand(gen, rows, 320, dtype=dtype)
+    w1, w3, w2 = _weight(gen, fmt, 128, 320), _weight(gen, fmt, 128, 320), _weight(gen, fmt, 320, 128)
+    add = rand(gen, rows, 320, dtype=dtype, scale=2.0)
+    ws = [_to_dev(v) for v in (w1, w3, w2)]
+    got = ops.swiglu_mlp_add(dev(x), *ws, 0.5, dev(add))
+    assert got.dtype == dtype and got.shape == (rows, 320)
+    assert torch.equal(got, ops.swiglu_mlp(dev(x), *ws, 0.5) + dev(add))
+    want = compose_swiglu_mlp_add(REF, x, w1, w3, w2, 0.5, add)
+    assert rel_err(got, want) < BOUND[dtype]
+
+
+def test_swiglu_mlp_add_refuses_an_add_of_another_shape(ops, gen):
+    w1, w3, w2 = (_to_dev(_weight(gen, "plain", *shape)) for shape in ((32, 64), (32, 64), (64, 32)))
+    x = dev(rand(gen, 2, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="add is"):
+        ops.swiglu_mlp_add(x, w1, w3, w2, 0.0, dev(rand(gen, 2, 32, dtype=torch.bfloat16)))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_plain_grouped_linear_beyond_decode_sizes_keeps_a_gemm_per_group(ops, gen, monkeypatch, dtype):
     """Plain weights take the grouped GEMM up to ``PLAIN_GROUPED_MAX_TOKENS`` rows only (a prefill chunk keeps
@@ -460,9 +503,17 @@ def test_v41_hc_mixes_and_collapse_match_reference(ops, gen, dtype, T):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_v41_engram_gate_runs_all_rows_as_the_reference_runs_each(ops, gen, dtype):
-    h, key = rand(gen, 7, 4, 48, dtype=dtype), rand(gen, 7, 4, 48, dtype=dtype)
-    value, weight = rand(gen, 7, 48, dtype=dtype), rand(gen, 4, 48)
+@pytest.mark.parametrize("D", [48, 2100])
+def test_v41_engram_gate_runs_all_rows_as_the_reference_runs_each(ops, gen, dtype, D):
+    """The one-launch gate (``kernels/engram.py``) against the reference, which runs each token alone: rows of
+    one partial chunk and of two chunks (2,048 a chunk), one row of zeros (gate ``sigmoid(1e-3)``: the floor),
+    and a key read through a stride, as the model slices it out of ``wkv``'s output. (The conformance case
+    ``dense.engram_gate[hc4_tiny_and_zero_rows]`` adds a row whose dot products sit under the floor.)"""
+    h, value, weight = rand(gen, 7, 4, D, dtype=dtype), rand(gen, 7, D, dtype=dtype), rand(gen, 4, D)
+    key = rand(gen, 7, 5 * D, dtype=dtype)[:, : 4 * D].view(7, 4, D)
+    h[5], key[5] = 0.0, 0.0
     got = ops.engram_gate(*dev(h, key, value, weight), 1e-6)
     assert got.dtype == dtype
     assert rel_err(got, REF.engram_gate(h, key, value, weight, 1e-6)) < BOUND[dtype]
+    floor = (torch.sigmoid(torch.tensor(1e-3)) * value[5].float()).expand(4, D)
+    assert torch.allclose(got[5].cpu().float(), floor, rtol=2**-7 if dtype != torch.float32 else 1e-6, atol=0)

@@ -75,8 +75,8 @@ def test_defaults_are_the_measured_choices():
     """The H200's choices (benchmarks/gpu/NOTES.md), with two not yet measured: ``mx_gemm`` on (no SM100 was
     reachable; the only SM100 path for the release's FP8 activations that uses the MX MMA) and ``graphed_probs``
     off (written after the last device call of 2026-12-05: off until it has run on a GPU); ``fp8_mma`` off as
-    measured (8-12% of the BF16 matmul rate, v25)."""
+    measured (8-12% of the BF16 matmul rate, v25); ``fp8_kv_scale_gather`` off until its A/B has run (v28)."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
-        "tilelang": True, "graphed_probs": False,
+        "tilelang": True, "graphed_probs": False, "fp8_kv_scale_gather": False,
     }  # fmt: skip

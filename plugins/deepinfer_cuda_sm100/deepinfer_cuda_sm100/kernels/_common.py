@@ -78,9 +78,9 @@ def swiglu(gate, up, limit):
 
 
 @triton.jit
-def store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
-               GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, SPLIT_K: tl.constexpr,
-               FINISH: tl.constexpr = False):  # fmt: skip
+def store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, ws_ptr, cnt_ptr, R, N, stride_cm,
+               limit, GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, SPLIT_K: tl.constexpr,
+               FINISH: tl.constexpr = False, HAS_ADD: tl.constexpr = False):  # fmt: skip
     """The end of a grouped-GEMM tile (``acc``, and ``acc2`` = up when ``GATED``; rows by sorted row).
 
     With ``SPLIT_K > 1`` the float32 partials go to this K slice's workspace; ``_splitk_epilogue_kernel``
@@ -94,17 +94,19 @@ def store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, 
         if GATED:
             tl.store(part + R * N + off, acc2, mask=wm)
         if FINISH:
-            finish_split(rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
-                         GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K)  # fmt: skip
+            finish_split(rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, ws_ptr, cnt_ptr, R, N, stride_cm,
+                         limit, GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, HAS_ADD)  # fmt: skip
     else:
-        epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm, limit, GATED, HAS_C_IDX,
-                 HAS_ROW_W)  # fmt: skip
+        epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, stride_cm, limit, GATED,
+                 HAS_C_IDX, HAS_ROW_W, HAS_ADD)  # fmt: skip
 
 
 @triton.jit
-def epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm, limit, GATED: tl.constexpr,
-             HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr):  # fmt: skip
-    """SwiGLU (``GATED``), per-row weight, scatter to ``c_idx`` rows, cast, store."""
+def epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, stride_cm, limit, GATED: tl.constexpr,
+             HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, HAS_ADD: tl.constexpr = False):  # fmt: skip
+    """SwiGLU (``GATED``), per-row weight, scatter to ``c_idx`` rows, cast, store. ``HAS_ADD``: the cast result
+    plus ``add_ptr``'s element at the same place (laid out as ``c``), rounded again: the two roundings of a
+    GEMM's output and then a torch add of the two (``compose_swiglu_mlp_add``)."""
     if GATED:
         acc = swiglu(acc, acc2, limit)
     if HAS_ROW_W:
@@ -113,13 +115,30 @@ def epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm,
         c_rows = tl.load(c_idx_ptr + rows, mask=rm, other=0)
     else:
         c_rows = rows
-    tl.store(c_ptr + c_rows[:, None].to(tl.int64) * stride_cm + n[None, :], acc.to(c_ptr.dtype.element_ty),
-             mask=rm[:, None] & nm[None, :])  # fmt: skip
+    off = c_rows[:, None].to(tl.int64) * stride_cm + n[None, :]
+    out = acc.to(c_ptr.dtype.element_ty)
+    if HAS_ADD:
+        other = tl.load(add_ptr + off, mask=rm[:, None] & nm[None, :], other=0.0)
+        out = round_nearest_even(out.to(tl.float32) + other.to(tl.float32), c_ptr.dtype.element_ty)
+    tl.store(c_ptr + off, out, mask=rm[:, None] & nm[None, :])
 
 
 @triton.jit
-def finish_split(rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
-                 GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+def round_nearest_even(x, DT: tl.constexpr):
+    """float32 ``x`` to ``DT`` rounded to nearest, ties to even, as torch rounds (finite values): bfloat16 by its
+    bits, since the Triton interpreter's own float32 -> bfloat16 cast truncates; other dtypes by a cast."""
+    if DT == tl.bfloat16:
+        b = x.to(tl.uint32, bitcast=True)
+        b = b + 0x7FFF + ((b >> 16) & 1)
+        return (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def finish_split(rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
+                 GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr, SPLIT_K: tl.constexpr,
+                 HAS_ADD: tl.constexpr = False):  # fmt: skip
     """Split-K without a second launch: each K slice of an output tile, its partial stored, counts itself in
     the tile's counter (``cnt_ptr``, zero between launches); the last one sums the ``SPLIT_K`` partials in
     slice order, as ``_splitk_epilogue_kernel`` does (the same floats), runs :func:`epilogue` and zeroes the
@@ -140,8 +159,8 @@ def finish_split(rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, 
             acc += tl.load(ws_ptr + s * stride + off, mask=wm, other=0.0, cache_modifier=".cg")
             if GATED:
                 acc2 += tl.load(ws_ptr + s * stride + R * N + off, mask=wm, other=0.0, cache_modifier=".cg")
-        epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm, limit, GATED, HAS_C_IDX,
-                 HAS_ROW_W)  # fmt: skip
+        epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, stride_cm, limit, GATED,
+                 HAS_C_IDX, HAS_ROW_W, HAS_ADD)  # fmt: skip
         tl.atomic_xchg(slot, 0)
 
 

@@ -292,7 +292,7 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
 
 @triton.jit
 def _grouped_gemv_kernel(
-    a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr,
+    a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr, add_ptr,
     w_tab, s_tab, up_tab, up_s_tab,
     tile_expert_ptr, tile_start_ptr, tile_end_ptr,
     N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
@@ -301,7 +301,7 @@ def _grouped_gemv_kernel(
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr, EVEN_N: tl.constexpr = False, FP4_H2: tl.constexpr = 0,
-    FINISH: tl.constexpr = False, SB: tl.constexpr = 128, PDL: tl.constexpr = False,
+    FINISH: tl.constexpr = False, SB: tl.constexpr = 128, HAS_ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``SB``: the FP8 scale block (rows and columns; ``BLOCK_N`` divides it). ``EVEN_N``: ``N`` is whole ``BLOCK_N`` blocks (with ``ALIGNED``, one-row FP8 tiles load without masks).
     ``FP4_H2``: one-row FP4 tiles (``ALIGNED``, bf16 or float16 activations) in float16 pair arithmetic
@@ -339,5 +339,5 @@ def _grouped_gemv_kernel(
                               k_lo, k_hi, K, stride_wn, stride_sn, stride_sk, FMT, GATED, HAS_A_IDX, BLOCK_M,
                               BLOCK_N, BLOCK_K, ALIGNED, FP4_ASM, SB)  # fmt: skip
     rows = r0 + mi
-    store_tile(acc, acc2, rows, rows < r1, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
-               GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH)  # fmt: skip
+    store_tile(acc, acc2, rows, rows < r1, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, ws_ptr, cnt_ptr, R, N,
+               stride_cm, limit, GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH, HAS_ADD)  # fmt: skip

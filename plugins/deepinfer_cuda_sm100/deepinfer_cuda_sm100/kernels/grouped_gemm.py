@@ -131,7 +131,7 @@ def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr,
+    a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr, add_ptr,
     w_tab, s_tab, up_tab, up_s_tab,
     tile_expert_ptr, tile_start_ptr, tile_end_ptr,
     N, K, stride_am, stride_cm, stride_wn, stride_sn, stride_sk, limit,
@@ -140,7 +140,7 @@ def _grouped_gemm_kernel(
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
-    FINISH: tl.constexpr = False, SB: tl.constexpr = 128, PDL: tl.constexpr = False,
+    FINISH: tl.constexpr = False, SB: tl.constexpr = 128, HAS_ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl_enter(PDL)
     tile = tl.program_id(0)
@@ -175,8 +175,8 @@ def _grouped_gemm_kernel(
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
                              BLOCK_K, BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED, SB)  # fmt: skip
-    store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, ws_ptr, cnt_ptr, R, N, stride_cm, limit,
-               GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH)  # fmt: skip
+    store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, ws_ptr, cnt_ptr, R, N, stride_cm,
+               limit, GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH, HAS_ADD)  # fmt: skip
 
 
 @dataclass
@@ -289,10 +289,10 @@ def tile_schedule(local_ids: torch.Tensor, num_experts: int, block_m: int):
 
 @triton.jit
 def _splitk_epilogue_kernel(
-    ws_ptr, c_ptr, c_idx_ptr, row_w_ptr, R, N, stride_cm, limit,
+    ws_ptr, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, R, N, stride_cm, limit,
     SPLIT_K: tl.constexpr, GATED: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr = False,
+    HAS_ADD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Sum the ``SPLIT_K`` partials of sorted row ``program_id(0)`` in a fixed order (deterministic), then
     the epilogue of :func:`_grouped_gemm_kernel`: SwiGLU, row weight, scatter, cast."""
@@ -308,8 +308,8 @@ def _splitk_epilogue_kernel(
         acc += tl.load(ws_ptr + s * stride + off, mask=nm[None, :], other=0.0)
         if GATED:
             acc2 += tl.load(ws_ptr + s * stride + R * N + off, mask=nm[None, :], other=0.0)
-    epilogue(acc, acc2, rows, rows < R, n, nm, c_ptr, c_idx_ptr, row_w_ptr, stride_cm, limit, GATED, HAS_C_IDX,
-             HAS_ROW_W)  # fmt: skip
+    epilogue(acc, acc2, rows, rows < R, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, stride_cm, limit, GATED,
+             HAS_C_IDX, HAS_ROW_W, HAS_ADD)  # fmt: skip
 
 
 def grouped_gemm(
@@ -325,13 +325,17 @@ def grouped_gemm(
     gate_table: WeightTable | None = None,
     limit: float = 0.0,
     all_rows_tiled: bool = False,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch one grouped GEMM. With ``gate_table`` (``w1``), ``table`` is ``w3`` and the result is the
     clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given.
     ``all_rows_tiled``: every sorted row lies in some tile (a dense grouped linear, experts when this rank
     holds them all), so a split-K workspace needs no zeroing, and the last K slice of each tile may finish it
-    (``dispatch.split_finish``: no epilogue launch)."""
+    (``dispatch.split_finish``: no epilogue launch). ``add``: a tensor laid out as ``out`` whose elements are added
+    to the cast result and rounded again (``epilogue``'s ``HAS_ADD``; rows by sorted row, no ``c_idx``)."""
     tile_expert, tile_start, tile_end = sched
+    if add is not None and (c_idx is not None or add.shape != out.shape or add.stride() != out.stride()):
+        raise ValueError("add must be laid out as out, and rows are not scattered (c_idx) when it is given")
     if cfg.gemv and table.fmt == 1 and table.scale_block % cfg.block_n:
         raise ValueError(f"GEMV block_n {cfg.block_n} must divide the FP8 scale block {table.scale_block}")
     first = gate_table if gate_table is not None else table
@@ -355,7 +359,7 @@ def grouped_gemm(
     cnt = arrival_counters(a.device) if finish else ws
     args = (
         a, a_idx if a_idx is not None else tile_start, out, c_idx if c_idx is not None else tile_start,
-        row_w if row_w is not None else out,
+        row_w if row_w is not None else out, add if add is not None else out,
         first.ptrs, first.scale_ptrs, table.ptrs, table.scale_ptrs,
         tile_expert, tile_start, tile_end,
         table.n, table.k, a.stride(0), out.stride(0), table.stride_wn, table.stride_sn, table.stride_sk, limit,
@@ -366,7 +370,7 @@ def grouped_gemm(
         GATED=gated, HAS_A_IDX=a_idx is not None, HAS_C_IDX=c_idx is not None,
         HAS_ROW_W=row_w is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT_K=split, ALIGNED=aligned, FINISH=finish, SB=table.scale_block, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        num_stages=cfg.num_stages, HAS_ADD=add is not None,
     )  # fmt: skip
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
         ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])
@@ -383,8 +387,8 @@ def grouped_gemm(
         bn = min(1024, triton.next_power_of_2(table.n))
         _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](
             ws, out, c_idx if c_idx is not None else tile_start, row_w if row_w is not None else out,
-            rows, table.n, out.stride(0), limit,
+            add if add is not None else out, rows, table.n, out.stride(0), limit,
             SPLIT_K=split, GATED=gated, HAS_C_IDX=c_idx is not None, HAS_ROW_W=row_w is not None,
-            BLOCK_N=bn, num_warps=4, **dispatch.pdl_args(a.shape[0]),
+            BLOCK_N=bn, num_warps=4, HAS_ADD=add is not None, **dispatch.pdl_args(a.shape[0]),
         )  # fmt: skip
     return out

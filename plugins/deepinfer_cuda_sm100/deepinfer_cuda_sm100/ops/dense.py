@@ -28,10 +28,9 @@ from deepinfer_core.plugin_api import (
     compose_hc_site_norm,
     compose_linear_f32,
     compose_rms_norm_rope,
-    engram_gate_rows,
 )
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels import act_quant, mhc, mx_gemm, norm_rope
+from deepinfer_cuda_sm100.kernels import act_quant, engram, mhc, mx_gemm, norm_rope
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
 from deepinfer_cuda_sm100.ops._tables import ScheduleCache, TableCache
 
@@ -45,6 +44,7 @@ class CudaDenseOps(DenseOps):
             Fusion.HC_SITE_NORM,
             Fusion.HC_POST_SITE_NORM,
             Fusion.LINEAR_F32,
+            Fusion.SWIGLU_MLP_ADD,
         }
     )
     activation_quant = True  # kernels/act_quant.py, and SM100's MX GEMM
@@ -185,13 +185,20 @@ class CudaDenseOps(DenseOps):
         return mhc.hc_collapse(x, pre)
 
     def engram_gate(self, h, key, value, weight, eps):
-        """The core's row arithmetic on all tokens at once (torch, ~10 launches; the default loops over tokens)."""
-        return engram_gate_rows(h, key, value, weight, eps)
+        """One launch (:mod:`deepinfer_cuda_sm100.kernels.engram`); the core's row arithmetic was ~10 torch launches."""
+        return engram.engram_gate(h, key, value, weight, eps)
 
     def hc_head(self, x, hc: HCParams):
         return mhc.hc_head(x, hc.fn, hc.base, hc.scale, hc.hc_eps, hc.norm_eps)
 
     def swiglu_mlp(self, x, w1, w3, w2, limit):
+        return self._swiglu_mlp(x, w1, w3, w2, limit, None)
+
+    def swiglu_mlp_add(self, x, w1, w3, w2, limit, add):
+        """The down projection's epilogue adds ``add`` (the routed experts' output): no separate add launch."""
+        return self._swiglu_mlp(x, w1, w3, w2, limit, add)
+
+    def _swiglu_mlp(self, x, w1, w3, w2, limit, add):
         up = self._tables.get(
             (w1, w3, w2), lambda: [gg.WeightTable.build([w], x.device) for w in (w1, w3, w2)]
         )
@@ -199,6 +206,12 @@ class CudaDenseOps(DenseOps):
         T = x.shape[0]
         h = torch.empty((T, t1.n), dtype=x.dtype, device=x.device)
         out = torch.empty((T, t2.n), dtype=x.dtype, device=x.device)
+        if add is not None:
+            if add.shape != out.shape or add.dtype != out.dtype:
+                raise ValueError(
+                    f"add is {tuple(add.shape)} {add.dtype}; the MLP gives {tuple(out.shape)} {out.dtype}"
+                )
+            add = add.contiguous()
         if T == 0:
             return out
         if act_block(w1) != act_block(w3):
@@ -211,7 +224,7 @@ class CudaDenseOps(DenseOps):
         fmt2 = w2.format if isinstance(w2, QuantizedWeight) else "plain"
         cfg_dn = dispatch.gemm_config(T, t2.n, t2.k, fmt2, gated=False, active=(T, 1))
         cfg_dn = replace(cfg_dn, block_m=cfg_up.block_m)
-        gg.grouped_gemm(_act_input(h, w2), t2, sched, out, cfg_dn)
+        gg.grouped_gemm(_act_input(h, w2), t2, sched, out, cfg_dn, add=add)
         return out
 
 
