@@ -54,6 +54,14 @@ class Compressor(Module):
             self.wgate = bf16("wgate.weight", d, hidden)
         self.norm = bf16("norm.weight", d)
 
+    def post_load(self) -> None:
+        """The ratio-2 pooling's zero position bias and zero RoPE frequency, made once on the weights' device (made
+        in every step they were two more launches a layer, memsets inside a decode graph)."""
+        if self.ratio > 1:
+            device, d = self.wkv.value.device, self.wkv.shape[0]
+            self.no_bias = torch.zeros(self.ratio, d, dtype=torch.float32, device=device)
+            self.no_rope = torch.zeros(1, dtype=torch.float32, device=device)  # angle 0: cos 1, sin 0, exact
+
     def latent(
         self,
         x: torch.Tensor,
@@ -67,12 +75,15 @@ class Compressor(Module):
         if self.ratio == 1:  # every token is an entry
             return dense.rms_norm(dense.linear(x, self.wkv.value), self.norm.value, self.eps)
         kv, score = dense.linear(x, self.wkv.value), dense.linear(x, self.wgate.value)
-        no_bias = torch.zeros(self.ratio, kv.shape[1], dtype=torch.float32, device=kv.device)
-        ops.attention.write_compressor_state(state, addr.token_slots, kv, score, no_bias, addr.positions)
+        ops.attention.write_compressor_state(state, addr.token_slots, kv, score, self.no_bias, addr.positions)
         src = state[comp.src_slots]  # [E, ratio, 2, d]: a closing group has all its tokens
-        no_rope = torch.zeros(1, dtype=torch.float32, device=kv.device)  # angle 0: cos 1, sin 0, exact
         return ops.attention.compress(
-            src[:, :, 0].to(x.dtype), src[:, :, 1], self.norm.value, self.eps, comp.entry_positions, no_rope
+            src[:, :, 0].to(x.dtype),
+            src[:, :, 1],
+            self.norm.value,
+            self.eps,
+            comp.entry_positions,
+            self.no_rope,
         )
 
 
