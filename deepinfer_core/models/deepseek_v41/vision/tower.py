@@ -150,7 +150,7 @@ class VisionTower:
             o = attention.encoder_attention(q, k, v, cu, scale)
             x = x + dense.linear(o.flatten(1), blk.wo) + blk.bo
             h = dense.rms_norm(x, blk.norm2, self.cfg.norm_eps)
-            x = x + dense.swiglu_mlp(h, blk.gate, blk.up, blk.down, 0.0)
+            x = backends.fused.swiglu_mlp_add(h, blk.gate, blk.up, blk.down, 0.0, x)  # x + the MLP
         return dense.rms_norm(x, self.norm, self.cfg.norm_eps)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
