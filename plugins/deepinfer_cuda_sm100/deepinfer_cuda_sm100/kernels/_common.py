@@ -124,13 +124,19 @@ def epilogue(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, s
 
 
 @triton.jit
+def bf16_grid(x):
+    """float32 ``x`` rounded to the nearest bfloat16 value, ties to even, still in float32 (finite values), by bits:
+    the Triton interpreter's own float32 -> bfloat16 cast truncates, and casting a value on the grid is exact."""
+    b = x.to(tl.int32, bitcast=True)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)  # -65536: 0xFFFF0000
+
+
+@triton.jit
 def round_nearest_even(x, DT: tl.constexpr):
-    """float32 ``x`` to ``DT`` rounded to nearest, ties to even, as torch rounds (finite values): bfloat16 by its
-    bits, since the Triton interpreter's own float32 -> bfloat16 cast truncates; other dtypes by a cast."""
+    """float32 ``x`` to ``DT`` rounded to nearest, ties to even, as torch rounds (finite values): bfloat16 through
+    :func:`bf16_grid`, other dtypes by a cast."""
     if DT == tl.bfloat16:
-        b = x.to(tl.uint32, bitcast=True)
-        b = b + 0x7FFF + ((b >> 16) & 1)
-        return (b >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return bf16_grid(x).to(tl.bfloat16)
     else:
         return x.to(DT)
 

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import e4m3_grid, pdl_enter, pow2, pow2_ceil
+from deepinfer_cuda_sm100.kernels._common import bf16_grid, e4m3_grid, pdl_enter, pow2, pow2_ceil
 
 
 @triton.jit
@@ -33,11 +33,8 @@ def _act_quant_kernel(x_ptr, w_ptr, out_ptr, scale_ptr, stride_x, stride_o, NG, 
     x = tl.load(x_ptr + r * stride_x + col, mask=m, other=0.0).to(tl.float32)
     if HAS_W:
         x = x * tl.load(w_ptr + r)
-        if (
-            x_ptr.dtype.element_ty == tl.bfloat16
-        ):  # to bf16, nearest even, by bits (the interpreter truncates)
-            b = x.to(tl.int32, bitcast=True)
-            x = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)  # -65536: 0xFFFF0000
+        if x_ptr.dtype.element_ty == tl.bfloat16:  # to bf16, nearest even, by bits
+            x = bf16_grid(x)
         else:
             x = x.to(x_ptr.dtype.element_ty).to(tl.float32)
     s, e = pow2_ceil(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4) * (1.0 / 448.0))
