@@ -55,10 +55,10 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     torch,
     triton,
 )
+from check_fusions import check_dense_fusions
 from cuda_settings import use_env_settings
 
 from deepinfer_core.ops.compose import compose_hc_post_pre, compose_hc_pre_norm  # noqa: E402
-from deepinfer_core.ops.dense import engram_gate_rows  # noqa: E402
 from deepinfer_core.ops.mhc import HCParams  # noqa: E402
 from deepinfer_core.ops.quant_formats import dequant  # noqa: E402
 from deepinfer_core.ops.reference import reference_op  # noqa: E402
@@ -144,28 +144,7 @@ def check_dense():
         record("swiglu_mlp[fp8]", f"{T}x{HIDDEN}, I={INTER}", err, BOUND["bf16"],
                bench(lambda: ops.swiglu_mlp(x, w1, w3, w2, 10.0)), 3 * HIDDEN * INTER + 4 * T * HIDDEN,
                6 * T * HIDDEN * INTER)  # fmt: skip
-    # the shared expert plus the routed output in its epilogue (plugin API 2.7): bit for bit the MLP, then the add
-    for T in sizes(1, 16):
-        x, routed = rnd(T, HIDDEN), rnd(T, HIDDEN)
-        out = poisoned(lambda: ops.swiglu_mlp_add(x, w1, w3, w2, 10.0, routed))
-        same = torch.equal(out, ops.swiglu_mlp(x, w1, w3, w2, 10.0) + routed)
-        record("swiglu_mlp_add[fp8]", f"{T}x{HIDDEN}, I={INTER}", 0.0 if same else float("inf"), BOUND["f32"],
-               bench(lambda: ops.swiglu_mlp_add(x, w1, w3, w2, 10.0, routed)), 3 * HIDDEN * INTER + 6 * T * HIDDEN,
-               6 * T * HIDDEN * INTER,
-               note=f"swiglu_mlp + add {bench(lambda: ops.swiglu_mlp(x, w1, w3, w2, 10.0) + routed) * 1e3:.1f} us")  # fmt: skip
-    # V4.1's Engram gate in one launch (4 streams)
-    for T in sizes(1, 16):
-        h, key, value, weight = (
-            rnd(T, 4, HIDDEN),
-            rnd(T, 4, HIDDEN),
-            rnd(T, HIDDEN),
-            rnd(4, HIDDEN, dtype=F32),
-        )
-        out = poisoned(lambda: ops.engram_gate(h, key, value, weight, 1e-20))
-        want = ref.engram_gate(*(v.cpu() for v in (h, key, value, weight)), 1e-20)
-        record("engram_gate", f"{T}x4x{HIDDEN}", rel_err(out, want), BOUND["bf16"],
-               bench(lambda: ops.engram_gate(h, key, value, weight, 1e-20)), 2 * (9 * T * HIDDEN) + 4 * 4 * HIDDEN,
-               note=f"torch rows {bench(lambda: engram_gate_rows(h, key, value, weight, 1e-20)) * 1e3:.1f} us")  # fmt: skip
+    check_dense_fusions(ops, ref, w1, w3, w2)
 
 
 def rand_qweight(fmt, out_f, in_f) -> QuantizedWeight:
