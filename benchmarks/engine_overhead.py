@@ -9,7 +9,7 @@ the engine's parts (so the same script measures any revision of the engine):
 
 - ``schedule``: ``Scheduler.schedule``;
 - ``prepare``: ``ModelRunner.prepare``: inputs, block tables, ``model.plan``, the copy to the device;
-- ``rest``: everything else on the host: the sampler's own work (parameter tensors, generators), output
+- ``rest``: everything else on the host: the sampler's own work (parameter and key tensors), output
   processing (token append, stop checks), ``Scheduler.update``, request bookkeeping;
 - ``host``: the sum, i.e. the step minus the forward pass (``ModelRunner.run``) and the sampling ops
   (``backends.sampling``), which are device work on a real platform (``forward``, ``sampling_ops``).

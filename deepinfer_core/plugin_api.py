@@ -44,6 +44,9 @@ _WHERE: dict[str, tuple[str, str]] = {
     "ExpertWeights": ("deepinfer_core.ops.weights", "ExpertWeights"),
     "QuantizedWeight": ("deepinfer_core.ops.weights", "QuantizedWeight"),
     "SamplingTensors": ("deepinfer_core.ops.sampling", "SamplingTensors"),
+    # keyed randomness (2.8): the module (constants, keys, uniforms, race) and the vectorised verification
+    "draws": ("deepinfer_core.ops.draws", ""),
+    "keyed_rejection": ("deepinfer_core.ops.sampling", "keyed_rejection"),
     "ScoreFunc": ("deepinfer_core.ops.moe", "ScoreFunc"),
     "Weight": ("deepinfer_core.ops.weights", "Weight"),
     "HCParams": ("deepinfer_core.ops.mhc", "HCParams"),
@@ -98,7 +101,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(
             f"deepinfer_core.plugin_api has no name {name!r}; the API is __all__ (docs/plugins.md)"
         )
-    value = getattr(importlib.import_module(where[0]), where[1])
+    module = importlib.import_module(where[0])
+    value = getattr(module, where[1]) if where[1] else module  # "": the module itself
     globals()[name] = value
     return value
 

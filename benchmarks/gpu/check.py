@@ -58,6 +58,7 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
 from check_fusions import check_dense_fusions
 from cuda_settings import use_env_settings
 
+from deepinfer_core.ops import draws  # noqa: E402
 from deepinfer_core.ops.compose import compose_hc_post_pre, compose_hc_pre_norm  # noqa: E402
 from deepinfer_core.ops.mhc import HCParams  # noqa: E402
 from deepinfer_core.ops.quant_formats import dequant  # noqa: E402
@@ -322,14 +323,34 @@ def check_sampling():
         record(f"probs graphed[{b}]", f"B={b} V={V}", rel_err(p, want) if same else float("inf"), BOUND["f32"],
                bench(lambda: ops.probs(lg, prm)), b * V * 8)  # fmt: skip
     p = ops.probs(logits, params)
-    record(
-        "sample (torch on GPU)",
-        f"B={B} V={V}",
-        None,
-        None,
-        bench(lambda: ops.sample(p, [None] * B)),
-        B * V * 8,
-    )
+    for b in (
+        1,
+        B,
+    ):  # the keyed draw: one Triton launch, the core's torch draws, a generator a row (before 2.8)
+        pb_, seeds = p[:b].contiguous(), torch.randint(0, 2**62, (b,), device=DEV, generator=G)
+        at = torch.randint(0, 2**20, (b,), device=DEV, generator=G)
+        got = ops.sample_keyed(pb_, seeds, at)
+        ok = torch.equal(got, draws.draw(pb_, seeds, at))
+        record(f"sample_keyed[{b}]", f"B={b} V={V}", 0.0 if ok else float("inf"), BOUND["f32"],
+               bench(lambda: ops.sample_keyed(pb_, seeds, at)), b * V * 4)  # fmt: skip
+        record("  core torch draws.draw", f"B={b} V={V}", None, None, bench(lambda: draws.draw(pb_, seeds, at)),
+               b * V * 4)  # fmt: skip
+        gens = [torch.Generator(DEV).manual_seed(i) for i in range(b)]
+
+        def per_row_generators():
+            q = torch.empty_like(pb_)
+            for i, g in enumerate(gens):
+                q[i].exponential_(generator=g)
+            return (pb_ / q).argmax(-1)
+
+        record(
+            "  a generator a row (before 2.8)",
+            f"B={b} V={V}",
+            None,
+            None,
+            bench(per_row_generators),
+            b * V * 4,
+        )
 
 
 # ----------------------------------------------------------------------------- sweeps

@@ -97,8 +97,13 @@ class OverlapLoop:
         runner = e.runner
         logits = runner.run(runner.prepare(sched))
         pb = runner.batch
-        rows = [pb.row_of[s.seq.seq_id] for s in sched.scheduled if s.samples]
-        samples = e.sampler.launch(logits, sched, pb.sampling_tensors(rows, logits.device) if rows else None)
+        drawn = [
+            s for s in sched.scheduled if s.samples
+        ]  # (no draft rounds: those steps run without overlap)
+        rows, at = [pb.row_of[s.seq.seq_id] for s in drawn], [s.end for s in drawn]
+        samples = e.sampler.launch(
+            logits, sched, pb.sampling_tensors(rows, logits.device, at) if rows else None
+        )
         if samples.tokens is not None:
             runner.store_tokens(samples.seqs, samples.tokens)
         e.scheduler.advance(sched)

@@ -10,7 +10,8 @@ its row, and a new owner writes ``tokens[row]`` (by sampling) before it reads it
   which a decode step inside a block never does; a step's block tables are one gather of its rows.
 - ``tokens[row]``: on the device, the last token sampled for the row (written by the step that sampled it,
   on the device; read by the next step's inputs without the host seeing it: overlap scheduling).
-- the sampling parameters (temperature, top-k, top-p, min-p) of the row's request, written once.
+- the sampling parameters (temperature, top-k, top-p, min-p) of the row's request, written once; with the
+  owner's sampling seed, they are all a step's draws need (keyed randomness: no generator per row).
 
 Row ``capacity`` (one past the last) is all padding (``-1`` tables), used for the padded sequences of a
 static step. Rows are reused lowest first.
@@ -150,8 +151,13 @@ class PersistentBatch:
             out[g] = self.tables[g][idx, :cols]
         return out
 
-    def sampling_tensors(self, rows: list[int], device: torch.device) -> SamplingTensors:
-        (p,) = move_together([self.params[:, rows]], device)
+    def sampling_tensors(
+        self, rows: list[int], device: torch.device, positions: list[int]
+    ) -> SamplingTensors:
+        """The rows' parameters and keyed randomness: each owner's sampling seed, and ``positions`` (of the
+        tokens the rows draw)."""
+        keyed = torch.tensor([[self.owner[r].sampling_seed for r in rows], positions], dtype=torch.int64)
+        p, k = move_together([self.params[:, rows], keyed], device)
         cuts = self.cuts
         uses = (any(cuts[r][i] for r in rows) for i in range(3))  # Python over the rows: no torch op
-        return SamplingTensors(p[0], p[1].to(torch.int64), p[2], p[3], *uses)
+        return SamplingTensors(p[0], p[1].to(torch.int64), p[2], p[3], *uses, seeds=k[0], positions=k[1])

@@ -1,6 +1,6 @@
 """The engine's :class:`~deepinfer_core.spec_decode.ProposerContext`: the runner's tap, KV reservation, the
-pools, draft batches that run as captured graphs like decode steps, and the sampling transform and draft
-generators a proposer samples its drafts with."""
+pools, draft batches that run as captured graphs like decode steps, and the sampling transform and the keyed
+draws a proposer samples its drafts with."""
 
 from __future__ import annotations
 
@@ -52,8 +52,13 @@ class EngineProposerContext(ProposerContext):
         return ops.probs(logits.float(), sampling_tensors(list(seqs), logits.device))
 
     def draw(self, seqs: Sequence[DraftSequence], probs: torch.Tensor) -> list[int]:
-        gens = [s.draft_generator(probs.device) for s in seqs]  # type: ignore[attr-defined] - engine sequences
-        return self._runner.backends.sampling.sample(probs, gens).tolist()
+        """Keyed at each sequence's ``(draft_seed, num_draft_draws)``, which then advances by one."""
+        keyed = []
+        for s in seqs:  # engine sequences
+            keyed.append((s.draft_seed, s.num_draft_draws))  # type: ignore[attr-defined]
+            s.num_draft_draws += 1  # type: ignore[attr-defined]
+        seeds, at = torch.tensor(keyed, dtype=torch.int64, device=probs.device).T
+        return self._runner.backends.sampling.sample_keyed(probs, seeds, at).tolist()
 
 
 def _dynamic_batch(

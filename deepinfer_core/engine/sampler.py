@@ -2,8 +2,9 @@
 
 Per sampling row, in order: logit bias, ``min_tokens`` (EOS and stop tokens masked), the grammar bitmask
 of structured-output requests, penalties, then
-greedy rows take the argmax and the others draw from ``ops.probs`` with the sequence's own generator
-(seeded from its seed and output position; see :meth:`Sequence.generator`). Reported logprobs are
+greedy rows take the argmax and the others draw from ``ops.probs`` with keyed randomness: the sequence's
+sampling seed and the position of the token drawn (``ops.sample_keyed``, :mod:`deepinfer_core.ops.draws`),
+so no generator state lives on the host and a whole batch draws in one launch. Reported logprobs are
 the log-softmax of the *raw* logits, before any of that processing.
 
 Two phases, so an overlapping engine never waits for the device inside a step: :meth:`Sampler.launch`
@@ -109,8 +110,17 @@ def _prompt_logprobs(logits: torch.Tensor, s: ScheduledSeq) -> list[tuple[int, R
 
 
 def _select(p: SamplingTensors, rows: torch.Tensor) -> SamplingTensors:
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[rows]
+
     return dataclasses.replace(
-        p, temperature=p.temperature[rows], top_k=p.top_k[rows], top_p=p.top_p[rows], min_p=p.min_p[rows]
+        p,
+        temperature=p.temperature[rows],
+        top_k=p.top_k[rows],
+        top_p=p.top_p[rows],
+        min_p=p.min_p[rows],
+        seeds=pick(p.seeds),
+        positions=pick(p.positions),
     )
 
 
@@ -141,9 +151,15 @@ def _with_top(lp: torch.Tensor, token: int, k: int) -> RawLogprobs:
     return _ranked(lp, [token] + [t for t in top if t != token])
 
 
-def sampling_tensors(seqs: list[Any], device: torch.device | None = None) -> SamplingTensors:
+def sampling_tensors(
+    seqs: list[Any], device: torch.device | None = None, positions: list[int] | None = None
+) -> SamplingTensors:
+    """The rows' parameters; with ``positions`` (of the tokens drawn) also their keyed randomness."""
     p = [s.params for s in seqs]
     cuts = [cuts_used(q.top_k, q.top_p, q.min_p) for q in p]
+    keyed = None
+    if positions is not None:
+        keyed = torch.tensor([[s.sampling_seed for s in seqs], positions], dtype=torch.int64, device=device)
     return SamplingTensors(
         temperature=torch.tensor([q.temperature for q in p], dtype=torch.float32, device=device),
         top_k=torch.tensor([q.top_k for q in p], dtype=torch.int64, device=device),
@@ -152,6 +168,8 @@ def sampling_tensors(seqs: list[Any], device: torch.device | None = None) -> Sam
         any_top_k=any(c[0] for c in cuts),
         any_top_p=any(c[1] for c in cuts),
         any_min_p=any(c[2] for c in cuts),
+        seeds=None if keyed is None else keyed[0],
+        positions=None if keyed is None else keyed[1],
     )
 
 
@@ -219,7 +237,8 @@ class Sampler:
                 x = logits.index_select(0, move_together([torch.tensor(row_ids)], logits.device)[0])
             seqs = [sched.scheduled[i].seq for i in idx]
             pending.idx, pending.seqs = idx, seqs
-            pending.tokens = self._sample_rows(x, seqs, idx, out, params)
+            positions = [sched.scheduled[i].end for i in idx]  # of the tokens drawn
+            pending.tokens = self._sample_rows(x, seqs, idx, out, params, positions)
             want = [j for j, s in enumerate(seqs) if s.params.logprobs is not None]
             if want:
                 pending.logprobs = (want, torch.log_softmax(x[want].float(), dim=-1))
@@ -235,23 +254,26 @@ class Sampler:
         idx: list[int],
         out: SamplerOutput,
         params: SamplingTensors | None = None,
+        positions: list[int] | None = None,
     ) -> torch.Tensor:
-        """The sampled token of each row, ``[len(seqs)]`` int64 on the device (nothing read back)."""
+        """The sampled token of each row, ``[len(seqs)]`` int64 on the device (nothing read back).
+        ``positions``: where each row's token goes (its draw is keyed there)."""
         x, dead = self._process(logits, seqs)
         for r, why in dead.items():
             out.failed[idx[r]] = why
         greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
         if len(greedy) == len(seqs):
             return self.ops.argmax(x)
+        if params is None or params.seeds is None:
+            params = sampling_tensors(seqs, x.device, positions)
         if not greedy:
-            return self._random(x, seqs, params)
+            return self._random(x, params)
         rand = [i for i, s in enumerate(seqs) if not s.params.greedy]
         dev = x.device
         tokens = torch.empty(len(seqs), dtype=torch.int64, device=dev)
         g, r = move_together([torch.tensor(greedy), torch.tensor(rand)], dev)
         tokens[g] = self.ops.argmax(x.index_select(0, g))
-        sub = None if params is None else _select(params, r)
-        tokens[r] = self._random(x.index_select(0, r), [seqs[i] for i in rand], sub)
+        tokens[r] = self._random(x.index_select(0, r), _select(params, r))
         return tokens
 
     def _verify(
@@ -283,7 +305,10 @@ class Sampler:
             for b, t in zip(greedy, verify.verify_greedy(self.ops, part, offs, [drafts[b] for b in greedy])):
                 tokens[b] = t
         if rand:
-            for b, t in zip(rand, self._verify_sampled(x, offsets, views, seqs, drafts, rand)):
+            first = [
+                sched.scheduled[i].end - sched.scheduled[i].num_drafts for i, _ in items
+            ]  # draft 0's position
+            for b, t in zip(rand, self._verify_sampled(x, offsets, views, seqs, drafts, rand, first)):
                 tokens[b] = t
         for b, ((i, _), seq) in enumerate(zip(items, seqs)):
             if self.spec_stats is not None:
@@ -302,6 +327,7 @@ class Sampler:
         seqs: list[Sequence],
         drafts: list[list[int]],
         rand: list[int],
+        first: list[int],
     ) -> list[list[int]]:
         """Sampled rounds of sequences ``rand``: ``p`` is each row's distribution exactly as plain sampling
         takes it; drafts with a proposer's ``q`` go to rejection sampling on ``q``, the others (one-hot
@@ -311,30 +337,32 @@ class Sampler:
         part, offs = _rows_of(x, offsets, rand)
         rows_params = [views[r] for b in rand for r in range(offsets[b], offsets[b + 1])]
         p = self.ops.probs(part, sampling_tensors(rows_params, x.device))
-        gens = [seqs[b].generator(x.device) for b in rand]
+        seeds = [seqs[b].sampling_seed for b in rand]
+        at = [first[b] for b in rand]
         qs = [_draft_q(seqs[b], len(drafts[b]), x.shape[1]) for b in rand]
         with_q = [a for a, q in enumerate(qs) if q is not None]
         one_hot = [a for a, q in enumerate(qs) if q is None]
         out: list[list[int]] = [[] for _ in rand]
         if one_hot:
             sub, sub_offs = _rows_of(p, offs, one_hot)
-            d, g = [drafts[rand[a]] for a in one_hot], [gens[a] for a in one_hot]
-            for a, t in zip(one_hot, verify.verify_sampled(self.ops, sub, sub_offs, d, g)):
+            d, s, pos = (
+                [drafts[rand[a]] for a in one_hot],
+                [seeds[a] for a in one_hot],
+                [at[a] for a in one_hot],
+            )
+            for a, t in zip(one_hot, verify.verify_sampled(self.ops, sub, sub_offs, d, s, pos)):
                 out[a] = t
         if with_q:
             sub, sub_offs = _rows_of(p, offs, with_q)
-            d, g = [drafts[rand[a]] for a in with_q], [gens[a] for a in with_q]
+            d, s, pos = [drafts[rand[a]] for a in with_q], [seeds[a] for a in with_q], [at[a] for a in with_q]
             q = [qs[a] for a in with_q]
-            for a, t in zip(with_q, verify.verify_with_probs(self.ops, sub, sub_offs, d, q, g)):
+            for a, t in zip(with_q, verify.verify_with_probs(self.ops, sub, sub_offs, d, q, s, pos)):
                 out[a] = t
         return out
 
-    def _random(
-        self, x: torch.Tensor, seqs: list[Sequence], params: SamplingTensors | None = None
-    ) -> torch.Tensor:
-        dev = x.device
-        probs = self.ops.probs(x, params if params is not None else sampling_tensors(seqs, dev))
-        return self.ops.sample(probs, [s.generator(dev) for s in seqs])
+    def _random(self, x: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+        probs = self.ops.probs(x, params)
+        return self.ops.sample_keyed(probs, params.seeds, params.positions)
 
     def _process(
         self,

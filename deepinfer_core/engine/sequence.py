@@ -109,13 +109,13 @@ class Sequence:
             else engine_seed * 1_000_003 + request.index
         )
         self.sampling_seed = (seed * 7919 + sample_index) & 0x7FFF_FFFF_FFFF_FFFF
-        self._generator: torch.Generator | None = None
         self.grammar_key: str | None = None  # its key in the StructuredOutputManager when constrained
         #: draft tokens to verify in the next step (speculative decoding); never part of ``token_ids``
         self.spec_token_ids: list[int] = []
         #: ``[len(spec_token_ids), V]``: the distribution each draft was sampled from; None: one-hot drafts
         self.spec_token_probs: torch.Tensor | None = None
-        self._draft_generator: torch.Generator | None = None
+        #: draws a proposer has taken for this sample (the position of its next draft draw; see draft_seed)
+        self.num_draft_draws = 0
 
     @property
     def num_tokens(self) -> int:
@@ -157,28 +157,16 @@ class Sequence:
     def wants_prompt_logprobs(self) -> bool:
         return self.params.prompt_logprobs is not None and self.sample_index == 0
 
-    def generator(self, device: torch.device) -> torch.Generator:
-        """This sample's generator, seeded once from (seed, sample index). It only advances when this
-        sample draws a token, once per output position, so the draws do not depend on batch
-        composition, chunking or preemption (a preempted sample keeps its tokens and never redraws)."""
-        g = self._generator
-        if g is None or g.device != device:
-            g = self._generator = torch.Generator(device=device)
-            g.manual_seed(self.sampling_seed)
-        return g
-
     def set_drafts(self, token_ids: list[int], probs: torch.Tensor | None = None) -> None:
         self.spec_token_ids, self.spec_token_probs = token_ids, probs
 
-    def draft_generator(self, device: torch.device) -> torch.Generator:
-        """The generator a proposer samples this sample's drafts with: seeded from the same seed as
-        :meth:`generator` but a different stream, so the verifier's draws are independent of the drafts
-        (lossless rejection sampling needs that), and a seeded request drafts the same tokens every run."""
-        g = self._draft_generator
-        if g is None or g.device != device:
-            g = self._draft_generator = torch.Generator(device=device)
-            g.manual_seed(self.sampling_seed ^ 0x5DEECE66D)
-        return g
+    @property
+    def draft_seed(self) -> int:
+        """The seed a proposer draws this sample's drafts with (keyed at ``num_draft_draws``): derived from the
+        sampling seed, so a seeded request drafts the same tokens every run, but not equal to it, so the
+        verifier's draws (keyed at the sampling seed) are independent of the drafts, as lossless rejection
+        sampling needs."""
+        return self.sampling_seed ^ 0x5DEECE66D
 
     def __repr__(self) -> str:
         return (

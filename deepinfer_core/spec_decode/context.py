@@ -129,8 +129,9 @@ class ProposerContext(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not provide draft_probs")
 
     def draw(self, seqs: Sequence[DraftSequence], probs: torch.Tensor) -> list[int]:
-        """One token per row of ``probs [B, V]``, row ``b`` from sequence ``seqs[b]``'s *draft* generator:
-        seeded from the request's seed (so a seeded request drafts the same tokens every run) but a
-        stream separate from the generator the verifier draws with, as lossless verification needs.
-        Never draws a token of probability 0. (2.1)"""
+        """One token per row of ``probs [B, V]``, row ``b`` with sequence ``seqs[b]``'s *draft* randomness:
+        derived from the request's seed (so a seeded request drafts the same tokens every run) but separate
+        from the randomness the verifier draws with, as lossless verification needs (keyed draws since
+        2.8: the sequence's draft seed at a per-sequence draw counter). Never draws a token of probability
+        0. (2.1)"""
         raise NotImplementedError(f"{type(self).__name__} does not provide draw")

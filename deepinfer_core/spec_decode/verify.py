@@ -37,26 +37,34 @@ def verify_greedy(
     return out
 
 
+def _device_ints(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
 def verify_sampled(
     ops: SamplingOps,
     probs: torch.Tensor,
     offsets: list[int],
     drafts: list[list[int]],
-    generators: list[torch.Generator],
+    seeds: list[int],
+    positions: list[int],
 ) -> list[list[int]]:
     """Rejection sampling for one-hot drafts, realised by coupling: row ``j``'s token is drawn from
-    ``p_j`` (``probs`` rows, laid out as in :func:`verify_greedy`) with the sequence's generator exactly
-    as a non-speculative step would draw it; draft ``j`` is accepted iff the draw equals it (probability
-    ``p_j(d) = min(1, p/q)`` for one-hot ``q``), and on rejection the draw itself is the token (``p_j``
-    conditioned on ``!= d``, i.e. ``normalize(max(0, p - q))``). After the last accepted draft the next
-    row's draw is the bonus token. One draw per emitted token, so a seeded request emits the same tokens
-    with or without speculation, whatever the batching. Depth ``j`` of every sequence still accepting is
-    drawn in one ``ops.sample`` call."""
+    ``p_j`` (``probs`` rows, laid out as in :func:`verify_greedy`) keyed at ``(seeds[b], positions[b] + j)``
+    exactly as a non-speculative step would draw the token at that position; draft ``j`` is accepted iff the
+    draw equals it (probability ``p_j(d) = min(1, p/q)`` for one-hot ``q``), and on rejection the draw itself
+    is the token (``p_j`` conditioned on ``!= d``, i.e. ``normalize(max(0, p - q))``). After the last accepted
+    draft the next row's draw is the bonus token. So a seeded request emits the same tokens with or without
+    speculation, whatever the batching. Depth ``j`` of every sequence still accepting is drawn in one
+    ``ops.sample_keyed`` call. ``positions[b]``: the position of the token draft 0 proposes."""
     out: list[list[int]] = [[] for _ in drafts]
     active, j = list(range(len(drafts))), 0
+    dev = probs.device
     while active:
         rows = [offsets[b] + j for b in active]
-        drawn = ops.sample(probs[rows], [generators[b] for b in active]).tolist()
+        s = _device_ints([seeds[b] for b in active], dev)
+        at = _device_ints([positions[b] + j for b in active], dev)
+        drawn = ops.sample_keyed(probs[rows], s, at).tolist()
         still = []
         for b, t in zip(active, drawn):
             out[b].append(t)
@@ -72,13 +80,14 @@ def verify_with_probs(
     offsets: list[int],
     drafts: list[list[int]],
     draft_probs: list[torch.Tensor],
-    generators: list[torch.Generator],
+    seeds: list[int],
+    positions: list[int],
 ) -> list[list[int]]:
     """Rejection sampling for drafts drawn from ``q``: sequence ``b``'s draft ``j`` was sampled from
     ``draft_probs[b][j]`` (``[len(drafts[b]), V]``), its target rows are ``probs`` rows ``offsets[b] ..
     offsets[b] + len(drafts[b])`` (laid out as in :func:`verify_greedy`). Sequences with the same number
-    of drafts go to ``ops.rejection_sample`` together; each draws only from its own generator (one
-    uniform per examined draft, then the residual or bonus token), so its tokens do not depend on the
+    of drafts go to ``ops.rejection_sample_keyed`` together; each row's randomness is keyed by its seed and
+    positions (``positions[b]``: that of the token draft 0 proposes), so its tokens do not depend on the
     batch. Returns each sequence's emitted tokens (accepted drafts, then one)."""
     out: list[list[int]] = [[] for _ in drafts]
     by_len: dict[int, list[int]] = {}
@@ -89,7 +98,9 @@ def verify_with_probs(
         ids = torch.tensor([drafts[b] for b in members], dtype=torch.int64, device=dev).reshape(-1, k)
         q = torch.stack([draft_probs[b].to(dev, torch.float32) for b in members])
         p = torch.stack([probs[offsets[b] : offsets[b] + k + 1] for b in members])
-        tokens, accepted = ops.rejection_sample(ids, q, p, [generators[b] for b in members])
+        s = _device_ints([seeds[b] for b in members], dev)
+        at = _device_ints([positions[b] for b in members], dev)
+        tokens, accepted = ops.rejection_sample_keyed(ids, q, p, s, at)
         for b, row, n in zip(members, tokens.tolist(), accepted.tolist()):
             out[b] = row[: n + 1]
     return out

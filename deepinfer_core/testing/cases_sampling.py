@@ -1,9 +1,10 @@
 """Conformance cases for the sampling ops.
 
 Deterministic ops (penalties, probs, argmax, bitmask, greedy verification) must match the reference
-within tolerance. Random ops (sample, rejection_sample) draw from the platform's own generator, so
-they are compared by distribution: many identical rows, a chi-square test at p = 1e-4 against the
-exact distribution, and structural checks (never a zero-probability token, ``-1`` padding).
+within tolerance. The draws (``sample_keyed``, ``rejection_sample_keyed``) are keyed by seed and position
+(:mod:`deepinfer_core.ops.draws`), so they are checked twice: by distribution (many identical rows with
+distinct seeds, a chi-square test at p = 1e-4 against the exact distribution, and structural checks: never a
+zero-probability token, ``-1`` padding), and token for token against the reference on random rows.
 """
 
 from __future__ import annotations
@@ -108,11 +109,16 @@ def _bitmask_inputs(g: torch.Generator):
 _SAMPLE_ROWS = 6000
 
 
+def _keys(g: torch.Generator, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random seeds (63-bit) and positions (some past 2**32) of ``b`` rows."""
+    return torch.randint(0, 2**63 - 1, (b,), generator=g), torch.randint(0, 2**34, (b,), generator=g)
+
+
 def _sample_inputs(g: torch.Generator):
     p = torch.softmax(_logits(g, 1, 12), -1)
     p[0, 3] = 0.0
     p = p / p.sum()
-    return (p.expand(_SAMPLE_ROWS, -1).contiguous(), [None] * _SAMPLE_ROWS), {}
+    return (p.expand(_SAMPLE_ROWS, -1).contiguous(), *_keys(g, _SAMPLE_ROWS)), {}
 
 
 def _compare_sample(actual, expected, inputs) -> None:
@@ -125,6 +131,15 @@ def _compare_sample(actual, expected, inputs) -> None:
     )
 
 
+def _keyed_inputs(g: torch.Generator):
+    """Rows of their own (a vocabulary not a multiple of any block, zeros among them): the draws must be the
+    core's keyed draw, token for token (the running sum's float64 rounding could only matter where a uniform falls
+    within it of a boundary)."""
+    p = torch.rand(64, 5001, generator=g) ** 3
+    p[:, ::5] = 0.0
+    return (p, *_keys(g, 64)), {}
+
+
 def _rejection_inputs(g: torch.Generator):
     b, k, v = _SAMPLE_ROWS, 2, 6
     target = torch.softmax(_logits(g, 1, v) / 2, -1)[0]
@@ -135,12 +150,12 @@ def _rejection_inputs(g: torch.Generator):
         draft_ids,
         draft.expand(b, k, v).contiguous(),
         target.expand(b, k + 1, v).contiguous(),
-        [None] * b,
+        *_keys(g, b),
     ), {}
 
 
 def _compare_rejection(actual, expected, inputs) -> None:
-    draft_ids, _, target, _ = inputs[0]
+    draft_ids, _, target, *_ = inputs[0]
     tokens, acc = actual
     k = draft_ids.shape[1]
     assert tokens.shape == (draft_ids.shape[0], k + 1) and acc.shape == (draft_ids.shape[0],)
@@ -156,12 +171,27 @@ def _compare_rejection(actual, expected, inputs) -> None:
     assert ok, f"rejection_sample: first token does not follow the target (chi2 {stat:.1f} > {crit:.1f})"
 
 
+def _rejection_keyed_inputs(one_hot: bool):
+    """Rows of their own, drafts drawn from each row's ``q`` (or one-hot drafts): tokens and acceptance counts
+    must be the reference's, token for token."""
+
+    def make(g: torch.Generator):
+        b, k, v = 48, 3, 40
+        draft = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
+        ids = torch.multinomial(draft.reshape(-1, v), 1, generator=g).view(b, k)
+        bump = torch.cat([torch.nn.functional.one_hot(ids, v).float() * 3, torch.zeros(b, 1, v)], 1)
+        target = torch.softmax(torch.randn(b, k + 1, v, generator=g) * 2 + bump, -1)  # some drafts accepted
+        return (ids, None if one_hot else draft, target, *_keys(g, b)), {}
+
+    return make
+
+
 def _greedy_verify_inputs(g: torch.Generator):
     b, k, v = 8, 3, 10
     tgt_ids = torch.randint(0, v, (b, k + 1), generator=g)
     target = torch.nn.functional.one_hot(tgt_ids, v).float()
     drafts = torch.where(torch.rand(b, k, generator=g) < 0.7, tgt_ids[:, :k], (tgt_ids[:, :k] + 1) % v)
-    return (drafts, None, target, [None] * b), {}
+    return (drafts, None, target, *_keys(g, b)), {}
 
 
 CASES = [
@@ -173,13 +203,18 @@ CASES = [
     ),
     OpCase("sampling", "argmax", "ties_lowest_id", _argmax_inputs),
     OpCase("sampling", "apply_bitmask", "ragged_vocab_sign_bit", _bitmask_inputs),
-    OpCase("sampling", "sample", "chi_square", _sample_inputs, compare=_compare_sample),
+    OpCase("sampling", "sample_keyed", "chi_square", _sample_inputs, compare=_compare_sample),
+    OpCase("sampling", "sample_keyed", "the_core_draws", _keyed_inputs),
     OpCase(
         "sampling",
-        "rejection_sample",
+        "rejection_sample_keyed",
         "chi_square_first_token",
         _rejection_inputs,
         compare=_compare_rejection,
     ),
-    OpCase("sampling", "rejection_sample", "greedy_one_hot_exact", _greedy_verify_inputs),
+    OpCase("sampling", "rejection_sample_keyed", "the_reference_draws", _rejection_keyed_inputs(False)),
+    OpCase(
+        "sampling", "rejection_sample_keyed", "the_reference_draws_one_hot", _rejection_keyed_inputs(True)
+    ),
+    OpCase("sampling", "rejection_sample_keyed", "greedy_one_hot_exact", _greedy_verify_inputs),
 ]

@@ -44,9 +44,9 @@ def _expected(t=1.0, k=0, p=1.0, m=0.0) -> torch.Tensor:
 
 def _draw(params: SamplingTensors, seed: int = 0) -> torch.Tensor:
     probs = OPS.probs(LOGITS[None], params)
-    g = torch.Generator().manual_seed(seed)
     rows = probs.expand(N, -1).contiguous()
-    return torch.bincount(OPS.sample(rows, [g] * N), minlength=len(LOGITS))
+    seeds = torch.full((N,), seed, dtype=torch.int64)  # one sequence's N positions
+    return torch.bincount(OPS.sample_keyed(rows, seeds, torch.arange(N)), minlength=len(LOGITS))
 
 
 @pytest.mark.parametrize(
@@ -89,8 +89,8 @@ def test_top_p_orders_equal_probabilities_by_token_id():
 
 def test_a_row_draws_the_same_token_whatever_the_rest_of_the_batch():
     probs = torch.softmax(torch.randn(5, 30, generator=torch.Generator().manual_seed(1)), -1)
-    alone = OPS.sample(probs[2:3], [torch.Generator().manual_seed(9)])
-    batch = OPS.sample(probs, [torch.Generator().manual_seed(s) for s in (1, 2, 9, 4, 5)])
+    alone = OPS.sample_keyed(probs[2:3], torch.tensor([9]), torch.tensor([40]))
+    batch = OPS.sample_keyed(probs, torch.tensor([1, 2, 9, 4, 5]), torch.tensor([3, 3, 40, 3, 3]))
     assert int(batch[2]) == int(alone[0])
 
 
@@ -121,7 +121,9 @@ def test_rejection_sample_greedy_accepts_the_matching_prefix_then_corrects():
     target_ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]])
     target = torch.nn.functional.one_hot(target_ids, 10).float()
     drafts = torch.tensor([[5, 6, 7], [5, 0, 7]])
-    tokens, acc = OPS.rejection_sample(drafts, None, target, [None, None])
+    tokens, acc = OPS.rejection_sample_keyed(
+        drafts, None, target, torch.tensor([1, 2]), torch.tensor([10, 20])
+    )
     assert acc.tolist() == [3, 1]
     assert tokens.tolist() == [[5, 6, 7, 8], [5, 6, -1, -1]]
 
@@ -132,7 +134,8 @@ def test_rejection_sample_output_follows_the_target_distribution():
     target = torch.softmax(torch.randn(v, generator=g), -1)
     draft = torch.softmax(torch.randn(v, generator=g), -1)
     ids = torch.multinomial(draft, n, replacement=True, generator=g)[:, None]
-    tokens, _ = OPS.rejection_sample(ids, draft.expand(n, 1, v), target.expand(n, 2, v), [g] * n)
+    seeds, at = torch.arange(n) * 7919, torch.full((n,), 5)
+    tokens, _ = OPS.rejection_sample_keyed(ids, draft.expand(n, 1, v), target.expand(n, 2, v), seeds, at)
     ok, stat, crit = chi_square_ok(torch.bincount(tokens[:, 0], minlength=v), target)
     assert ok, f"chi2 {stat:.1f} > {crit:.1f}"
 

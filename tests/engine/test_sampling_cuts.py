@@ -24,13 +24,14 @@ CASES = [
 @pytest.mark.parametrize("params,want", CASES)
 def test_the_sampler_and_the_persistent_batch_say_which_cuts_a_row_uses(params, want):
     seqs = [
-        SimpleNamespace(params=p, seq_id=i, block_tables={}, tables_version=0) for i, p in enumerate(params)
+        SimpleNamespace(params=p, seq_id=i, block_tables={}, tables_version=0, sampling_seed=i)
+        for i, p in enumerate(params)
     ]
     t = sampling_tensors(seqs)
     assert (t.any_top_k, t.any_top_p, t.any_min_p) == want
     pb = PersistentBatch([], 1, torch.device("cpu"))
     rows = pb.rows(seqs)
-    t2 = pb.sampling_tensors(rows, torch.device("cpu"))
+    t2 = pb.sampling_tensors(rows, torch.device("cpu"), [5] * len(rows))
     assert (t2.any_top_k, t2.any_top_p, t2.any_min_p) == want
     for a, b in zip(
         (t.temperature, t.top_k, t.top_p, t.min_p), (t2.temperature, t2.top_k, t2.top_p, t2.min_p)

@@ -79,16 +79,19 @@ def test_two_token_distribution_with_speculation_matches_plain_sampling(plain):
 
 
 def test_a_biased_verifier_fails_the_same_test(plain, monkeypatch):
-    def biased(ops, probs, offsets, drafts, generators):
+    def biased(ops, probs, offsets, drafts, seeds, positions):
         out = []
-        for off, d, g in zip(offsets, drafts, generators):
+        for off, d, seed, pos in zip(offsets, drafts, seeds, positions):
+            g = torch.Generator().manual_seed(seed ^ pos)
             toks = []
             for j in range(len(d) + 1):
                 p = probs[off + j]
                 if j < len(d) and float(torch.rand((), generator=g)) < float(p[d[j]]):
                     toks.append(d[j])
                     continue
-                toks.append(int(ops.sample(p[None], [g])[0]))  # bug: not the residual
+                toks.append(
+                    int(ops.sample_keyed(p[None], torch.tensor([seed]), torch.tensor([pos + j]))[0])
+                )  # bug: not the residual
                 break
             out.append(toks)
         return out

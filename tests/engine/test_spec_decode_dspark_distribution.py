@@ -113,17 +113,18 @@ def test_token_after_a_dspark_round_is_distributed_as_plain_sampling():
     assert min(pvalues) > 1e-3
 
 
-def _residual_ignores_q(ops, probs, offsets, drafts, draft_probs, generators):
+def _residual_ignores_q(ops, probs, offsets, drafts, draft_probs, seeds, positions):
     """Accepts draft ``x`` with probability ``min(1, p(x)/q(x))`` but on rejection draws from ``p``."""
     out = []
-    for off, d, q, g in zip(offsets, drafts, draft_probs, generators):
+    for off, d, q, seed, pos in zip(offsets, drafts, draft_probs, seeds, positions):
+        g = torch.Generator().manual_seed(seed ^ pos)
         toks = []
         for j in range(len(d) + 1):
             p = probs[off + j]
             if j < len(d) and float(torch.rand((), generator=g)) < min(1.0, float(p[d[j]] / q[j, d[j]])):
                 toks.append(d[j])
                 continue
-            toks.append(int(ops.sample(p[None], [g])[0]))
+            toks.append(int(ops.sample_keyed(p[None], torch.tensor([seed]), torch.tensor([pos + j]))[0]))
             break
         out.append(toks)
     return out

@@ -2,7 +2,7 @@
 
 The target is a Markov chain ``P[prev]`` over a 4-token vocabulary and the drafts a different chain
 ``Q[prev]``; each round drafts 3 tokens from ``Q`` and verifies them with the engine's
-:func:`verify_with_probs` on the reference ``rejection_sample`` until 3 tokens are emitted. Their joint
+:func:`verify_with_probs` on the reference ``rejection_sample_keyed`` until 3 tokens are emitted. Their joint
 distribution must be ``P[0, a] P[a, b] P[b, c]`` (chi-square goodness of fit, 63 degrees of freedom, at
 p = 1e-3), and the first draft must be accepted with probability ``sum min(p, q)``.
 
@@ -27,7 +27,7 @@ import pytest
 import torch
 from scipy.stats import binomtest, chi2, ncx2
 
-from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps, _draw
+from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps, _accept_uniform, _draw
 from deepinfer_core.spec_decode.verify import verify_with_probs
 
 V, K, M = 4, 3, 3  # vocabulary, drafts per round, tokens compared
@@ -40,44 +40,44 @@ ALPHA = 1e-3
 class _ResidualFromP(ReferenceSamplingOps):
     """Accepts with min(1, p/q), but on rejection draws from p (the classic bug)."""
 
-    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
-        return _rule_ops(draft_ids, draft_probs, target_probs, generators, lambda p, q, x: p)
+    def rejection_sample_keyed(self, draft_ids, draft_probs, target_probs, seeds, positions):
+        return _rule_ops(draft_ids, draft_probs, target_probs, seeds, positions, lambda p, q, x: p)
 
 
 class _ResidualWithoutDraft(ReferenceSamplingOps):
     """Accepts with min(1, p/q), but on rejection draws from p without the draft (q ignored there)."""
 
-    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
+    def rejection_sample_keyed(self, draft_ids, draft_probs, target_probs, seeds, positions):
         def resid(p, q, x):
             r = p.clone()
             r[x] = 0
             return r / r.sum()
 
-        return _rule_ops(draft_ids, draft_probs, target_probs, generators, resid)
+        return _rule_ops(draft_ids, draft_probs, target_probs, seeds, positions, resid)
 
 
 class _IgnoresQ(ReferenceSamplingOps):
     """Treats drafts as one-hot: the reference's own rule with ``draft_probs=None``."""
 
-    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
-        return super().rejection_sample(draft_ids, None, target_probs, generators)
+    def rejection_sample_keyed(self, draft_ids, draft_probs, target_probs, seeds, positions):
+        return super().rejection_sample_keyed(draft_ids, None, target_probs, seeds, positions)
 
 
-def _rule_ops(draft_ids, draft_probs, target_probs, generators, residual):
+def _rule_ops(draft_ids, draft_probs, target_probs, seeds, positions, residual):
     b, k = draft_ids.shape
     tokens = torch.full((b, k + 1), -1, dtype=torch.int64)
     accepted = torch.zeros(b, dtype=torch.int64)
     for r in range(b):
-        g, out = generators[r], []
+        seed, pos, out = int(seeds[r]), int(positions[r]), []
         for j in range(k):
             x, p, q = int(draft_ids[r, j]), target_probs[r, j], draft_probs[r, j]
-            if float(torch.rand((), generator=g)) * float(q[x]) < float(p[x]):
+            if _accept_uniform(seed, pos + j) * q[x] < p[x]:
                 out.append(x)
                 continue
-            out.append(_draw(residual(p, q, x), g))
+            out.append(_draw(residual(p, q, x), seed, pos + j))
             break
         else:
-            out.append(_draw(target_probs[r, k], g))
+            out.append(_draw(target_probs[r, k], seed, pos + k))
         tokens[r, : len(out)] = torch.tensor(out)
         accepted[r] = len(out) - 1
     return tokens, accepted
@@ -89,7 +89,6 @@ def _run(ops) -> tuple[collections.Counter, int]:
     accepted."""
     pt, qt = torch.tensor(P, dtype=torch.float32), torch.tensor(Q, dtype=torch.float32)
     draft_gen = torch.Generator().manual_seed(1)
-    gens = [torch.Generator().manual_seed(10_000 + i) for i in range(N)]
     out: list[list[int]] = [[] for _ in range(N)]
     last = [0] * N
     first_accepted = -1
@@ -105,7 +104,11 @@ def _run(ops) -> tuple[collections.Counter, int]:
         probs = pt[chain].reshape(-1, V)
         q = [qt[chain[b, :K]] for b in range(len(live))]
         offsets = [b * (K + 1) for b in range(len(live))]
-        got = verify_with_probs(ops, probs, offsets, d.tolist(), q, [gens[i] for i in live])
+        seeds, at = (
+            [10_000 + i for i in live],
+            [len(out[i]) for i in live],
+        )  # keyed at the next token's position
+        got = verify_with_probs(ops, probs, offsets, d.tolist(), q, seeds, at)
         if first_accepted < 0:
             first_accepted = sum(len(t) > 1 for t in got)
         for i, toks in zip(live, got):

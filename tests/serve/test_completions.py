@@ -137,14 +137,18 @@ def test_extra_engine_sampling_fields_are_accepted(demo, client):
 def test_penalties_top_p_and_logit_bias_behave_as_offline(demo):
     """OpenAI's own sampling fields reach the engine as LLM.generate's SamplingParams; each changes
     what this seeded sample gives, so a field the server dropped would show. (The requests run
-    concurrently, as do the offline ones: one batch each.)"""
-    base = dict(temperature=0.8, seed=4, max_tokens=16)
+    concurrently, as do the offline ones: one batch each.) The seed is the first for which every field changes
+    the offline sample (a penalty cannot change every sample: only one whose draws it moves)."""
     fields = dict(top_p=0.8, presence_penalty=1.5, frequency_penalty=1.0, logit_bias={"29": 4.0})
     wire = [{}, *({k: v} for k, v in fields.items())]
     engine = [{"logit_bias": {29: 4.0}} if "logit_bias" in w else w for w in wire]
-    want = demo.offline.generate(
-        [PROMPTS[1]] * len(wire), [SamplingParams(**base, **e) for e in engine], use_tqdm=False
-    )
+    for seed in range(4, 64):
+        base = dict(temperature=0.8, seed=seed, max_tokens=16)
+        want = demo.offline.generate(
+            [PROMPTS[1]] * len(wire), [SamplingParams(**base, **e) for e in engine], use_tqdm=False
+        )
+        if all(w.outputs[0].text != want[0].outputs[0].text for w in want[1:]):
+            break
 
     async def run():
         async with openai.AsyncOpenAI(base_url=demo.v1, api_key="unused") as client:

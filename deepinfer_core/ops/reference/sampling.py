@@ -1,17 +1,23 @@
-"""Reference sampling ops: plain PyTorch, every row computed independently of the others."""
+"""Reference sampling ops: plain PyTorch, every row computed independently of the others. ``sample_keyed`` is
+the core's definition (:func:`deepinfer_core.ops.draws.draw`); ``rejection_sample_keyed`` walks each row's drafts
+one at a time."""
 
 from __future__ import annotations
 
 import torch
 
+from deepinfer_core.ops import draws
 from deepinfer_core.ops.sampling import SamplingOps, SamplingTensors
 
 
-def _draw(p: torch.Tensor, g: torch.Generator | None) -> int:
-    """One token from the distribution ``p [V]``: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. is an exact
-    sample, and consumes exactly ``V`` exponentials from ``g``."""
-    e = torch.empty_like(p, dtype=torch.float32).exponential_(generator=g)
-    return int(torch.argmax(p.float() / e))
+def _draw(p: torch.Tensor, seed: int, position: int) -> int:
+    """One token from the weights ``p [V]``, keyed at ``(seed, position)`` (:func:`draws.draw`)."""
+    return int(draws.draw(p[None], torch.tensor([seed]), torch.tensor([position]))[0])
+
+
+def _accept_uniform(seed: int, position: int) -> float:
+    """The acceptance uniform of the draft at ``position`` (float64, as the test ``u * q < p`` is)."""
+    return float(draws.uniforms(torch.tensor([seed]), torch.tensor([position]), draws.ACCEPT)[0])
 
 
 class ReferenceSamplingOps(SamplingOps):
@@ -67,10 +73,6 @@ class ReferenceSamplingOps(SamplingOps):
         p = torch.where(keep, p, torch.zeros_like(p))
         return p / p.sum(dim=-1, keepdim=True)
 
-    def sample(self, probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-        out = [_draw(probs[b], generators[b]) for b in range(probs.shape[0])]
-        return torch.tensor(out, dtype=torch.int64, device=probs.device)
-
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.argmax(logits, dim=-1)
 
@@ -81,27 +83,30 @@ class ReferenceSamplingOps(SamplingOps):
         allowed = ((words >> (ids % 32)) & 1).bool()
         return logits.masked_fill(~allowed, float("-inf"))
 
-    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
+    def rejection_sample_keyed(self, draft_ids, draft_probs, target_probs, seeds, positions):
         b, k = draft_ids.shape
         tokens = torch.full((b, k + 1), -1, dtype=torch.int64, device=draft_ids.device)
         accepted = torch.zeros(b, dtype=torch.int64, device=draft_ids.device)
         for r in range(b):
-            row, n = self._verify_row(r, draft_ids, draft_probs, target_probs, generators[r])
+            row, n = self._verify_row(
+                r, draft_ids, draft_probs, target_probs, int(seeds[r]), int(positions[r])
+            )
             tokens[r, : len(row)] = torch.tensor(row, dtype=torch.int64)
             accepted[r] = n
         return tokens, accepted
 
     @staticmethod
-    def _verify_row(r, draft_ids, draft_probs, target_probs, g) -> tuple[list[int], int]:
+    def _verify_row(r, draft_ids, draft_probs, target_probs, seed, pos) -> tuple[list[int], int]:
+        """Row ``r``, one draft at a time: the acceptance uniform and the race of each position keyed as
+        :meth:`SamplingOps.rejection_sample_keyed` says."""
         k = draft_ids.shape[1]
         out: list[int] = []
         for j in range(k):
             d = int(draft_ids[r, j])
-            p = target_probs[r, j].float()
-            q = draft_probs[r, j].float() if draft_probs is not None else None
+            p = target_probs[r, j].float().cpu()
+            q = draft_probs[r, j].float().cpu() if draft_probs is not None else None
             qd = float(q[d]) if q is not None else 1.0
-            u = float(torch.rand((), generator=g, device=p.device))
-            if u * qd < float(p[d]):  # accept with probability min(1, p/q)
+            if _accept_uniform(seed, pos + j) * qd < float(p[d]):  # accept with probability min(1, p/q)
                 out.append(d)
                 continue
             if q is None:
@@ -109,8 +114,7 @@ class ReferenceSamplingOps(SamplingOps):
                 resid[d] = 0.0
             else:
                 resid = (p - q).clamp_min(0.0)
-            total = float(resid.sum())
-            out.append(_draw(resid / total if total > 0 else p, g))
+            out.append(_draw(resid if float(resid.sum()) > 0 else p, seed, pos + j))
             return out, j
-        out.append(_draw(target_probs[r, k].float(), g))
+        out.append(_draw(target_probs[r, k].float().cpu(), seed, pos + k))
         return out, k

@@ -62,11 +62,7 @@ class ExampleSamplingOps(SamplingOps):
     def probs(self, logits, params):
         return self._ref.probs(logits, params)
 
-    def sample(self, probs, generators):
-        return self._ref.sample(probs, generators)
-
     def apply_bitmask(self, logits, bitmask):
         return self._ref.apply_bitmask(logits, bitmask)
 
-    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
-        return self._ref.rejection_sample(draft_ids, draft_probs, target_probs, generators)
+    # sample_keyed and rejection_sample_keyed: the base class's keyed draws (the core's torch code)

@@ -42,10 +42,9 @@ def test_rows_without_top_k_and_a_large_vocabulary_fall_back_to_torch(ascend, re
 def test_sample_argmax_penalties_and_bitmask_match_reference(ascend, ref, gen):
     logits = torch.randn(3, 40, generator=gen)
     probs = torch.softmax(logits, -1)
-    draws = [
-        ascend.sampling.sample(probs, [torch.Generator().manual_seed(s) for s in (1, 2, 3)]) for _ in range(2)
-    ]
-    want = ref.sampling.sample(probs, [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
+    seeds, at = torch.tensor([1, 2, 3]), torch.tensor([5, 5, 9])
+    draws = [ascend.sampling.sample_keyed(probs, seeds, at) for _ in range(2)]
+    want = ref.sampling.sample_keyed(probs, seeds, at)
     assert torch.equal(draws[0], want) and torch.equal(draws[1], want)
     assert torch.equal(ascend.sampling.argmax(logits), ref.sampling.argmax(logits))
     bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 2), generator=gen, dtype=torch.int64).to(torch.int32)

@@ -1,14 +1,15 @@
-"""Sampling ops: Triton penalties and bitmask, torch-on-device probs/sample/rejection, vs the reference."""
+"""Sampling ops: Triton penalties, bitmask and keyed draw, torch-on-device probs and rejection, vs the reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from deepinfer_core.ops import draws
 from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.ops.sampling import SamplingTensors
 
-from .cuda_sm100_helpers import DEVICE, dev, needs_triton, rand
+from .cuda_sm100_helpers import dev, needs_triton, rand
 
 pytestmark = needs_triton
 REF = reference_op("sampling")
@@ -60,14 +61,51 @@ def test_probs_match_reference(ops, gen):
     torch.testing.assert_close(got.cpu(), REF.probs(logits, params), atol=1e-6, rtol=1e-5)
 
 
-def test_seeded_sample_matches_reference_draws(ops, gen):
-    probs = rand(gen, 4, 64).softmax(-1)
-    gens = [torch.Generator(DEVICE).manual_seed(s) for s in (1, 2, 3)] + [None]
-    got = ops.sample(dev(probs), gens)
-    ref_gens = [torch.Generator(DEVICE).manual_seed(s) for s in (1, 2, 3)] + [None]
-    ref = REF.sample(dev(probs), ref_gens)
-    assert torch.equal(got[:3].cpu(), ref[:3].cpu())
-    assert 0 <= int(got[3]) < 64
+def _keys(gen, b):
+    return torch.randint(0, 2**63 - 1, (b,), generator=gen), torch.randint(0, 2**40, (b,), generator=gen)
+
+
+@pytest.mark.parametrize("V", [64, 4095, 4096, 9001])  # one block, a ragged block, exactly one, three
+def test_keyed_draw_is_the_core_draw(ops, gen, V):
+    """The Triton draw computes the core's keyed uniforms: the same token as ``draws.draw`` in every row."""
+    probs = rand(gen, 6, V).softmax(-1)
+    probs[:, ::3] = 0.0
+    seeds, at = _keys(gen, 6)
+    got = ops.sample_keyed(*dev(probs, seeds, at))
+    assert torch.equal(got.cpu(), draws.draw(probs, seeds, at))
+
+
+def test_keyed_draw_with_empty_chunks_is_the_core_draw(ops, gen):
+    """A row split over 4096-token chunks, most of them all zeros (a top-k row): the chunk that holds the row's
+    uniform finds the token, whichever chunk that is; every row equals the core's draw."""
+    B, V = 12, 20000
+    probs = torch.zeros(B, V)
+    for b in range(B):
+        keep = torch.randperm(V, generator=gen)[: 1 + b * 3]
+        probs[b, keep] = torch.rand(len(keep), generator=gen) + 0.01
+    seeds, at = _keys(gen, B)
+    got = ops.sample_keyed(*dev(probs, seeds, at)).cpu()
+    assert torch.equal(got, draws.draw(probs, seeds, at))
+    assert bool((probs.gather(1, got[:, None]) > 0).all())
+
+
+def test_keyed_draw_of_degenerate_rows(ops, gen):
+    """Rows that are all zeros but one token (any scale), and a row of zeros (token 0, as the core draws)."""
+    probs = torch.zeros(3, 5000)
+    probs[0, 4321] = 1.0
+    probs[1, 17] = 0.5
+    seeds, at = _keys(gen, 3)
+    assert ops.sample_keyed(*dev(probs, seeds, at)).cpu().tolist() == [4321, 17, 0]
+
+
+def test_keyed_draw_rows_are_independent_of_the_batch(ops, gen):
+    probs = rand(gen, 5, 300).softmax(-1)
+    seeds, at = _keys(gen, 5)
+    whole = ops.sample_keyed(*dev(probs, seeds, at)).cpu()
+    alone = torch.cat(
+        [ops.sample_keyed(*dev(probs[b : b + 1], seeds[b : b + 1], at[b : b + 1])).cpu() for b in range(5)]
+    )
+    assert torch.equal(whole, alone)
 
 
 def test_argmax_ties_go_to_lowest_id(ops):
@@ -81,12 +119,30 @@ def test_rejection_all_accepted_matches_reference(ops, gen):
     target = rand(gen, B, k + 1, V).softmax(-1)
     draft_ids = torch.randint(0, V, (B, k), generator=gen)
     draft = target[:, :k].clone()
-    g1 = [torch.Generator(DEVICE).manual_seed(7 + b) for b in range(B)]
-    g2 = [torch.Generator(DEVICE).manual_seed(7 + b) for b in range(B)]
-    tok, n = ops.rejection_sample(*dev(draft_ids, draft, target), g1)
-    rtok, rn = REF.rejection_sample(*dev(draft_ids, draft, target), g2)
-    assert n.cpu().tolist() == [k] * B == rn.cpu().tolist()
-    assert torch.equal(tok.cpu(), rtok.cpu())
+    seeds, at = _keys(gen, B)
+    tok, n = ops.rejection_sample_keyed(*dev(draft_ids, draft, target, seeds, at))
+    rtok, rn = REF.rejection_sample_keyed(draft_ids, draft, target, seeds, at)
+    assert n.cpu().tolist() == [k] * B == rn.tolist()
+    assert torch.equal(tok.cpu(), rtok)
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_rejection_matches_the_reference_row_by_row(ops, gen, one_hot):
+    """Random targets and drafts drawn from ``q``: the same acceptances, residual draws and bonus tokens as the
+    reference's row-at-a-time walk (its final draws are the Triton draw)."""
+    B, k, V = 24, 3, 50
+    draft = rand(gen, B, k, V, scale=2.0).softmax(-1)
+    draft_ids = torch.multinomial(draft.reshape(-1, V), 1, generator=gen).view(B, k)
+    bump = (
+        torch.nn.functional.one_hot(draft_ids, V).float() * 3.0
+    )  # the target likes the drafts: some accepted
+    target = (rand(gen, B, k + 1, V, scale=2.0) + torch.cat([bump, torch.zeros(B, 1, V)], 1)).softmax(-1)
+    q = None if one_hot else draft
+    seeds, at = _keys(gen, B)
+    tok, n = ops.rejection_sample_keyed(*dev(draft_ids, q, target, seeds, at))
+    rtok, rn = REF.rejection_sample_keyed(draft_ids, q, target, seeds, at)
+    assert torch.equal(n.cpu(), rn) and torch.equal(tok.cpu(), rtok)
+    assert 0 < int(rn.sum()) < B * k  # both acceptances and rejections were exercised
 
 
 def test_rejection_of_impossible_draft_resamples_elsewhere(ops, gen):
@@ -94,7 +150,7 @@ def test_rejection_of_impossible_draft_resamples_elsewhere(ops, gen):
     target = rand(gen, B, k + 1, V).softmax(-1)
     draft_ids = torch.randint(0, V, (B, k), generator=gen)
     target[torch.arange(B), 0, draft_ids[:, 0]] = 0.0  # the first draft can never be accepted
-    tok, n = ops.rejection_sample(*dev(draft_ids, None, target), [None] * B)
+    tok, n = ops.rejection_sample_keyed(*dev(draft_ids, None, target, *_keys(gen, B)))
     assert n.cpu().tolist() == [0] * B
     assert (tok[:, 0].cpu() != draft_ids[:, 0]).all() and (tok[:, 1:] == -1).all()
 

@@ -54,20 +54,23 @@ def test_greedy_accepts_the_matching_prefix_and_adds_the_target_token():
 
 def test_one_hot_rejection_sampling_frequencies():
     """Draft 0 is accepted with probability p(0); the emitted first token is distributed as p; a
-    second sequence in the same call draws from its own generator only."""
+    second sequence in the same call draws with its own keys only."""
     p = torch.tensor([0.5, 0.3, 0.2])
     probs = p[None].repeat(4, 1)
-    g, other = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
     n, first, accepted = 6000, collections.Counter(), 0
-    for _ in range(n):
-        toks, _ = verify_sampled(OPS, probs, [0, 2], [[0], [1]], [g, other])
+    for i in range(n):  # one sequence's rounds at successive positions, beside another sequence
+        toks, _ = verify_sampled(OPS, probs, [0, 2], [[0], [1]], [0, 1], [2 * i, 2 * i])
         first[toks[0]] += 1
         accepted += len(toks) - 1
     assert abs(accepted / n - 0.5) < 0.03
     for t, pt in enumerate(p.tolist()):
         assert abs(first[t] / n - pt) < 0.03
-    # the same generator state alone gives the same tokens as in the batch
-    a, b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    alone = verify_sampled(OPS, probs[:2], [0], [[0]], [a])
-    batched = verify_sampled(OPS, probs, [0, 2], [[0], [2]], [b, torch.Generator().manual_seed(9)])
+    # the same keys alone give the same tokens as in the batch, and as plain sampling at those positions
+    alone = verify_sampled(OPS, probs[:2], [0], [[0]], [7], [30])
+    batched = verify_sampled(OPS, probs, [0, 2], [[0], [2]], [7, 9], [30, 4])
+    plain = [
+        int(OPS.sample_keyed(probs[:1], torch.tensor([7]), torch.tensor([30 + j])))
+        for j in range(len(alone[0]))
+    ]
+    assert alone[0] == plain
     assert alone[0] == batched[0]

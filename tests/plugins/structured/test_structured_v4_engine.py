@@ -70,9 +70,13 @@ def test_schema_suite_through_the_engine_on_the_v4_vocabulary(checkpoint, backen
     free = SamplingParams(temperature=1.0, seed=5, max_tokens=12, ignore_eos=True)
     outs = llm.generate([prompt] * (len(params) + 1), [*params, free], use_tqdm=False)
 
-    failures = []
+    failures, stopped = [], set()
     for name, out in zip(names, outs, strict=False):
         c = out.outputs[0]
+        if (
+            c.finish_reason == "length"
+        ):  # a schema without a size bound (numbers): the random model may not stop
+            continue
         try:
             assert c.finish_reason == "stop", (
                 f"finished with {c.finish_reason} after {len(c.token_ids)} tokens"
@@ -82,8 +86,10 @@ def test_schema_suite_through_the_engine_on_the_v4_vocabulary(checkpoint, backen
             assert c.text == text
             jsonschema.validate(json.loads(text), SCHEMAS[name], format_checker=jsonschema.FormatChecker())
             assert not re.search(r"\s", STRING.sub('""', text)), "whitespace outside strings"
+            stopped.add(name)
         except (AssertionError, ValueError, jsonschema.ValidationError) as e:
             failures.append(f"{name}: {c.text!r}: {e}")
+    failures += [f"{name}: no seed stopped within 2048 tokens" for name in SCHEMAS if name not in stopped]
     assert not failures, "\n".join(failures)
 
     # the unconstrained request in that batch got exactly what it gets alone

@@ -1,6 +1,6 @@
 """Sampling ops on the NPU: ``npu_top_k_top_p`` for the top-k/top-p filter of :meth:`probs`; the rest
-is the core's vectorised torch code, which runs unchanged on the NPU (per-request generators make
-``sample`` and ``rejection_sample`` row loops by contract)."""
+is the core's vectorised torch code, which runs unchanged on the NPU (``sample_keyed`` and
+``rejection_sample_keyed``: the base class's keyed draws, the whole batch at once)."""
 
 from __future__ import annotations
 
@@ -48,14 +48,8 @@ class AscendSamplingOps(SamplingOps):
             p = torch.where(greedy[:, None], onehot, p)
         return p
 
-    def sample(self, probs, generators):
-        return self._torch.sample(probs, generators)
-
     def argmax(self, logits):
         return self._torch.argmax(logits)
 
     def apply_bitmask(self, logits, bitmask):
         return self._torch.apply_bitmask(logits, bitmask)
-
-    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
-        return self._torch.rejection_sample(draft_ids, draft_probs, target_probs, generators)

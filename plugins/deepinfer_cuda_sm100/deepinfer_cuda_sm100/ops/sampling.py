@@ -1,8 +1,9 @@
 """CUDA sampling ops.
 
 Triton: ``apply_penalties`` and ``apply_bitmask`` (one read and one write of ``[B, V]`` each).
-Torch on the GPU: ``probs`` (two sorts per row; with ``graphed_probs``, replayed from a graph per bucket of up to 16 rows), ``sample`` and ``rejection_sample`` (exponential-race
-draws with per-row generators), ``argmax``. A one-program-per-row Triton ``probs`` (every cut a bisection
+Triton: ``sample_keyed`` (the core's keyed draw in one launch for the whole batch). Torch on the GPU: ``probs``
+(two sorts per row; with ``graphed_probs``, replayed from a graph per bucket of up to 16 rows),
+``rejection_sample_keyed`` (the core's vectorised verification, its final draw the Triton draw), ``argmax``. A one-program-per-row Triton ``probs`` (every cut a bisection
 threshold, no sort) was correct but 1.3x slower than the sorts on the H200 (benchmarks/gpu/NOTES.md v7).
 """
 
@@ -12,30 +13,10 @@ import functools
 
 import torch
 
-from deepinfer_core.plugin_api import SamplingOps, SamplingTensors
+from deepinfer_core.plugin_api import SamplingOps, SamplingTensors, keyed_rejection
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import sampling as ks
 from deepinfer_cuda_sm100.ops.row_graphs import RowGraphs
-
-
-def _exponential(
-    shape: tuple[int, ...], gens: list[torch.Generator | None], device: torch.device
-) -> torch.Tensor:
-    """``Exp(1)`` noise with row ``b`` drawn from ``gens[b]``; rows without a generator share one draw."""
-    q = torch.empty(shape, dtype=torch.float32, device=device)
-    unseeded = [b for b, g in enumerate(gens) if g is None]
-    if unseeded:
-        idx = torch.tensor(unseeded, device=device)
-        q[idx] = torch.empty((len(unseeded), *shape[1:]), device=device).exponential_()
-    for b, g in enumerate(gens):
-        if g is not None:
-            q[b].exponential_(generator=g)
-    return q
-
-
-def _race(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``argmax(p / q)`` with ``q ~ Exp(1)`` draws index ``i`` with probability ``p_i / sum(p)``."""
-    return (probs / q).argmax(dim=-1)
 
 
 def _probs(
@@ -101,36 +82,8 @@ class CudaSamplingOps(SamplingOps):
             graphs = self._probs_graphs[cuts] = RowGraphs(functools.partial(_probs, cuts=cuts), self._capture)
         return graphs(*args)
 
-    def sample(self, probs, generators):
-        return _race(probs, _exponential(tuple(probs.shape), generators, probs.device))
+    def sample_keyed(self, probs, seeds, positions):
+        return ks.draw(probs, seeds, positions)
 
-    def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
-        B, k = draft_ids.shape
-        dev = target_probs.device
-        p = target_probs[:, :k].gather(2, draft_ids[..., None]).squeeze(2)
-        q = (
-            torch.ones_like(p)
-            if draft_probs is None
-            else draft_probs.gather(2, draft_ids[..., None]).squeeze(2)
-        )
-        u = torch.empty((B, k), device=dev)
-        for b, g in enumerate(generators):
-            u[b].uniform_(generator=g) if g is not None else u[b].uniform_()
-        accept = u * q < p
-        n_acc = accept.long().cumprod(dim=1).sum(dim=1)
-        pos = n_acc.clamp(max=k)
-        tgt = target_probs.gather(1, pos[:, None, None].expand(B, 1, target_probs.shape[2])).squeeze(1)
-        if draft_probs is None:
-            drf = torch.zeros_like(tgt).scatter_(1, draft_ids.gather(1, pos.clamp(max=k - 1)[:, None]), 1.0)
-        else:
-            drf = draft_probs.gather(
-                1, pos.clamp(max=k - 1)[:, None, None].expand(B, 1, tgt.shape[1])
-            ).squeeze(1)
-        resid = torch.where((n_acc < k)[:, None], (tgt - drf).clamp(min=0), tgt)
-        resid = torch.where(resid.sum(1, keepdim=True) > 0, resid, tgt)
-        final = _race(resid, _exponential(tuple(resid.shape), generators, dev))
-        tokens = torch.full((B, k + 1), -1, dtype=torch.int64, device=dev)
-        col = torch.arange(k + 1, device=dev)[None, :]
-        tokens = torch.where(col < n_acc[:, None], torch.cat([draft_ids, draft_ids[:, :1]], 1), tokens)
-        tokens.scatter_(1, n_acc[:, None], final[:, None])
-        return tokens, n_acc
+    def rejection_sample_keyed(self, draft_ids, draft_probs, target_probs, seeds, positions):
+        return keyed_rejection(draft_ids, draft_probs, target_probs, seeds, positions, draw=ks.draw)
