@@ -35,7 +35,7 @@ DECISIONS = {
     "tilelang": (False, lambda: dispatch.fp8_gemm_backend(8192, 4096, 8192, torch.bfloat16) == "tilelang"),
     "mx_gemm": (False, lambda: _on_sm100(lambda: dispatch.mx_gemm_config(256, 32) is not None)),
     "fp8_mma": (True, lambda: dispatch.mx_gemm_config(256, 32) is None),
-    "graphed_probs": (True, lambda: not dispatch.graphed_probs()),
+    "graphed_probs": (False, lambda: dispatch.graphed_probs()),
 }
 
 
@@ -72,11 +72,11 @@ def test_each_setting_reaches_its_dispatch_decision_by_every_route(monkeypatch, 
 
 
 def test_defaults_are_the_measured_choices():
-    """The H200's choices (benchmarks/gpu/NOTES.md), with two not yet measured: ``mx_gemm`` on (no SM100 was
-    reachable; the only SM100 path for the release's FP8 activations that uses the MX MMA) and ``graphed_probs``
-    off (written after the last device call of 2026-12-05: off until it has run on a GPU); ``fp8_mma`` off as
-    measured (8-12% of the BF16 matmul rate, v25); ``fp8_kv_scale_gather`` off until its A/B has run (v28)."""
+    """The measured choices (benchmarks/gpu/NOTES.md), with one not measured: ``mx_gemm`` on (no SM100 was
+    reachable; the only SM100 path for the release's FP8 activations that uses the MX MMA); ``graphed_probs`` on
+    as measured on an H100 (RESULTS v29); ``fp8_mma`` off as measured (8-12% of the BF16 matmul rate, v25);
+    ``fp8_kv_scale_gather`` off until its A/B has run (v28)."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
-        "tilelang": True, "graphed_probs": False, "fp8_kv_scale_gather": False,
+        "tilelang": True, "graphed_probs": True, "fp8_kv_scale_gather": False,
     }  # fmt: skip
