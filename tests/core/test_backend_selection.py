@@ -79,3 +79,21 @@ def test_a_probe_that_raises_is_reported_as_unavailable():
     assert select_platform(reg, "auto").name == "reference"
     with pytest.raises(BackendSelectionError, match="probe raised OSError: driver crashed"):
         select_platform(reg, "exploding")
+
+
+@needs_plugins
+def test_a_plugin_built_for_an_older_api_samples_as_the_reference_does():
+    """The example backend declares plugin API 2.0 and has no keyed draws of its own (2.8): the engine draws with
+    the base class's, so its seeded samples equal the reference backend's, token for token."""
+    from deepinfer_core import LLM, SamplingParams
+
+    params = [SamplingParams(temperature=0.9, top_p=0.9, seed=s, max_tokens=12) for s in (1, 2, 3)]
+    outs = {}
+    for backend in ("reference", "example"):
+        llm = LLM(backend=backend, max_model_len=256, kv_cache_memory_bytes=16 << 20)
+        assert type(llm.engine.sampler.ops).__name__.startswith(backend.capitalize())
+        outs[backend] = [
+            o.outputs[0].token_ids for o in llm.generate(["def f(x):"] * 3, params, use_tqdm=False)
+        ]
+    assert outs["example"] == outs["reference"]
+    assert len({tuple(t) for t in outs["reference"]}) == 3  # the seeds differ, so do the samples

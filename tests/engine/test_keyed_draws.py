@@ -114,3 +114,20 @@ def test_draw_rows_do_not_depend_on_the_batch_or_the_scale():
         whole, torch.cat([draws.draw(p[b : b + 1], s[b : b + 1], at[b : b + 1]) for b in range(6)])
     )
     assert torch.equal(whole, draws.draw(p * 4, s, at))  # a power of two: the same running sums, scaled
+
+
+def test_a_plugin_written_for_generators_still_instantiates_and_draws_keyed():
+    """A 2.7 platform's sampling ops: ``sample`` / ``rejection_sample`` with generators, which the engine no longer
+    calls. The class still instantiates (they left the abstract base), and its keyed draws are the base class's."""
+    from deepinfer_core.ops.reference.sampling import ReferenceSamplingOps
+
+    class Old(ReferenceSamplingOps):
+        def sample(self, probs, generators):
+            raise AssertionError("the engine must not call sample(probs, generators)")
+
+        def rejection_sample(self, draft_ids, draft_probs, target_probs, generators):
+            raise AssertionError("the engine must not call rejection_sample(..., generators)")
+
+    p = torch.rand(4, 50, generator=torch.Generator().manual_seed(2))
+    s, at = torch.tensor([1, 2, 3, 4]), torch.tensor([9, 9, 9, 9])
+    assert torch.equal(Old().sample_keyed(p, s, at), draws.draw(p, s, at))
