@@ -55,22 +55,26 @@ def verify_sampled(
     draw equals it (probability ``p_j(d) = min(1, p/q)`` for one-hot ``q``), and on rejection the draw itself
     is the token (``p_j`` conditioned on ``!= d``, i.e. ``normalize(max(0, p - q))``). After the last accepted
     draft the next row's draw is the bonus token. So a seeded request emits the same tokens with or without
-    speculation, whatever the batching. Depth ``j`` of every sequence still accepting is drawn in one
-    ``ops.sample_keyed`` call. ``positions[b]``: the position of the token draft 0 proposes."""
-    out: list[list[int]] = [[] for _ in drafts]
-    active, j = list(range(len(drafts))), 0
-    dev = probs.device
-    while active:
-        rows = [offsets[b] + j for b in active]
-        s = _device_ints([seeds[b] for b in active], dev)
-        at = _device_ints([positions[b] + j for b in active], dev)
-        drawn = ops.sample_keyed(probs[rows], s, at).tolist()
-        still = []
-        for b, t in zip(active, drawn):
-            out[b].append(t)
-            if j < len(drafts[b]) and t == drafts[b][j]:
-                still.append(b)
-        active, j = still, j + 1
+    speculation, whatever the batching. Every row of every sequence is drawn in one ``ops.sample_keyed`` call
+    (one read back): the draws past a sequence's first rejection are discarded, which changes nothing, as
+    keyed draws leave no state behind. ``positions[b]``: the position of the token draft 0 proposes."""
+    rows, keyed = [], []
+    for b, d in enumerate(drafts):
+        for j in range(len(d) + 1):
+            rows.append(offsets[b] + j)
+            keyed.append((seeds[b], positions[b] + j))
+    s, at = torch.tensor(keyed, dtype=torch.int64, device=probs.device).reshape(-1, 2).T
+    drawn = ops.sample_keyed(probs[rows], s, at).tolist()
+    out: list[list[int]] = []
+    first = 0
+    for d in drafts:
+        toks = []
+        for j in range(len(d) + 1):
+            toks.append(drawn[first + j])
+            if j == len(d) or toks[-1] != d[j]:
+                break
+        out.append(toks)
+        first += len(d) + 1
     return out
 
 

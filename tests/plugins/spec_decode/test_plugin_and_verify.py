@@ -74,3 +74,33 @@ def test_one_hot_rejection_sampling_frequencies():
     ]
     assert alone[0] == plain
     assert alone[0] == batched[0]
+
+
+def test_one_hot_verification_draws_every_row_in_one_call():
+    """Keyed draws leave no state behind, so every row is drawn at once (one read back a step, not one a depth),
+    and the result is the depth-by-depth walk's: each sequence's draws at its positions, up to its first miss."""
+    calls = []
+
+    class Counting(type(OPS)):
+        def sample_keyed(self, probs, seeds, positions):
+            calls.append(len(probs))
+            return super().sample_keyed(probs, seeds, positions)
+
+    g = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(9, 6, generator=g), -1)
+    drafts, seeds, at = [[1, 2, 3], [4], [0, 0]], [11, 12, 13], [40, 7, 100]
+    got = verify_sampled(Counting(), probs, [0, 4, 6], drafts, seeds, at)
+    assert calls == [9]
+    for b, (off, d) in enumerate(zip([0, 4, 6], drafts)):
+        walk = []
+        for j in range(len(d) + 1):
+            walk.append(
+                int(
+                    OPS.sample_keyed(
+                        probs[off + j][None], torch.tensor([seeds[b]]), torch.tensor([at[b] + j])
+                    )
+                )
+            )
+            if j == len(d) or walk[-1] != d[j]:
+                break
+        assert got[b] == walk
