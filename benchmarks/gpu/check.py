@@ -275,6 +275,12 @@ def check_moe():
 # ----------------------------------------------------------------------------- sampling
 
 
+def _per_row(p, gens):  # a generator a row, as sampling drew before plugin API 2.8
+    return torch.stack(
+        [(r / torch.empty_like(r).exponential_(generator=g)).argmax() for r, g in zip(p, gens)]
+    )
+
+
 def check_sampling():
     ops, ref = CudaSamplingOps(), reference_op("sampling")
     B, V = (64 if not SMOKE else 4), VOCAB
@@ -326,29 +332,21 @@ def check_sampling():
     for b in (
         1,
         B,
-    ):  # the keyed draw: one Triton launch, the core's torch draws, a generator a row (before 2.8)
+    ):  # the keyed draw: the Triton launches, the core's torch draws, a generator a row (before 2.8)
         pb_, seeds = p[:b].contiguous(), torch.randint(0, 2**62, (b,), device=DEV, generator=G)
         at = torch.randint(0, 2**20, (b,), device=DEV, generator=G)
-        got = ops.sample_keyed(pb_, seeds, at)
-        ok = torch.equal(got, draws.draw(pb_, seeds, at))
+        ok = torch.equal(ops.sample_keyed(pb_, seeds, at), draws.draw(pb_, seeds, at))
+        gens = [torch.Generator(DEV).manual_seed(i) for i in range(b)]
         record(f"sample_keyed[{b}]", f"B={b} V={V}", 0.0 if ok else float("inf"), BOUND["f32"],
                bench(lambda: ops.sample_keyed(pb_, seeds, at)), b * V * 4)  # fmt: skip
         record("  core torch draws.draw", f"B={b} V={V}", None, None, bench(lambda: draws.draw(pb_, seeds, at)),
                b * V * 4)  # fmt: skip
-        gens = [torch.Generator(DEV).manual_seed(i) for i in range(b)]
-
-        def per_row_generators():
-            q = torch.empty_like(pb_)
-            for i, g in enumerate(gens):
-                q[i].exponential_(generator=g)
-            return (pb_ / q).argmax(-1)
-
         record(
             "  a generator a row (before 2.8)",
             f"B={b} V={V}",
             None,
             None,
-            bench(per_row_generators),
+            bench(lambda: _per_row(pb_, gens)),
             b * V * 4,
         )
 

@@ -110,6 +110,12 @@ def _row_key(seed, pos, STREAM: tl.constexpr, K0: tl.constexpr, K1: tl.constexpr
 
 
 @triton.jit
+def _uniform(key):
+    """``draws.uniforms`` of a 32-bit key: ``(key + 0.5) * 2**-32`` in float64."""
+    return (key.to(tl.float64) + 0.5) * 2.3283064365386963e-10
+
+
+@triton.jit
 def _draw_rows_kernel(p_ptr, seeds_ptr, pos_ptr, out_ptr, B, V, stride_p, STREAM: tl.constexpr, K0: tl.constexpr,
                       K1: tl.constexpr, M1: tl.constexpr, M2: tl.constexpr, BLOCK_R: tl.constexpr,
                       BLOCK_V: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
@@ -125,9 +131,7 @@ def _draw_rows_kernel(p_ptr, seeds_ptr, pos_ptr, out_ptr, B, V, stride_p, STREAM
     key = _row_key(tl.load(seeds_ptr + rows, mask=rm, other=0), tl.load(pos_ptr + rows, mask=rm, other=0), STREAM,
                    K0, K1, M1, M2)  # fmt: skip
     c = tl.cumsum(w, axis=1)
-    x = (
-        (key.to(tl.float64) + 0.5) * 2.3283064365386963e-10 * tl.max(c, axis=1)
-    )  # uniform (2**-32) times the total
+    x = _uniform(key) * tl.max(c, axis=1)  # uniform (2**-32) times the total
     n = tl.sum((m & (c <= x[:, None])).to(tl.int32), axis=1)
     last = tl.max(tl.where(w > 0, v[None, :], 0), axis=1)
     tl.store(out_ptr + rows, tl.minimum(n, last).to(tl.int64), mask=rm)
@@ -167,7 +171,7 @@ def _draw_chunk_kernel(p_ptr, sums_ptr, last_ptr, seeds_ptr, pos_ptr, out_ptr, V
     hi = tl.sum(tl.where(i == c, incl, 0.0), axis=0)
     lo = tl.sum(tl.where(i == c - 1, incl, 0.0), axis=0)
     key = _row_key(tl.load(seeds_ptr + b), tl.load(pos_ptr + b), STREAM, K0, K1, M1, M2)
-    x = (key.to(tl.float64) + 0.5) * 2.3283064365386963e-10 * total  # uniform (2**-32) times the total
+    x = _uniform(key) * total
     if (lo <= x) & (x < hi):
         v = c * CHUNK + tl.arange(0, CHUNK)
         w = tl.load(p_ptr + b * stride_p + v, mask=v < V, other=0.0).to(tl.float64)
