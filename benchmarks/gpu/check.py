@@ -56,6 +56,7 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     triton,
 )
 from check_fusions import check_dense_fusions
+from check_probs import check_probs  # noqa: F401 - a section, called by name
 from cuda_settings import use_env_settings
 
 from deepinfer_core.ops import draws  # noqa: E402

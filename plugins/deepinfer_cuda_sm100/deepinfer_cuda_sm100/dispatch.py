@@ -473,6 +473,12 @@ def fp8_kv_mode() -> int:
     return 2 if settings().fp8_kv_scale_gather else 1
 
 
+def radix_probs() -> bool:
+    """The sampler's ``probs`` for rows without top-k on the sort-free Triton kernels (``kernels/probs.py``):
+    ``settings.radix_probs``."""
+    return settings().radix_probs
+
+
 def graphed_probs() -> bool:
     """The sampler's ``probs`` replays a captured graph per bucket of rows (``ops/row_graphs.py``):
     ``settings.graphed_probs``."""

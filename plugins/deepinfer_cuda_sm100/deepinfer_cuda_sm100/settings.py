@@ -44,6 +44,11 @@ class CudaSM100Settings(PlatformSettings):
         "(2026-12-05, RESULTS v29: the V4 engine's overlapped batch-1 step 2.46-3.07 -> 1.51-1.58 ms, batch 16 "
         "unchanged)",
     )
+    radix_probs: bool = Field(
+        True,
+        description="the sampler's probs for rows without top-k on Triton kernels over chunks of every row, top-p "
+        "by a radix search on the probabilities' bits (kernels/probs.py); off: the torch sorts",
+    )
     fp8_kv_scale_gather: bool = Field(
         False,
         description="V4's FP8 KV in the sparse-attention kernel: each channel gathers its group's scale instead of "

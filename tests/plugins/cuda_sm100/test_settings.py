@@ -36,6 +36,7 @@ DECISIONS = {
     "mx_gemm": (False, lambda: _on_sm100(lambda: dispatch.mx_gemm_config(256, 32) is not None)),
     "fp8_mma": (True, lambda: dispatch.mx_gemm_config(256, 32) is None),
     "graphed_probs": (False, lambda: dispatch.graphed_probs()),
+    "radix_probs": (False, lambda: dispatch.radix_probs()),
 }
 
 
@@ -78,5 +79,5 @@ def test_defaults_are_the_measured_choices():
     ``fp8_kv_scale_gather`` off until its A/B has run (v28)."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
-        "tilelang": True, "graphed_probs": True, "fp8_kv_scale_gather": False,
+        "tilelang": True, "graphed_probs": True, "radix_probs": True, "fp8_kv_scale_gather": False,
     }  # fmt: skip

@@ -1,10 +1,12 @@
 """CUDA sampling ops.
 
 Triton: ``apply_penalties`` and ``apply_bitmask`` (one read and one write of ``[B, V]`` each).
-Triton: ``sample_keyed`` (the core's keyed draw in one launch for the whole batch). Torch on the GPU: ``probs``
-(two sorts per row; with ``graphed_probs``, replayed from a graph per bucket of up to 16 rows),
-``rejection_sample_keyed`` (the core's vectorised verification, its final draw the Triton draw), ``argmax``. A one-program-per-row Triton ``probs`` (every cut a bisection
-threshold, no sort) was correct but 1.3x slower than the sorts on the H200 (benchmarks/gpu/NOTES.md v7).
+Triton: ``sample_keyed`` (the core's keyed draw in two launches for the whole batch) and ``probs`` for rows
+without top-k (``kernels/probs.py``: top-p by a radix search over chunks of every row, no sort; ``radix_probs``).
+Torch on the GPU: ``probs`` with top-k (two sorts per row), ``rejection_sample_keyed`` (the core's vectorised
+verification, its final draw the Triton draw), ``argmax``. Either ``probs`` is replayed from a graph per bucket
+of up to 16 rows with ``graphed_probs``. An earlier Triton ``probs`` of one program per row (every cut a
+bisection threshold) was correct but 1.3x slower than the sorts on the H200 (benchmarks/gpu/NOTES.md v7).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from deepinfer_core.plugin_api import SamplingOps, SamplingTensors, keyed_rejection
 from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels import probs as kp
 from deepinfer_cuda_sm100.kernels import sampling as ks
 from deepinfer_cuda_sm100.ops.row_graphs import RowGraphs
 
@@ -59,7 +62,7 @@ class CudaSamplingOps(SamplingOps):
     def __init__(self, capture=None) -> None:
         """``capture``: how ``probs`` graphs are captured (``RowGraphs``; default CUDA's, a stand-in in tests)."""
         self._capture = capture
-        self._probs_graphs: dict[tuple[bool, bool, bool], RowGraphs] = {}
+        self._probs_graphs: dict[tuple[bool, tuple[bool, bool, bool]], RowGraphs] = {}
 
     def apply_penalties(self, logits, prompt_mask, output_counts, presence, frequency, repetition):
         return ks.apply_penalties(logits, prompt_mask, output_counts, presence, frequency, repetition)
@@ -71,15 +74,18 @@ class CudaSamplingOps(SamplingOps):
         return logits.argmax(dim=-1)
 
     def probs(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-        """:func:`_probs`; with the ``graphed_probs`` setting (off by default until run on a GPU) replayed from a
-        captured graph per bucket of up to 16 rows (``RowGraphs``: ~30 launches become three)."""
+        """Rows without top-k: the sort-free Triton ``probs`` (``kernels/probs.py``) with the ``radix_probs``
+        setting; otherwise :func:`_probs`, the torch sorts. With ``graphed_probs``, either is replayed from a
+        captured graph per bucket of up to 16 rows (``RowGraphs``)."""
         cuts = (params.any_top_k, params.any_top_p, params.any_min_p)
         args = (logits.float(), params.temperature, params.top_k, params.top_p, params.min_p)
+        radix = dispatch.radix_probs() and not cuts[0]
+        fn = functools.partial(kp.probs, top_p_used=cuts[1]) if radix else functools.partial(_probs, cuts=cuts)
         if not dispatch.graphed_probs():
-            return _probs(*args, cuts=cuts)
-        graphs = self._probs_graphs.get(cuts)
+            return fn(*args)
+        graphs = self._probs_graphs.get((radix, cuts))
         if graphs is None:
-            graphs = self._probs_graphs[cuts] = RowGraphs(functools.partial(_probs, cuts=cuts), self._capture)
+            graphs = self._probs_graphs[(radix, cuts)] = RowGraphs(fn, self._capture)
         return graphs(*args)
 
     def sample_keyed(self, probs, seeds, positions):

@@ -1,0 +1,70 @@
+"""The sampler's ``probs`` in ``check.py`` (``--only probs``): the sort-free Triton kernels (``kernels/probs.py``)
+against the reference op at batch 1, 16, 64 and 256 over the real vocabulary, timed beside the torch sorts they
+replace, eager and replayed from a CUDA graph (what a graphed engine step sees)."""
+
+# ruff: noqa: B023 - every lambda here is called before its loop variables change
+from __future__ import annotations
+
+import functools
+
+from check_common import (  # noqa: E402 - after check_common has set TRITON_INTERPRET for --smoke
+    BOUND,
+    DEV,
+    F32,
+    SMOKE,
+    VOCAB,
+    G,
+    bench,
+    bench_graph,
+    record,
+    rel_err,
+    rnd,
+    torch,
+)
+
+from deepinfer_core.ops.reference import reference_op  # noqa: E402
+from deepinfer_core.ops.sampling import SamplingTensors  # noqa: E402
+from deepinfer_cuda_sm100.kernels import probs as kp  # noqa: E402
+from deepinfer_cuda_sm100.ops.sampling import _probs  # noqa: E402
+
+
+def _rows(B: int, engine_like: bool) -> SamplingTensors:
+    """The engine benchmark's rows (temperature 0.6, top-p 0.95), or mixed ones: top-p from 0.5 to 1, min-p up
+    to 0.1, every fourth row greedy."""
+    if engine_like:
+        return SamplingTensors(torch.full((B,), 0.6, device=DEV), torch.zeros(B, dtype=torch.int64, device=DEV),
+                               torch.full((B,), 0.95, device=DEV), torch.zeros(B, device=DEV), any_top_k=False,
+                               any_min_p=False)  # fmt: skip
+    temp = rnd(B, dtype=F32).abs() + 0.3
+    temp[::4] = 0.0
+    return SamplingTensors(temp, torch.zeros(B, dtype=torch.int64, device=DEV),
+                           torch.rand(B, device=DEV, generator=G) * 0.5 + 0.5,
+                           torch.rand(B, device=DEV, generator=G) * 0.1, any_top_k=False)  # fmt: skip
+
+
+def check_probs():
+    ref = reference_op("sampling")
+    V = VOCAB
+    for B in (1, 16, 64, 256) if not SMOKE else (1, 3):
+        for engine_like in (True, False):
+            prm = _rows(B, engine_like)
+            logits = rnd(B, V, dtype=F32, scale=3.0)
+            args = (logits, prm.temperature, prm.top_k, prm.top_p, prm.min_p)
+            radix = functools.partial(kp.probs, top_p_used=True)
+            sorts = functools.partial(_probs, cuts=(False, True, prm.any_min_p))
+            got, want = radix(*args), ref.probs(logits, prm)
+            same = torch.equal(got > 0, want > 0)  # the same tokens survive every cut
+            tag = "temp 0.6, top-p 0.95" if engine_like else "mixed rows"
+            record(f"probs radix ({tag})", f"B={B} V={V}", rel_err(got, want) if same else float("inf"),
+                   BOUND["f32"], bench(lambda: radix(*args)), B * V * 4 * 10)  # fmt: skip
+            record(
+                "  graphed",
+                f"B={B} V={V}",
+                None,
+                None,
+                bench_graph(lambda: radix(*args), calls=5),
+                B * V * 4 * 10,
+            )
+            record("  torch sorts", f"B={B} V={V}", None, None, bench(lambda: sorts(*args)), B * V * 4 * 10)
+            record("  torch sorts graphed", f"B={B} V={V}", None, None, bench_graph(lambda: sorts(*args), calls=5),
+                   B * V * 4 * 10)  # fmt: skip

@@ -1,0 +1,136 @@
+"""The sort-free ``probs`` (``kernels/probs.py``: top-p by a radix search over chunks of a row) against the
+reference op, under the interpreter in CI: random rows over several chunks, tie groups cut across chunk
+boundaries, rows whose mass never reaches ``top_p``, min-p with and without top-p, greedy and masked rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_core.ops.reference import reference_op
+from deepinfer_core.ops.sampling import SamplingTensors
+
+from .cuda_sm100_helpers import dev, needs_triton, rand
+
+pytestmark = needs_triton
+REF = reference_op("sampling")
+
+
+@pytest.fixture
+def kp(monkeypatch):
+    from deepinfer_cuda_sm100.kernels import probs
+
+    monkeypatch.setattr(probs, "PROBS_CHUNK", 256)  # rows of a few hundred tokens span several chunks
+    return probs
+
+
+def _run(kp, logits, temp, top_p, min_p, top_p_used=True):
+    B = logits.shape[0]
+    top_k = torch.zeros(B, dtype=torch.int64)
+    got = kp.probs(*dev(logits, temp, top_k, top_p, min_p), top_p_used=top_p_used).cpu()
+    return got, REF.probs(logits, SamplingTensors(temp, top_k, top_p, min_p))
+
+
+@pytest.mark.parametrize("chunk", [256, 4096])
+def test_random_rows_match_the_reference(kp, gen, monkeypatch, chunk):
+    monkeypatch.setattr(kp, "PROBS_CHUNK", chunk)
+    B, V = 8, 1500
+    logits = rand(gen, B, V, scale=4.0)
+    logits[:, 100:1400:9] = 2.5  # a tie group of 145 tokens over every chunk
+    temp = torch.tensor([1.0, 0.5, 2.0, 1.0, 0.8, 1.0, 1.2, 0.7])
+    top_p = torch.tensor([1.0, 0.9, 0.999, 0.35, 0.95, 0.7, 0.6, 0.5])
+    min_p = torch.tensor([0.0, 0.1, 0.0, 0.0, 0.05, 0.01, 0.0, 0.3])
+    got, ref = _run(kp, logits, temp, top_p, min_p)
+    assert torch.equal(got > 0, ref > 0), "the same tokens survive every cut"
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    assert len(set((ref > 0).sum(1).tolist())) > 4, "the rows keep sets of different sizes"
+
+
+def test_a_cut_inside_a_tie_group_keeps_its_lowest_ids_across_chunks(kp):
+    """Ten tokens tied at the top, spread over four chunks of 256: each holds ~0.0999, so top-p 0.35 keeps four,
+    the four lowest ids, wherever their chunks are."""
+    V = 1000
+    logits = torch.full((2, V), -4.0)
+    top = [900, 5, 300, 256, 255, 511, 700, 12, 999, 600]
+    logits[:, top] = 4.0
+    temp, top_p, min_p = torch.ones(2), torch.tensor([0.35, 0.95]), torch.zeros(2)
+    got, ref = _run(kp, logits, temp, top_p, min_p)
+    assert (got[0] > 0).nonzero().flatten().tolist() == [5, 12, 255, 256]
+    assert torch.equal(got > 0, ref > 0)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+
+
+def test_a_row_whose_mass_never_reaches_top_p_keeps_every_token(kp):
+    """Three-token rows whose float32 probabilities sum to 0.99999988 in any order, ``top_p`` 0.99999994 (the
+    largest float32 below 1): no bucket's mass reaches it, the search falls back to the smallest probability,
+    and every token stays, as in the reference's cumulative sum."""
+    logits = torch.tensor([[-1.561790943145752, 4.0643510818481445, 0.705579400062561],
+                           [-3.038585662841797, -0.08921253681182861, -0.8668568134307861],
+                           [3.525890350341797, -1.0263522863388062, -1.1614910364151]])  # fmt: skip
+    tp = torch.full((3,), 0.99999994)
+    assert bool((torch.softmax(logits, -1).sum(-1) < tp).all())
+    got, ref = _run(kp, logits, torch.ones(3), tp, torch.zeros(3))
+    assert bool((got > 0).all()) and bool((ref > 0).all())
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+
+
+def test_min_p_alone_and_greedy_and_masked_rows(kp, gen):
+    """No row uses top-p (the passes skipped); min-p's renormalising mass; a greedy row's one-hot at the first
+    maximum; a row mostly masked to ``-inf`` (a grammar) with a tie at its maximum."""
+    V = 600
+    logits = rand(gen, 4, V, scale=3.0)
+    logits[2, :] = float("-inf")
+    logits[2, [17, 400, 401]] = torch.tensor([1.0, 3.0, 3.0])
+    logits[3, [70, 20]] = 50.0  # greedy: ties at the max go to the lowest id
+    temp = torch.tensor([1.0, 0.6, 1.0, 0.0])
+    min_p = torch.tensor([0.2, 0.0, 0.0, 0.5])
+    got, ref = _run(kp, logits, temp, torch.ones(4), min_p, top_p_used=False)
+    assert torch.equal(got > 0, ref > 0)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    assert got[3].nonzero().flatten().tolist() == [20] and (got[2] > 0).nonzero().flatten().tolist() == [
+        17,
+        400,
+        401,
+    ]
+
+
+def test_a_row_does_not_depend_on_the_batch(kp, gen):
+    logits = rand(gen, 5, 900, scale=3.0)
+    temp, top_p, min_p = (
+        torch.full((5,), 0.8),
+        torch.tensor([0.5, 0.9, 0.7, 0.95, 0.3]),
+        torch.full((5,), 0.02),
+    )
+    top_k = torch.zeros(5, dtype=torch.int64)
+    whole = kp.probs(*dev(logits, temp, top_k, top_p, min_p)).cpu()
+    for b in range(5):
+        alone = kp.probs(
+            *dev(logits[b : b + 1], temp[b : b + 1], top_k[b : b + 1], top_p[b : b + 1], min_p[b : b + 1])
+        )
+        assert torch.equal(alone.cpu()[0], whole[b])
+
+
+def test_the_ops_route_rows_without_top_k_to_the_kernel(monkeypatch, gen):
+    """``CudaSamplingOps.probs``: the radix kernels when no row uses top-k (and ``radix_probs`` is on), the torch
+    sorts otherwise; the same distribution either way."""
+    from deepinfer_cuda_sm100.kernels import probs as kp
+    from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps
+
+    calls = []
+    real = kp.probs
+    monkeypatch.setattr(kp, "probs", lambda *a, **k: calls.append(k) or real(*a, **k))
+    ops = CudaSamplingOps()
+    logits = rand(gen, 3, 300, scale=3.0)
+    no_k = SamplingTensors(
+        torch.ones(3), torch.zeros(3, dtype=torch.int64), torch.full((3,), 0.8), torch.zeros(3)
+    )
+    no_k.any_top_k, no_k.any_min_p = False, False
+    got = ops.probs(
+        dev(logits), SamplingTensors(*dev(*list(vars(no_k).values())[:4]), False, True, False)
+    ).cpu()
+    assert calls == [{"top_p_used": True}]
+    torch.testing.assert_close(got, REF.probs(logits, no_k), atol=1e-6, rtol=1e-5)
+    with_k = SamplingTensors(torch.ones(3), torch.tensor([0, 5, 0]), torch.full((3,), 0.8), torch.zeros(3))
+    got = ops.probs(dev(logits), SamplingTensors(*dev(*list(vars(with_k).values())[:4]))).cpu()
+    assert len(calls) == 1, "a batch with top-k takes the sorts"
+    torch.testing.assert_close(got, REF.probs(logits, with_k), atol=1e-6, rtol=1e-5)
