@@ -20,6 +20,7 @@
 #                                    checkdense check.py's dense section only (the fused mHC checks among them)
 #                                    nohc     the slice at batch 1/2 with DEEPINFER_CUDA_SM100__HC_FUSED=0 (A/B)
 #                                    greedyhc greedy equality with DEEPINFER_CUDA_SM100__HC_FUSED=1
+#                                    gemv41   V4.1-Flash's one-row GEMVs at their tiles and at variants (gemv_v41.py)
 #                                    checkprobs check.py's probs (the sort-free kernels beside the torch sorts) and sampling
 #                                    probsab  the V4 engine at batch 1/16/64/256, radix_probs on, off, on
 #                                    engine   greedy equality (overlap on by default) + LLM.generate on the slice vs
@@ -68,6 +69,7 @@ for part in "${@:-check slice gemm}"; do
       enghostab) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- DEEPINFER_CUDA_SM100__GRAPHED_PROBS=$v"; d="$0/probs${v}_$(date +%s)"; mkdir -p "$d"
                       DEEPINFER_CUDA_SM100__GRAPHED_PROBS=$v timeout 140 python3 benchmarks/gpu/v4_slice.py --sections engine \
                       --batches 1 16 --engine-prompt 64 --engine-tokens 128 --out "$d"; done' "$OUT/enghostab") ;;
+      gemv41) cmd=(timeout 300 python3 benchmarks/gpu/gemv_v41.py --out "$OUT/gemv41") ;;
       checkprobs) cmd=(timeout 150 python3 benchmarks/gpu/check.py --only probs,sampling --out "$OUT/checkprobs") ;;
       probsab) cmd=(bash -c 'for v in 1 0 1; do echo "-- DEEPINFER_CUDA_SM100__RADIX_PROBS=$v"; d="$0/radix${v}_$(date +%s)"
                     mkdir -p "$d"; DEEPINFER_CUDA_SM100__RADIX_PROBS=$v timeout 180 python3 benchmarks/gpu/v4_slice.py \
