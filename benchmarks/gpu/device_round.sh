@@ -22,7 +22,7 @@
 #                                    greedyhc greedy equality with DEEPINFER_CUDA_SM100__HC_FUSED=1
 #                                    gemv41   V4.1-Flash's one-row GEMVs at their tiles and at variants (gemv_v41.py)
 #                                    checkprobs check.py's probs (the sort-free kernels beside the torch sorts) and sampling
-#                                    probsab  the V4 engine at batch 1/16/64/256, radix_probs on, off, on
+#                                    probsab  the V4 engine at batch 1/16/64/256, radix_probs on, off, on (PROBSAB: other orders)
 #                                    engine   greedy equality (overlap on by default) + LLM.generate on the slice vs
 #                                             forward-only at batch 1/16/64/256, overlap off and on
 #                                    v41tests the plugin's attention and dense kernel tests, compiled (V4.1's packed paths)
@@ -71,7 +71,7 @@ for part in "${@:-check slice gemm}"; do
                       --batches 1 16 --engine-prompt 64 --engine-tokens 128 --out "$d"; done' "$OUT/enghostab") ;;
       gemv41) cmd=(timeout 300 python3 benchmarks/gpu/gemv_v41.py --out "$OUT/gemv41") ;;
       checkprobs) cmd=(timeout 150 python3 benchmarks/gpu/check.py --only probs,sampling --out "$OUT/checkprobs") ;;
-      probsab) cmd=(bash -c 'for v in 1 0 1; do echo "-- DEEPINFER_CUDA_SM100__RADIX_PROBS=$v"; d="$0/radix${v}_$(date +%s)"
+      probsab) cmd=(bash -c 'for v in ${PROBSAB:-1 0 1}; do echo "-- DEEPINFER_CUDA_SM100__RADIX_PROBS=$v"; d="$0/radix${v}_$(date +%s)"
                     mkdir -p "$d"; DEEPINFER_CUDA_SM100__RADIX_PROBS=$v timeout 180 python3 benchmarks/gpu/v4_slice.py \
                     --sections engine --batches 1 16 64 256 --engine-prompt 64 --engine-tokens 128 --out "$d"; done' \
                     "$OUT/probsab") ;;

@@ -474,8 +474,7 @@ def fp8_kv_mode() -> int:
 
 
 def radix_probs() -> bool:
-    """The sampler's ``probs`` for rows without top-k on the sort-free Triton kernels (``kernels/probs.py``):
-    ``settings.radix_probs``."""
+    """The sampler's ``probs`` on the sort-free Triton kernels (``kernels/probs.py``): ``settings.radix_probs``."""
     return settings().radix_probs
 
 

@@ -46,8 +46,8 @@ class CudaSM100Settings(PlatformSettings):
     )
     radix_probs: bool = Field(
         True,
-        description="the sampler's probs for rows without top-k on Triton kernels over chunks of every row, top-p "
-        "by a radix search on the probabilities' bits (kernels/probs.py); off: the torch sorts",
+        description="the sampler's probs on Triton kernels over chunks of every row, top-k and top-p by radix "
+        "searches on the values' bits (kernels/probs.py); off: the torch sorts",
     )
     fp8_kv_scale_gather: bool = Field(
         False,

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _topp_pass_kernel, _cut_kernel, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -129,13 +129,21 @@ def v41_launches() -> dict:
         ):  # the keyed draw (plugin API 2.8): a real vocabulary a row; small ones, rows a program
             keyed = torch.randint(0, 2**40, (2, 3), generator=g)
             sampling.draw(torch.rand(3, V, generator=g), keyed[0], keyed[1])
-        for V, used in (
-            (129280, True),
-            (129280, False),
-            (300, True),
-        ):  # the sort-free probs, with and without top-p
-            probs.probs(torch.randn(2, V, generator=g), torch.ones(2), torch.zeros(2, dtype=torch.int64),
-                        torch.full((2,), 0.9), torch.zeros(2), top_p_used=used)  # fmt: skip
+        for V, k_used, p_used in [
+            (129280, True, True),
+            (129280, False, True),
+            (129280, False, False),
+            (300, True, True),
+        ]:
+            probs.probs(
+                torch.randn(2, V, generator=g),
+                torch.ones(2),
+                torch.tensor([0, 50]),
+                torch.full((2,), 0.9),
+                torch.zeros(2),
+                top_k_used=k_used,
+                top_p_used=p_used,
+            )  # fmt: skip (the sort-free probs)
         for where in (_arch("sm100"), _arch("sm90", fp8_mma=True)):  # the MX MMA, SM90's FP8 MMA path
             with where:
                 for fmt in ("fp8", "fp4"):
@@ -167,7 +175,7 @@ def v41_launches() -> dict:
         "_draw_chunk_kernel",
         "_stats_kernel",
         "_softmax_kernel",
-        "_topp_pass_kernel",
+        "_radix_pass_kernel",
         "_cut_kernel",
     )
     return {

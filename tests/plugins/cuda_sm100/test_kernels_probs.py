@@ -1,6 +1,7 @@
-"""The sort-free ``probs`` (``kernels/probs.py``: top-p by a radix search over chunks of a row) against the
-reference op, under the interpreter in CI: random rows over several chunks, tie groups cut across chunk
-boundaries, rows whose mass never reaches ``top_p``, min-p with and without top-p, greedy and masked rows."""
+"""The sort-free ``probs`` (``kernels/probs.py``: top-k and top-p by radix searches over chunks of a row) against
+the reference op, under the interpreter in CI: random rows over several chunks, every cut alone and together, tie
+groups cut across chunk boundaries (top-p) and ties at the k-th value (top-k), rows whose mass never reaches
+``top_p``, greedy and masked rows."""
 
 from __future__ import annotations
 
@@ -24,16 +25,20 @@ def kp(monkeypatch):
     return probs
 
 
-def _run(kp, logits, temp, top_p, min_p, top_p_used=True):
+def _run(kp, logits, temp, top_p, min_p, top_p_used=True, top_k=None):
     B = logits.shape[0]
-    top_k = torch.zeros(B, dtype=torch.int64)
-    got = kp.probs(*dev(logits, temp, top_k, top_p, min_p), top_p_used=top_p_used).cpu()
-    return got, REF.probs(logits, SamplingTensors(temp, top_k, top_p, min_p))
+    top_k = torch.zeros(B, dtype=torch.int64) if top_k is None else top_k
+    got = kp.probs(
+        *dev(logits, temp, top_k, top_p, min_p), top_k_used=bool((top_k > 0).any()), top_p_used=top_p_used
+    )
+    return got.cpu(), REF.probs(logits, SamplingTensors(temp, top_k, top_p, min_p))
 
 
-@pytest.mark.parametrize("chunk", [256, 4096])
-def test_random_rows_match_the_reference(kp, gen, monkeypatch, chunk):
+@pytest.mark.parametrize("chunk,dbits", [(256, 3), (4096, 3), (256, 5)])
+def test_random_rows_match_the_reference(kp, gen, monkeypatch, chunk, dbits):
+    """Top-p's digits of 3 bits (the default) or 5 (``check.py`` times both)."""
     monkeypatch.setattr(kp, "PROBS_CHUNK", chunk)
+    monkeypatch.setattr(kp, "DBITS_P", dbits)
     B, V = 8, 1500
     logits = rand(gen, B, V, scale=4.0)
     logits[:, 100:1400:9] = 2.5  # a tie group of 145 tokens over every chunk
@@ -56,6 +61,35 @@ def test_a_cut_inside_a_tie_group_keeps_its_lowest_ids_across_chunks(kp):
     temp, top_p, min_p = torch.ones(2), torch.tensor([0.35, 0.95]), torch.zeros(2)
     got, ref = _run(kp, logits, temp, top_p, min_p)
     assert (got[0] > 0).nonzero().flatten().tolist() == [5, 12, 255, 256]
+    assert torch.equal(got > 0, ref > 0)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+
+
+def test_top_k_with_every_other_cut_matches_the_reference(kp, gen):
+    """``k`` from 1 to past the vocabulary, alone and with top-p and min-p, on logits of both signs."""
+    B, V = 8, 1100
+    logits = rand(gen, B, V, scale=4.0) - 1.0
+    temp = torch.tensor([1.0, 0.5, 2.0, 1.0, 0.8, 1.0, 1.2, 0.0])
+    top_k = torch.tensor([1, 7, 300, 2000, 40, 0, 1099, 5])
+    top_p = torch.tensor([1.0, 1.0, 0.9, 1.0, 0.6, 0.7, 1.0, 0.5])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0, 0.0, 0.0, 0.3])
+    got, ref = _run(kp, logits, temp, top_p, min_p, top_k=top_k)
+    assert torch.equal(got > 0, ref > 0), "the same tokens survive every cut"
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    assert (got[0] > 0).sum() == 1 and (got[1] > 0).sum() == 7 and (got[6] > 0).sum() == 1099
+
+
+def test_top_k_keeps_every_tie_at_the_k_th_value(kp):
+    """Equal logits across chunks: ``k`` inside the group keeps the whole group; negative and zero logits
+    (``-0.0`` and ``0.0`` order as equal)."""
+    V = 900
+    logits = torch.full((3, V), -3.0)
+    logits[:, [512, 7, 300, 3, 11]] = 2.0
+    logits[:, [40, 41, 890]] = 0.0
+    logits[:, 41] = -0.0
+    temp, top_p, min_p = torch.ones(3), torch.ones(3), torch.zeros(3)
+    got, ref = _run(kp, logits, temp, top_p, min_p, top_k=torch.tensor([2, 6, 8]))
+    assert (got[0] > 0).sum() == 5 and (got[1] > 0).sum() == 8 and (got[2] > 0).sum() == 8
     assert torch.equal(got > 0, ref > 0)
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
 
@@ -110,27 +144,27 @@ def test_a_row_does_not_depend_on_the_batch(kp, gen):
         assert torch.equal(alone.cpu()[0], whole[b])
 
 
-def test_the_ops_route_rows_without_top_k_to_the_kernel(monkeypatch, gen):
-    """``CudaSamplingOps.probs``: the radix kernels when no row uses top-k (and ``radix_probs`` is on), the torch
-    sorts otherwise; the same distribution either way."""
+def test_the_ops_take_the_kernels_with_radix_probs_and_the_sorts_without(monkeypatch, gen):
+    """``CudaSamplingOps.probs``: the radix kernels with ``radix_probs`` on, skipping the searches of cuts no row
+    uses; the torch sorts with it off; the same distribution either way."""
+    from deepinfer_cuda_sm100 import settings
     from deepinfer_cuda_sm100.kernels import probs as kp
     from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps
 
     calls = []
     real = kp.probs
     monkeypatch.setattr(kp, "probs", lambda *a, **k: calls.append(k) or real(*a, **k))
-    ops = CudaSamplingOps()
     logits = rand(gen, 3, 300, scale=3.0)
-    no_k = SamplingTensors(
-        torch.ones(3), torch.zeros(3, dtype=torch.int64), torch.full((3,), 0.8), torch.zeros(3)
-    )
-    no_k.any_top_k, no_k.any_min_p = False, False
-    got = ops.probs(
-        dev(logits), SamplingTensors(*dev(*list(vars(no_k).values())[:4]), False, True, False)
-    ).cpu()
-    assert calls == [{"top_p_used": True}]
-    torch.testing.assert_close(got, REF.probs(logits, no_k), atol=1e-6, rtol=1e-5)
-    with_k = SamplingTensors(torch.ones(3), torch.tensor([0, 5, 0]), torch.full((3,), 0.8), torch.zeros(3))
-    got = ops.probs(dev(logits), SamplingTensors(*dev(*list(vars(with_k).values())[:4]))).cpu()
-    assert len(calls) == 1, "a batch with top-k takes the sorts"
-    torch.testing.assert_close(got, REF.probs(logits, with_k), atol=1e-6, rtol=1e-5)
+    rows = (torch.ones(3), torch.tensor([0, 5, 0]), torch.full((3,), 0.8), torch.zeros(3))
+    want = REF.probs(logits, SamplingTensors(*rows))
+    got = CudaSamplingOps().probs(dev(logits), SamplingTensors(*dev(*rows), True, True, False)).cpu()
+    assert calls == [{"top_k_used": True, "top_p_used": True}]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    before = settings.active()
+    settings.use(before.model_copy(update={"radix_probs": False}))
+    try:
+        got = CudaSamplingOps().probs(dev(logits), SamplingTensors(*dev(*rows))).cpu()
+    finally:
+        settings.use(before)
+    assert len(calls) == 1, "radix_probs off takes the sorts"
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

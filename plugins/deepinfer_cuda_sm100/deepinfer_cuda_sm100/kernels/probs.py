@@ -1,16 +1,19 @@
-"""The sampler's ``probs`` without a sort: temperature, softmax, top-p and min-p over rows split into chunks.
+"""The sampler's ``probs`` without a sort: temperature, top-k, softmax, top-p and min-p over rows split into chunks.
 
 Top-p keeps the smallest set of most likely tokens whose mass reaches ``top_p`` (equal probabilities in token-id
 order). With ``F(v)``, the mass of the tokens more likely than ``v``, the kept set is every token more likely
 than ``t* = min{v : F(v) < top_p}``, plus the first ``n`` tokens of probability exactly ``t*`` by id, ``n`` the
 most with ``F(t*) + (n - 1) t* < top_p``. ``t*`` is found by a radix search on the probabilities' float bits
-(a probability in ``[0, 1]`` has bits 31 and 30 clear, so six 5-bit digits): each pass sums, per chunk, the mass
-and count of the tokens in each of the 32 buckets of the next digit under the prefix found so far; the next
+(a probability in ``[0, 1]`` has bits 31 and 30 clear, so ten 3-bit digits): each pass sums, per chunk, the mass
+of the tokens in each of the 8 buckets of the next digit under the prefix found so far; the next
 pass reduces those partials (in a fixed order, so a row's result depends only on its own logits) and keeps the
-highest bucket whose mass, with everything above it, still reaches ``top_p``. No ``[B, V]`` sort, a whole batch
-in nine launches (two more for the draw): statistics, softmax, six passes, the cut. ``min_p`` keeps
-``p >= min_p * max(p)``; both cuts keep upper sets, so the mass that renormalises is known without another pass.
-Greedy rows (temperature 0) get a one-hot at the first maximum of the logits.
+highest bucket whose mass, with everything above it, still reaches ``top_p``. Top-k is the same search with
+every token weighing 1 and the target ``k``, on an order-preserving integer image of ``logits / T`` (eight
+4-bit digits): it finds the k-th largest value, and every token at least that large stays (ties at the k-th
+value kept). No ``[B, V]`` sort: a whole batch in 13 launches with top-p (statistics, softmax, ten passes, the
+cut), 21 with top-k too, and two more for the draw. ``min_p`` keeps ``p >= min_p * max(p)``; top-p and min-p
+keep upper sets, so the mass that renormalises is known without another pass. Greedy rows (temperature 0) get a
+one-hot at the first maximum of the logits. The same order, tie rules and cuts as the reference op.
 """
 
 from __future__ import annotations
@@ -24,21 +27,56 @@ from deepinfer_cuda_sm100.kernels._common import pdl_enter
 
 #: tokens a program of every launch reads (a row of 129,280 is 32 chunks)
 PROBS_CHUNK = 4096
-DBITS = 5
-NB = 1 << DBITS  # buckets of a digit
-PASSES = 6  # 30 bits
-SUB = 256  # tokens a histogram tile holds ([SUB, NB] compares)
+#: digit widths: top-p's over the 30 bits of a probability (bits 31 and 30 of a float in [0, 1] are clear), ten
+#: 3-bit digits; top-k's over the 32-bit order-preserving image of ``logits / T``, eight 4-bit digits. A pass costs
+#: about ``2**DBITS`` compare-select-adds a token, so narrow digits in more passes cost less (H100, v30: 5-bit digits
+#: made the passes compute-bound)
+DBITS_P, DBITS_K = 3, 4
+#: a histogram tile holds ``HIST_TILE // 2**DBITS`` tokens (``[tokens, buckets]`` per-thread accumulators)
+HIST_TILE = 8192
 
 
 @triton.jit
-def _stats_kernel(x_ptr, temp_ptr, cmax_ptr, csum_ptr, cidx_ptr, V, C, stride_x, CHUNK: tl.constexpr,
-                  PDL: tl.constexpr = False):  # fmt: skip
-    """Grid ``(B, C)``: a chunk's max of ``x = logits / T``, its sum of ``exp(x - max)`` and its first argmax."""
+def _xkey(x):
+    """An int32 whose bits, read as an unsigned number, order as the floats ``x`` do (``-0.0`` as ``0.0``)."""
+    b = (x + 0.0).to(tl.int32, bitcast=True)
+    return b ^ ((b >> 31) | -2147483648)
+
+
+@triton.jit
+def _top_k_of(topk_ptr, b, V):
+    """Row ``b``'s ``k`` as float32 (``<= 0``: every token)."""
+    k = tl.load(topk_ptr + b)
+    return tl.where(k > 0, tl.minimum(k, V), V).to(tl.float32)
+
+
+@triton.jit
+def _scaled_logits(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, b, v, B, V, C, stride_x,
+                   TOPK: tl.constexpr, PASSES_K: tl.constexpr, NB_K: tl.constexpr, C_POW2: tl.constexpr):  # fmt: skip
+    """``x = logits / T`` (``T`` 1 for greedy rows) at tokens ``v``; with ``TOPK``, the tokens below the row's
+    k-th largest ``x`` (found by the top-k passes) set to ``-inf``."""
+    t = tl.load(temp_ptr + b)
+    x = tl.load(x_ptr + b * stride_x + v, mask=v < V, other=float("-inf")) / tl.where(t <= 0, 1.0, t)
+    if TOPK:
+        last = (PASSES_K - 1) * B * C * NB_K
+        kth, _a, _n, _j = _advance(
+            mk_ptr + last, ck_ptr + last, b, C, tl.load(pk_ptr + (PASSES_K - 1) * B + b),
+            tl.load(ak_ptr + (PASSES_K - 1) * B + b), _top_k_of(topk_ptr, b, V), 0, NB_K, C_POW2,
+        )  # fmt: skip
+        x = tl.where((_xkey(x) ^ -2147483648) >= (kth ^ -2147483648), x, float("-inf"))
+    return x
+
+
+@triton.jit
+def _stats_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, cmax_ptr, csum_ptr, cidx_ptr, B, V, C,
+                  stride_x, TOPK: tl.constexpr, PASSES_K: tl.constexpr, NB_K: tl.constexpr, CHUNK: tl.constexpr,
+                  C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """Grid ``(B, C)``: a chunk's max of ``x``, its sum of ``exp(x - max)`` and its first argmax."""
     pdl_enter(PDL)
     b, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     v = c * CHUNK + tl.arange(0, CHUNK)
-    t = tl.load(temp_ptr + b)
-    x = tl.load(x_ptr + b * stride_x + v, mask=v < V, other=float("-inf")) / tl.where(t <= 0, 1.0, t)
+    x = _scaled_logits(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, b, v, B, V, C, stride_x, TOPK,
+                       PASSES_K, NB_K, C_POW2)  # fmt: skip
     mx = tl.max(x, axis=0)
     s = tl.sum(tl.exp(x - mx), axis=0)
     tl.store(cmax_ptr + b * C + c, mx)
@@ -57,16 +95,17 @@ def _row_softmax(cmax_ptr, csum_ptr, b, C, C_POW2: tl.constexpr):
 
 
 @triton.jit
-def _softmax_kernel(x_ptr, temp_ptr, minp_ptr, cmax_ptr, csum_ptr, out_ptr, ge_ptr, V, C, stride_x,
-                    stride_o, CHUNK: tl.constexpr, C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, minp_ptr, cmax_ptr, csum_ptr, out_ptr,
+                    ge_ptr, B, V, C, stride_x, stride_o, TOPK: tl.constexpr, PASSES_K: tl.constexpr,
+                    NB_K: tl.constexpr, CHUNK: tl.constexpr, C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Grid ``(B, C)``: ``p = exp(x - max) / sum`` written to ``out``; per chunk, the mass of the tokens min-p
     keeps (``p >= min_p * max p``, ``max p = 1 / sum``; every token's with min-p 0)."""
     pdl_enter(PDL)
     b, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     m, s = _row_softmax(cmax_ptr, csum_ptr, b, C, C_POW2)
     v = c * CHUNK + tl.arange(0, CHUNK)
-    t = tl.load(temp_ptr + b)
-    x = tl.load(x_ptr + b * stride_x + v, mask=v < V, other=float("-inf")) / tl.where(t <= 0, 1.0, t)
+    x = _scaled_logits(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, b, v, B, V, C, stride_x, TOPK,
+                       PASSES_K, NB_K, C_POW2)  # fmt: skip
     p = tl.exp(x - m) / s
     tl.store(out_ptr + b * stride_o + v, p, mask=v < V)
     tau = tl.load(minp_ptr + b) * (1.0 / s)
@@ -93,17 +132,26 @@ def _advance(mass_ptr, cnt_ptr, b, C, prefix, above, tp, SHIFT: tl.constexpr, NB
 
 
 @triton.jit
-def _topp_pass_kernel(p_ptr, topp_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, B, V, C, stride_p,
-                      PASS: tl.constexpr, DBITS: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                      C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
-    """Grid ``(B, C)``: pass ``PASS`` of the search. Finds the range this pass splits from the state and the
-    partials of the pass before (program ``c = 0`` records the state), then sums its chunk's mass and count per
-    bucket of this pass's digit among the tokens in that range."""
+def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, B, V, C, stride,
+                       PASS: tl.constexpr, DBITS: tl.constexpr, BITS: tl.constexpr, TOPK: tl.constexpr,
+                       CHUNK: tl.constexpr, SUB: tl.constexpr, C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """Grid ``(B, C)``: pass ``PASS`` of a search. Finds the range this pass splits from the state and the
+    partials of the pass before (program ``c = 0`` records the state), then sums its chunk's weight and count per
+    bucket of this pass's digit among the tokens in that range (per thread, reduced once at the end). Top-p
+    (``src`` the probabilities): keys their bits, weights them, target ``top_p``; the tokens are counted in the
+    last pass only (the ties at ``t*``), earlier passes record whether a bucket has mass. Top-k (``TOPK``, ``src`` the logits): keys ``_xkey(logits / T)``, each
+    token weighs 1, target ``k``."""
     pdl_enter(PDL)
     NB: tl.constexpr = 1 << DBITS
-    SH: tl.constexpr = 30 - DBITS * (PASS + 1)
+    SH: tl.constexpr = BITS - DBITS * (PASS + 1)
+    COUNT: tl.constexpr = (SH == 0) and not TOPK
     b, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    tp = tl.maximum(tl.load(topp_ptr + b), 1e-30)
+    if TOPK:
+        tgt = _top_k_of(target_ptr, b, V)
+        t = tl.load(temp_ptr + b)
+        t = tl.where(t <= 0, 1.0, t)
+    else:
+        tgt = tl.maximum(tl.load(target_ptr + b), 1e-30)
     if PASS == 0:
         prefix = tl.zeros([], tl.int32)
         above = tl.zeros([], tl.float32)
@@ -111,22 +159,37 @@ def _topp_pass_kernel(p_ptr, topp_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, B
         prev = (PASS - 1) * B * C * NB
         prefix, above, _n, _j = _advance(
             mass_ptr + prev, cnt_ptr + prev, b, C, tl.load(pref_ptr + (PASS - 1) * B + b),
-            tl.load(above_ptr + (PASS - 1) * B + b), tp, SH + DBITS, NB, C_POW2,
+            tl.load(above_ptr + (PASS - 1) * B + b), tgt, SH + DBITS, NB, C_POW2,
         )  # fmt: skip
     if c == 0:
         tl.store(pref_ptr + PASS * B + b, prefix)
         tl.store(above_ptr + PASS * B + b, above)
     nb = tl.arange(0, NB)
-    acc_m = tl.zeros([NB], tl.float32)
-    acc_c = tl.zeros([NB], tl.int32)
+    acc = tl.zeros([SUB, NB], tl.float32)  # reduced over the tokens once, after the loop
+    accn = tl.zeros([SUB, NB], tl.int32)
     for s in range(0, CHUNK, SUB):
         v = c * CHUNK + s + tl.arange(0, SUB)
-        p = tl.load(p_ptr + b * stride_p + v, mask=v < V, other=0.0)
-        key = p.to(tl.int32, bitcast=True)
-        inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (v < V)
+        if TOPK:
+            key = _xkey(tl.load(src_ptr + b * stride + v, mask=v < V, other=float("-inf")) / t)
+            w = tl.full([SUB], 1.0, tl.float32)
+        else:
+            w = tl.load(src_ptr + b * stride + v, mask=v < V, other=0.0)
+            key = w.to(tl.int32, bitcast=True)
+        if PASS == 0:
+            inside = v < V
+        else:
+            inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (v < V)
         hit = inside[:, None] & (((key >> SH) & (NB - 1))[:, None] == nb[None, :])
-        acc_m += tl.sum(tl.where(hit, p[:, None], 0.0), axis=0)
-        acc_c += tl.sum(hit.to(tl.int32), axis=0)
+        acc += tl.where(hit, w[:, None], 0.0)
+        if COUNT:
+            accn += hit.to(tl.int32)
+    acc_m = tl.sum(acc, axis=0)
+    if COUNT:
+        acc_c = tl.sum(accn, axis=0)
+    elif TOPK:  # every weight is 1: the sums are the counts
+        acc_c = acc_m.to(tl.int32)
+    else:  # only the last pass's counts are read (the ties at t*); before it, whether a bucket has mass
+        acc_c = (acc_m > 0).to(tl.int32)
     at = ((PASS * B + b) * C + c) * NB + nb
     tl.store(mass_ptr + at, acc_m)
     tl.store(cnt_ptr + at, acc_c)
@@ -182,16 +245,18 @@ def probs(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor,
+    top_k_used: bool = True,
     top_p_used: bool = True,
 ) -> torch.Tensor:
-    """``SamplingOps.probs`` for rows that use no top-k (``top_k`` is ignored: the caller sends rows with top-k to
-    the sorting path). ``top_p_used`` False skips the search (no row's ``top_p`` is below 1)."""
+    """``SamplingOps.probs``. ``top_k_used`` / ``top_p_used`` False skip that search (no row's ``top_k`` is
+    positive / ``top_p`` below 1): 2 launches, plus 8 for top-k, plus 10 for top-p, plus the cut."""
     B, V = logits.shape
     out = torch.empty((B, V), dtype=torch.float32, device=logits.device)
     if B == 0:
         return out
     logits = logits.float().contiguous()
     temperature, top_p, min_p = (t.float().contiguous() for t in (temperature, top_p, min_p))
+    top_k = top_k.to(torch.int32).contiguous()
     chunk = PROBS_CHUNK
     C = triton.cdiv(V, chunk)
     c2 = triton.next_power_of_2(C)
@@ -199,28 +264,52 @@ def probs(
     f32 = torch.empty((3, B, C), dtype=torch.float32, device=dev)  # chunk max, exp sums, min-p mass
     cmax, csum, ge = f32.unbind(0)
     cidx = torch.empty((B, C), dtype=torch.int32, device=dev)
-    passes = PASSES if top_p_used else 1
-    mass = torch.empty((passes, B, C, NB), dtype=torch.float32, device=dev)
-    cnt = torch.empty((passes, B, C, NB), dtype=torch.int32, device=dev)
-    pref = torch.empty((passes, B), dtype=torch.int32, device=dev)
-    above = torch.empty((passes, B), dtype=torch.float32, device=dev)
+
+    def state(
+        passes: int, nb: int
+    ):  # per pass: weights and counts per chunk and bucket, prefix, weight above
+        return (torch.empty((passes, B, C, nb), dtype=torch.float32, device=dev),
+                torch.empty((passes, B, C, nb), dtype=torch.int32, device=dev),
+                torch.empty((passes, B), dtype=torch.int32, device=dev),
+                torch.empty((passes, B), dtype=torch.float32, device=dev))  # fmt: skip
+
+    passes_k, passes_p = 32 // DBITS_K, 30 // DBITS_P
+    nb_k, nb_p = 1 << DBITS_K, 1 << DBITS_P
+    sk = state(passes_k if top_k_used else 1, nb_k)
+    sp = state(passes_p if top_p_used else 1, nb_p)
     grid = (B, C)
+    for q in range(passes_k if top_k_used else 0):
+        _radix_pass_kernel[grid](
+            logits, temperature, top_k, *sk, B, V, C, logits.stride(0), PASS=q, DBITS=DBITS_K, BITS=32, TOPK=True,
+            CHUNK=chunk, SUB=min(HIST_TILE // nb_k, chunk), C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
+        )  # fmt: skip
+    topk = dict(TOPK=top_k_used, PASSES_K=passes_k, NB_K=nb_k, CHUNK=chunk, C_POW2=c2, num_warps=8)
     _stats_kernel[grid](
-        logits, temperature, cmax, csum, cidx, V, C, logits.stride(0), CHUNK=chunk, num_warps=8,
+        logits,
+        temperature,
+        top_k,
+        *sk,
+        cmax,
+        csum,
+        cidx,
+        B,
+        V,
+        C,
+        logits.stride(0),
+        **topk,
+        **dispatch.pdl_args(B),
+    )
+    _softmax_kernel[grid](
+        logits, temperature, top_k, *sk, min_p, cmax, csum, out, ge, B, V, C, logits.stride(0), out.stride(0), **topk,
         **dispatch.pdl_args(B),
     )  # fmt: skip
-    _softmax_kernel[grid](
-        logits, temperature, min_p, cmax, csum, out, ge, V, C, logits.stride(0), out.stride(0), CHUNK=chunk,
-        C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
-    )  # fmt: skip
-    if top_p_used:
-        for q in range(PASSES):
-            _topp_pass_kernel[grid](
-                out, top_p, mass, cnt, pref, above, B, V, C, out.stride(0), PASS=q, DBITS=DBITS, CHUNK=chunk,
-                SUB=min(SUB, chunk), C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
-            )  # fmt: skip
+    for q in range(passes_p if top_p_used else 0):
+        _radix_pass_kernel[grid](
+            out, temperature, top_p, *sp, B, V, C, out.stride(0), PASS=q, DBITS=DBITS_P, BITS=30, TOPK=False,
+            CHUNK=chunk, SUB=min(HIST_TILE // nb_p, chunk), C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
+        )  # fmt: skip
     _cut_kernel[grid](
-        out, temperature, top_p, min_p, cmax, csum, cidx, ge, mass, cnt, pref, above, B, V, C, out.stride(0),
-        TOPP=top_p_used, PASSES=PASSES, NB=NB, CHUNK=chunk, C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
+        out, temperature, top_p, min_p, cmax, csum, cidx, ge, *sp, B, V, C, out.stride(0), TOPP=top_p_used,
+        PASSES=passes_p, NB=nb_p, CHUNK=chunk, C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
     )  # fmt: skip
     return out

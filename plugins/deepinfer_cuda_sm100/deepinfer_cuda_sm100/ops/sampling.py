@@ -1,9 +1,9 @@
 """CUDA sampling ops.
 
 Triton: ``apply_penalties`` and ``apply_bitmask`` (one read and one write of ``[B, V]`` each).
-Triton: ``sample_keyed`` (the core's keyed draw in two launches for the whole batch) and ``probs`` for rows
-without top-k (``kernels/probs.py``: top-p by a radix search over chunks of every row, no sort; ``radix_probs``).
-Torch on the GPU: ``probs`` with top-k (two sorts per row), ``rejection_sample_keyed`` (the core's vectorised
+Triton: ``sample_keyed`` (the core's keyed draw in two launches for the whole batch) and ``probs``
+(``kernels/probs.py``: top-k and top-p by radix searches over chunks of every row, no sort; ``radix_probs``).
+Torch on the GPU: ``probs`` with ``radix_probs`` off (a sort per cut), ``rejection_sample_keyed`` (the core's vectorised
 verification, its final draw the Triton draw), ``argmax``. Either ``probs`` is replayed from a graph per bucket
 of up to 16 rows with ``graphed_probs``. An earlier Triton ``probs`` of one program per row (every cut a
 bisection threshold) was correct but 1.3x slower than the sorts on the H200 (benchmarks/gpu/NOTES.md v7).
@@ -74,13 +74,17 @@ class CudaSamplingOps(SamplingOps):
         return logits.argmax(dim=-1)
 
     def probs(self, logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-        """Rows without top-k: the sort-free Triton ``probs`` (``kernels/probs.py``) with the ``radix_probs``
-        setting; otherwise :func:`_probs`, the torch sorts. With ``graphed_probs``, either is replayed from a
-        captured graph per bucket of up to 16 rows (``RowGraphs``)."""
+        """The sort-free Triton ``probs`` (``kernels/probs.py``) with the ``radix_probs`` setting, otherwise
+        :func:`_probs`, the torch sorts; a cut no row uses is skipped either way. With ``graphed_probs``, either is
+        replayed from a captured graph per bucket of up to 16 rows (``RowGraphs``)."""
         cuts = (params.any_top_k, params.any_top_p, params.any_min_p)
         args = (logits.float(), params.temperature, params.top_k, params.top_p, params.min_p)
-        radix = dispatch.radix_probs() and not cuts[0]
-        fn = functools.partial(kp.probs, top_p_used=cuts[1]) if radix else functools.partial(_probs, cuts=cuts)
+        radix = dispatch.radix_probs()
+        fn = (
+            functools.partial(kp.probs, top_k_used=cuts[0], top_p_used=cuts[1])
+            if radix
+            else functools.partial(_probs, cuts=cuts)
+        )
         if not dispatch.graphed_probs():
             return fn(*args)
         graphs = self._probs_graphs.get((radix, cuts))
