@@ -70,18 +70,19 @@ def check_probs():
             sorts = functools.partial(_probs, cuts=(False, True, prm.any_min_p))
             tag = "temp 0.6, top-p 0.95" if engine_like else "mixed rows"
             nb = B * V * 4 * 10
-            for dbits in (3, 5):  # ten 3-bit digits (the default) or six 5-bit ones
-                kp.DBITS_P = dbits
+            for dbits, compact in ((3, 3), (3, -1), (5, -1)):  # the default; no compaction; six 5-bit digits
+                kp.DBITS_P, kp.COMPACT_P = dbits, compact
                 got, want = radix(*args), ref.probs(logits, prm)
                 ok, rows = _kept_agree(got, want, logits, prm)
                 keep = got > 0
                 err = rel_err(torch.where(keep, got, 0), torch.where(keep, want, 0)) if ok else float("inf")
-                record(f"probs radix {dbits}-bit ({tag})", f"B={B} V={V}", err, BOUND["f32"],
-                       bench(lambda: radix(*args)), nb, note=f"{rows} rows differ at the boundary")  # fmt: skip
+                name = f"probs radix {dbits}-bit{' compact' if compact >= 0 else ''} ({tag})"
+                record(name, f"B={B} V={V}", err, BOUND["f32"], bench(lambda: radix(*args)), nb,
+                       note=f"{rows} rows differ at the boundary")  # fmt: skip
                 record(
                     "  graphed", f"B={B} V={V}", None, None, bench_graph(lambda: radix(*args), calls=5), nb
                 )
-            kp.DBITS_P = 3
+            kp.DBITS_P, kp.COMPACT_P = 3, 3
             record("  torch sorts", f"B={B} V={V}", None, None, bench(lambda: sorts(*args)), nb)
             record(
                 "  torch sorts graphed",

@@ -34,11 +34,15 @@ def _run(kp, logits, temp, top_p, min_p, top_p_used=True, top_k=None):
     return got.cpu(), REF.probs(logits, SamplingTensors(temp, top_k, top_p, min_p))
 
 
-@pytest.mark.parametrize("chunk,dbits", [(256, 3), (4096, 3), (256, 5)])
-def test_random_rows_match_the_reference(kp, gen, monkeypatch, chunk, dbits):
-    """Top-p's digits of 3 bits (the default) or 5 (``check.py`` times both)."""
+@pytest.mark.parametrize(
+    "chunk,dbits,compact", [(256, 3, 3), (4096, 3, 3), (256, 5, -1), (256, 3, -1), (256, 3, 0)]
+)
+def test_random_rows_match_the_reference(kp, gen, monkeypatch, chunk, dbits, compact):
+    """Top-p's digits of 3 bits (the default) or 5, the tokens in range written out after pass 3 (the default), 0,
+    or never (``check.py`` times these)."""
     monkeypatch.setattr(kp, "PROBS_CHUNK", chunk)
     monkeypatch.setattr(kp, "DBITS_P", dbits)
+    monkeypatch.setattr(kp, "COMPACT_P", compact)
     B, V = 8, 1500
     logits = rand(gen, B, V, scale=4.0)
     logits[:, 100:1400:9] = 2.5  # a tie group of 145 tokens over every chunk

@@ -34,6 +34,9 @@ PROBS_CHUNK = 4096
 DBITS_P, DBITS_K = 3, 4
 #: a histogram tile holds ``HIST_TILE // 2**DBITS`` tokens (``[tokens, buckets]`` per-thread accumulators)
 HIST_TILE = 8192
+#: top-p's pass that writes out the tokens in its range (later passes read only those; -1: every pass reads the
+#: row): after three 3-bit digits the range is a quarter of a binade
+COMPACT_P = 3
 
 
 @triton.jit
@@ -132,15 +135,18 @@ def _advance(mass_ptr, cnt_ptr, b, C, prefix, above, tp, SHIFT: tl.constexpr, NB
 
 
 @triton.jit
-def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, B, V, C, stride,
-                       PASS: tl.constexpr, DBITS: tl.constexpr, BITS: tl.constexpr, TOPK: tl.constexpr,
-                       CHUNK: tl.constexpr, SUB: tl.constexpr, C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, kept_ptr, nkept_ptr,
+                       B, V, C, stride, PASS: tl.constexpr, DBITS: tl.constexpr, BITS: tl.constexpr,
+                       TOPK: tl.constexpr, COMPACT: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
+                       C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Grid ``(B, C)``: pass ``PASS`` of a search. Finds the range this pass splits from the state and the
     partials of the pass before (program ``c = 0`` records the state), then sums its chunk's weight and count per
     bucket of this pass's digit among the tokens in that range (per thread, reduced once at the end). Top-p
     (``src`` the probabilities): keys their bits, weights them, target ``top_p``; the tokens are counted in the
-    last pass only (the ties at ``t*``), earlier passes record whether a bucket has mass. Top-k (``TOPK``, ``src`` the logits): keys ``_xkey(logits / T)``, each
-    token weighs 1, target ``k``."""
+    last pass only (the ties at ``t*``), earlier passes record whether a bucket has mass. Pass ``COMPACT`` (top-p;
+    -1: none) also writes its chunk's tokens in the range, in order, to ``kept`` (``[B, C, CHUNK]``, how many in
+    ``nkept``); later passes read only those. Top-k (``TOPK``, ``src`` the logits): keys ``_xkey(logits / T)``,
+    each token weighs 1, target ``k``."""
     pdl_enter(PDL)
     NB: tl.constexpr = 1 << DBITS
     SH: tl.constexpr = BITS - DBITS * (PASS + 1)
@@ -167,22 +173,42 @@ def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_pt
     nb = tl.arange(0, NB)
     acc = tl.zeros([SUB, NB], tl.float32)  # reduced over the tokens once, after the loop
     accn = tl.zeros([SUB, NB], tl.int32)
-    for s in range(0, CHUNK, SUB):
-        v = c * CHUNK + s + tl.arange(0, SUB)
-        if TOPK:
-            key = _xkey(tl.load(src_ptr + b * stride + v, mask=v < V, other=float("-inf")) / t)
-            w = tl.full([SUB], 1.0, tl.float32)
-        else:
-            w = tl.load(src_ptr + b * stride + v, mask=v < V, other=0.0)
+    kept = kept_ptr + (b * C + c) * CHUNK
+    if (COMPACT >= 0) and (PASS > COMPACT):  # only the tokens the compacting pass kept
+        n = tl.load(nkept_ptr + b * C + c)
+        for s in range(0, n, SUB):
+            o = s + tl.arange(0, SUB)
+            w = tl.load(kept + o, mask=o < n, other=0.0)
             key = w.to(tl.int32, bitcast=True)
-        if PASS == 0:
-            inside = v < V
-        else:
-            inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (v < V)
-        hit = inside[:, None] & (((key >> SH) & (NB - 1))[:, None] == nb[None, :])
-        acc += tl.where(hit, w[:, None], 0.0)
-        if COUNT:
-            accn += hit.to(tl.int32)
+            inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (o < n)
+            hit = inside[:, None] & (((key >> SH) & (NB - 1))[:, None] == nb[None, :])
+            acc += tl.where(hit, w[:, None], 0.0)
+            if COUNT:
+                accn += hit.to(tl.int32)
+    else:
+        n = tl.zeros([], tl.int32)
+        for s in range(0, CHUNK, SUB):
+            v = c * CHUNK + s + tl.arange(0, SUB)
+            if TOPK:
+                key = _xkey(tl.load(src_ptr + b * stride + v, mask=v < V, other=float("-inf")) / t)
+                w = tl.full([SUB], 1.0, tl.float32)
+            else:
+                w = tl.load(src_ptr + b * stride + v, mask=v < V, other=0.0)
+                key = w.to(tl.int32, bitcast=True)
+            if PASS == 0:
+                inside = v < V
+            else:
+                inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (v < V)
+            hit = inside[:, None] & (((key >> SH) & (NB - 1))[:, None] == nb[None, :])
+            acc += tl.where(hit, w[:, None], 0.0)
+            if COUNT:
+                accn += hit.to(tl.int32)
+            if PASS == COMPACT:
+                at = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+                tl.store(kept + at, w, mask=inside)
+                n += tl.sum(inside.to(tl.int32), axis=0)
+        if PASS == COMPACT:
+            tl.store(nkept_ptr + b * C + c, n)
     acc_m = tl.sum(acc, axis=0)
     if COUNT:
         acc_c = tl.sum(accn, axis=0)
@@ -277,35 +303,27 @@ def probs(
     nb_k, nb_p = 1 << DBITS_K, 1 << DBITS_P
     sk = state(passes_k if top_k_used else 1, nb_k)
     sp = state(passes_p if top_p_used else 1, nb_p)
+    compact = COMPACT_P if top_p_used and 0 <= COMPACT_P < passes_p - 1 else -1
+    kept = torch.empty((B, C, chunk) if compact >= 0 else (1,), dtype=torch.float32, device=dev)
+    nkept = torch.empty((B, C), dtype=torch.int32, device=dev)
     grid = (B, C)
     for q in range(passes_k if top_k_used else 0):
         _radix_pass_kernel[grid](
-            logits, temperature, top_k, *sk, B, V, C, logits.stride(0), PASS=q, DBITS=DBITS_K, BITS=32, TOPK=True,
-            CHUNK=chunk, SUB=min(HIST_TILE // nb_k, chunk), C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
+            logits, temperature, top_k, *sk, kept, nkept, B, V, C, logits.stride(0), PASS=q, DBITS=DBITS_K, BITS=32,
+            TOPK=True, COMPACT=-1, CHUNK=chunk, SUB=min(HIST_TILE // nb_k, chunk), C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
         )  # fmt: skip
     topk = dict(TOPK=top_k_used, PASSES_K=passes_k, NB_K=nb_k, CHUNK=chunk, C_POW2=c2, num_warps=8)
     _stats_kernel[grid](
-        logits,
-        temperature,
-        top_k,
-        *sk,
-        cmax,
-        csum,
-        cidx,
-        B,
-        V,
-        C,
-        logits.stride(0),
-        **topk,
-        **dispatch.pdl_args(B),
-    )
+        logits, temperature, top_k, *sk, cmax, csum, cidx, B, V, C, logits.stride(0), **topk, **dispatch.pdl_args(B)
+    )  # fmt: skip
     _softmax_kernel[grid](
         logits, temperature, top_k, *sk, min_p, cmax, csum, out, ge, B, V, C, logits.stride(0), out.stride(0), **topk,
         **dispatch.pdl_args(B),
     )  # fmt: skip
     for q in range(passes_p if top_p_used else 0):
         _radix_pass_kernel[grid](
-            out, temperature, top_p, *sp, B, V, C, out.stride(0), PASS=q, DBITS=DBITS_P, BITS=30, TOPK=False,
+            out, temperature, top_p, *sp, kept, nkept, B, V, C, out.stride(0), PASS=q, DBITS=DBITS_P, BITS=30,
+            TOPK=False, COMPACT=compact,
             CHUNK=chunk, SUB=min(HIST_TILE // nb_p, chunk), C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
         )  # fmt: skip
     _cut_kernel[grid](
