@@ -471,7 +471,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (Triton interpreter)")
-    ap.add_argument("--only", default="dense,fp8_block32,act_quant,attention,moe,sampling")
+    ap.add_argument("--only", default="dense,fp8_block32,act_quant,attention,moe,sampling,probs")
     args = ap.parse_args()
     G.manual_seed(int(time.time()))
     smi = "cpu smoke run" if SMOKE else subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
