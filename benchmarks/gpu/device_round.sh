@@ -72,7 +72,7 @@ for part in "${@:-check slice gemm}"; do
       gemv41) cmd=(timeout 300 python3 benchmarks/gpu/gemv_v41.py --out "$OUT/gemv41") ;;
       checkprobs) cmd=(timeout 150 python3 benchmarks/gpu/check.py --only probs,sampling --out "$OUT/checkprobs") ;;
       probsab) cmd=(bash -c 'for v in ${PROBSAB:-1 0 1}; do echo "-- DEEPINFER_CUDA_SM100__RADIX_PROBS=$v"; d="$0/radix${v}_$(date +%s)"
-                    mkdir -p "$d"; DEEPINFER_CUDA_SM100__RADIX_PROBS=$v timeout 180 python3 benchmarks/gpu/v4_slice.py \
+                    mkdir -p "$d"; DEEPINFER_CUDA_SM100__RADIX_PROBS=$v timeout 260 python3 benchmarks/gpu/v4_slice.py \
                     --sections engine --batches 1 16 64 256 --engine-prompt 64 --engine-tokens 128 --out "$d"; done' \
                     "$OUT/probsab") ;;
       engdp) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- device_plan=$v"; d="$0/dp${v}_$(date +%s)"; mkdir -p "$d"
