@@ -251,7 +251,7 @@ def _cut_kernel(out_ptr, temp_ptr, topp_ptr, minp_ptr, cmax_ptr, csum_ptr, cidx_
         tie = (p == tstar) & (v < V)
         rank = before + tl.cumsum(tie.to(tl.int32), axis=0) - 1
         cut = tp < 1
-        inside = ((p > tstar) | (tie & (rank < n))).to(tl.int32) + (tp >= 1).to(tl.int32)  # tp >= 1: no cut
+        inside = ((p > tstar) | (tie & (rank < n))).to(tl.int32) + (1 - cut.to(tl.int32))  # tp >= 1: no cut
         keep = keep & (inside > 0)
         norm = tl.where(cut & (tau <= tstar), above + n.to(tl.float32) * tstar, massge)
     res = tl.where(keep, p / norm, 0.0)
@@ -263,6 +263,27 @@ def _cut_kernel(out_ptr, temp_ptr, topp_ptr, minp_ptr, cmax_ptr, csum_ptr, cidx_
         )
         res = (v == first).to(tl.float32)
     tl.store(out_ptr + b * stride_o + v, res, mask=v < V)
+
+
+def _search_state(passes: int, B: int, C: int, nb: int, dev: torch.device) -> tuple[torch.Tensor, ...]:
+    """A search's buffers: per pass, the weights and counts per chunk and bucket, the prefix, the weight above."""
+    return (torch.empty((passes, B, C, nb), dtype=torch.float32, device=dev),
+            torch.empty((passes, B, C, nb), dtype=torch.int32, device=dev),
+            torch.empty((passes, B), dtype=torch.int32, device=dev),
+            torch.empty((passes, B), dtype=torch.float32, device=dev))  # fmt: skip
+
+
+def _search(src, temperature, target, state, kept, nkept, passes: int, dbits: int, bits: int, topk: bool,
+            compact: int, chunk: int, c2: int) -> None:  # fmt: skip
+    """The ``passes`` launches of one radix search over ``src [B, V]`` (``_radix_pass_kernel``)."""
+    B, V = src.shape
+    C = triton.cdiv(V, chunk)
+    for q in range(passes):
+        _radix_pass_kernel[(B, C)](
+            src, temperature, target, *state, kept, nkept, B, V, C, src.stride(0), PASS=q, DBITS=dbits, BITS=bits,
+            TOPK=topk, COMPACT=compact, CHUNK=chunk, SUB=min(HIST_TILE >> dbits, chunk), C_POW2=c2, num_warps=8,
+            **dispatch.pdl_args(B),
+        )  # fmt: skip
 
 
 def probs(
@@ -290,28 +311,16 @@ def probs(
     f32 = torch.empty((3, B, C), dtype=torch.float32, device=dev)  # chunk max, exp sums, min-p mass
     cmax, csum, ge = f32.unbind(0)
     cidx = torch.empty((B, C), dtype=torch.int32, device=dev)
-
-    def state(
-        passes: int, nb: int
-    ):  # per pass: weights and counts per chunk and bucket, prefix, weight above
-        return (torch.empty((passes, B, C, nb), dtype=torch.float32, device=dev),
-                torch.empty((passes, B, C, nb), dtype=torch.int32, device=dev),
-                torch.empty((passes, B), dtype=torch.int32, device=dev),
-                torch.empty((passes, B), dtype=torch.float32, device=dev))  # fmt: skip
-
     passes_k, passes_p = 32 // DBITS_K, 30 // DBITS_P
     nb_k, nb_p = 1 << DBITS_K, 1 << DBITS_P
-    sk = state(passes_k if top_k_used else 1, nb_k)
-    sp = state(passes_p if top_p_used else 1, nb_p)
+    sk = _search_state(passes_k if top_k_used else 1, B, C, nb_k, dev)
+    sp = _search_state(passes_p if top_p_used else 1, B, C, nb_p, dev)
     compact = COMPACT_P if top_p_used and 0 <= COMPACT_P < passes_p - 1 else -1
     kept = torch.empty((B, C, chunk) if compact >= 0 else (1,), dtype=torch.float32, device=dev)
     nkept = torch.empty((B, C), dtype=torch.int32, device=dev)
     grid = (B, C)
-    for q in range(passes_k if top_k_used else 0):
-        _radix_pass_kernel[grid](
-            logits, temperature, top_k, *sk, kept, nkept, B, V, C, logits.stride(0), PASS=q, DBITS=DBITS_K, BITS=32,
-            TOPK=True, COMPACT=-1, CHUNK=chunk, SUB=min(HIST_TILE // nb_k, chunk), C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
-        )  # fmt: skip
+    if top_k_used:
+        _search(logits, temperature, top_k, sk, kept, nkept, passes_k, DBITS_K, 32, True, -1, chunk, c2)
     topk = dict(TOPK=top_k_used, PASSES_K=passes_k, NB_K=nb_k, CHUNK=chunk, C_POW2=c2, num_warps=8)
     _stats_kernel[grid](
         logits, temperature, top_k, *sk, cmax, csum, cidx, B, V, C, logits.stride(0), **topk, **dispatch.pdl_args(B)
@@ -320,12 +329,8 @@ def probs(
         logits, temperature, top_k, *sk, min_p, cmax, csum, out, ge, B, V, C, logits.stride(0), out.stride(0), **topk,
         **dispatch.pdl_args(B),
     )  # fmt: skip
-    for q in range(passes_p if top_p_used else 0):
-        _radix_pass_kernel[grid](
-            out, temperature, top_p, *sp, kept, nkept, B, V, C, out.stride(0), PASS=q, DBITS=DBITS_P, BITS=30,
-            TOPK=False, COMPACT=compact,
-            CHUNK=chunk, SUB=min(HIST_TILE // nb_p, chunk), C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
-        )  # fmt: skip
+    if top_p_used:
+        _search(out, temperature, top_p, sp, kept, nkept, passes_p, DBITS_P, 30, False, compact, chunk, c2)
     _cut_kernel[grid](
         out, temperature, top_p, min_p, cmax, csum, cidx, ge, *sp, B, V, C, out.stride(0), TOPP=top_p_used,
         PASSES=passes_p, NB=nb_p, CHUNK=chunk, C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
