@@ -115,7 +115,7 @@ for part in "${@:-check slice gemm}"; do
                   --out "$0/check"' "$OUT/fp8mma") ;;
       checkact) cmd=(env DEEPINFER_CUDA_SM100__FP8_MMA=1 timeout 150 python3 benchmarks/gpu/check.py --only act_quant
                      --out "$OUT/checkact") ;;
-      v41ctx4k) cmd=(bash -c 'for r in 1 2 3; do prof=(); [ $r = 1 ] && prof=(--profile 1); mkdir -p "$0/b1_$r"
+      v41ctx4k) cmd=(bash -c 'for r in 1 2 3; do prof=(); [ $r = 1 ] && prof=(--profile 1 --op-sites 1); mkdir -p "$0/b1_$r"
                      timeout 100 python3 benchmarks/gpu/v41_slice.py --batches 1 --ks 0 --tokens 16 --prompt 4096 \
                      --shared-prefix 4080 "${prof[@]}" --out "$0/b1_$r"; done' "$OUT/v41ctx4k") ;;
       v41ctx4kbig) cmd=(timeout 280 python3 benchmarks/gpu/v41_slice.py --batches 16 64 256 --ks 0 --tokens 16 --prompt 4096

@@ -5,10 +5,13 @@ are many and small, the step is bound by their launches and tails, not by the we
 without a GPU: the committed tiny V4.1 checkpoint (``reindex_r2``) runs on the plugin's dense, attention and MoE
 ops under the Triton interpreter, dispatched as on the H200 (``arch() == "sm90"``), and one decode step's forward
 pass (batch 1, after a prompt) is counted: Triton kernel launches by kernel, and the torch operators that are a
-kernel on a GPU (not views, not metadata). Shapes are tiny, so tile choices can differ from the slice's, but
+kernel on a GPU (not views, not metadata). ``--step graph`` (the default) counts what the slice's captured decode
+step holds: a static batch, the Engram tables read inside the step, the head and its float32 logits, and with
+``--device-plan`` the slot plan built in the step (``--step forward``: the forward pass alone). Shapes are tiny, so tile choices can differ from the slice's, but
 the launches a layer makes are set by the model's structure and the ops' code, not by the widths.
 
     PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python benchmarks/gpu/launch_count.py [--activation-quant fp8]
+        [--step graph|forward] [--device-plan]
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import argparse
 import os
 import random
 import sys
-import traceback
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -25,53 +27,32 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "1"
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-#: torch operators that launch nothing on a GPU (views, metadata, host-side scalars)
-NO_KERNEL = {
-    "view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute", "transpose",
-    "t", "as_strided", "alias", "detach", "lift_fresh", "split", "split_with_sizes", "unbind", "chunk", "narrow",
-    "view_as_real", "view_as_complex", "_reshape_alias", "empty", "empty_like", "empty_strided", "unflatten",
-    "flatten", "movedim", "diagonal", "sym_size", "sym_stride", "sym_numel", "is_same_size", "to",
-}  # fmt: skip
-
-
-def _site() -> str:
-    """The innermost frame of the engine's or the plugin's code that issued the operator."""
-    for f in reversed(traceback.extract_stack()[:-3]):
-        if (
-            "deepinfer_core" in f.filename or "deepinfer_cuda_sm100" in f.filename
-        ) and "launch_count" not in f.filename:
-            return f"{f.filename.split('deepinfer_', 1)[-1]}:{f.lineno} {f.name}"
-    return "?"
-
-
-class Kernels(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: Counter = Counter()
-        self.paused = False  # inside a Triton launch: the interpreter's own tensor work
-        self.sites: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if not self.paused and name not in NO_KERNEL and name.rstrip("_") not in NO_KERNEL:
-            self.ops[func.overloadpacket.__name__] += 1
-            self.sites[_site()] += 1
-        return func(*args, **(kwargs or {}))
+from op_sites import OpSites  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--activation-quant", default="none", choices=["none", "fp8"])
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument(
+        "--step",
+        default="graph",
+        choices=["graph", "forward"],
+        help="graph: what the H200's captured decode step runs (a static batch, the Engram tables read inside "
+        "the step, the forward pass, the head and its float32 logits); forward: the model's forward pass alone",
+    )
+    ap.add_argument(
+        "--device-plan", action="store_true", help="graph: the slot plan built inside the step (device_plan)"
+    )
     args = ap.parse_args()
 
     from triton.runtime import interpreter
 
     from deepinfer_core import LLM, SamplingParams
     from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels.host_rows import host_rows
     from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
     from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
     from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
@@ -90,13 +71,21 @@ def main() -> None:
         max_num_batched_tokens=256,
         activation_quant=args.activation_quant,
     )
-    model = llm.engine.model
+    model, runner = llm.engine.model, llm.engine.runner
+    if args.step == "graph":  # the captured step's content, not captured: static batches, device-built plans
+        memory = model.backends.memory  # and the Engram tables read inside the step, as the slice reads them
+        memory.reads_host_memory = True
+        memory.host_rows = lambda table, ids: host_rows(table, ids, ids.device)
+        if not model.place_engram(True):
+            raise SystemExit("the Engram tables could not be placed for reads inside the step")
+        runner.static_decode(1, capture=False)
+        runner.device_plan = args.device_plan and model.device_plan
     model.backends = replace(
         model.backends, dense=CudaDenseOps(), attention=CudaAttentionOps(), moe=CudaMoEOps()
     )
     layers = model.cfg.num_hidden_layers
     triton_launches: Counter = Counter()
-    torch_ops = Kernels()
+    torch_ops = OpSites()
     counting = {"on": False, "steps": 0}
     real_run = interpreter.InterpretedFunction.run
 
@@ -111,23 +100,26 @@ def main() -> None:
             torch_ops.paused = False
 
     interpreter.InterpretedFunction.run = run
-    real_forward = model.forward
+    owner, attr = (runner, "_forward") if args.step == "graph" else (model, "forward")
+    real_forward = getattr(owner, attr)
 
-    def forward(batch, kv):
+    def forward(batch, *rest):
         decode = batch.num_tokens == 1
         counting["decodes"] = counting.get("decodes", 0) + decode
         if (
             not decode or counting["decodes"] == 1
         ):  # the first decode step fills per-shape caches once: not counted
-            return real_forward(batch, kv)
+            return real_forward(batch, *rest)
+        if args.step == "graph" and batch.graph_key is None:
+            raise SystemExit("the decode step was not static: nothing the graph would hold was counted")
         counting["on"], counting["steps"] = True, counting["steps"] + 1
         try:
             with torch_ops:
-                return real_forward(batch, kv)
+                return real_forward(batch, *rest)
         finally:
             counting["on"] = False
 
-    model.forward = forward
+    setattr(owner, attr, forward)
     rng = random.Random(5)
     prompt = {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(24)]}
     llm.generate([prompt], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True), use_tqdm=False)
@@ -135,8 +127,8 @@ def main() -> None:
     t, o = sum(triton_launches.values()) / steps, sum(torch_ops.ops.values()) / steps
     print(
         f"reindex_r2 ({layers} layers, {model.cfg.hidden_size} wide), {args.dtype}, activation_quant="
-        f"{args.activation_quant}, dispatched as sm90; the second decode step's forward at batch 1 ({steps} steps "
-        "counted)"
+        f"{args.activation_quant}, dispatched as sm90; the second decode step's "
+        f"{'captured step' if args.step == 'graph' else 'forward pass'} at batch 1 ({steps} steps counted)"
     )
     print(f"Triton launches a step: {t:.0f} ({t / layers:.1f} a layer); torch kernels a step: {o:.0f} "
           f"({o / layers:.1f} a layer); together {(t + o) / layers:.1f} a layer")  # fmt: skip

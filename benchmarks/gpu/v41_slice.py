@@ -103,6 +103,26 @@ def profile_graph(runner, batch: int) -> list[dict]:
     return top
 
 
+def op_sites(runner, batch: int) -> dict[str, int]:
+    """The torch operators of the plain decode graph of ``batch`` rows (largest context bucket), each with the
+    line that issued it: the captured step run once more, eagerly, on its captured batch (it rewrites the same
+    KV entries with the same values). The profile names kernels, not their callers; this names the callers
+    (a ``direct_copy_kernel_cuda`` is a ``copy_``, ``_to_copy``, ``clone`` or ``contiguous`` here)."""
+    from op_sites import OpSites
+
+    keys = sorted(k for k in runner.graphs if k and k[0] == batch and k[-1] == 1)
+    if not keys or SMOKE:
+        return {}
+    counter = OpSites()
+    with torch.inference_mode(), counter:
+        runner._forward(runner.graphs.steps[keys[-1]].keepalive)
+    sync()
+    log(f"torch operators of one eager run of step {keys[-1]}: {sum(counter.ops.values())}")
+    for pair, n in counter.pairs.most_common(60):
+        log(f"    {n:4d}  {pair}")
+    return dict(counter.pairs.most_common())
+
+
 def slice_llm(model, rt, args, **settings):
     """``LLM.generate`` over the built slice (its weights shared by every engine of the run): the CUDA platform
     (the reference backend with ``--smoke``), graphs, the run's KV budget, and ``settings``."""
@@ -351,6 +371,11 @@ def section_engine(args, model, rt, ceil) -> None:
         runner = engine.runner
         if k == 0 and args.profile:
             RESULTS["profile"] = profile_graph(runner, args.profile)
+        if k == 0 and args.op_sites:
+            try:  # a diagnosis: the timings after it still run if it fails
+                RESULTS["op_sites"] = op_sites(runner, args.op_sites)
+            except Exception:
+                log("op_sites failed:", traceback.format_exc())
         if k == 0:
             graphs = replay_ms(runner, lambda key: key and key[0] != "draft" and key[-1] == 1)
             for b in args.batches:
@@ -418,6 +443,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--kv-bytes", type=int, default=16 << 30)
     ap.add_argument("--profile", type=int, default=0, help="profile the plain decode graph of this batch")
+    ap.add_argument(
+        "--op-sites",
+        type=int,
+        default=0,
+        help="the torch operators of this batch's plain decode graph, by caller",
+    )
     ap.add_argument(
         "--host-profile", type=int, default=0, help="cProfile the timed generate of this batch (host time)"
     )
