@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from op_sites import OpSites  # noqa: E402
+from op_sites import OpSites, site  # noqa: E402
 
 
 def main() -> None:
@@ -43,6 +43,7 @@ def main() -> None:
         help="graph: what the H200's captured decode step runs (a static batch, the Engram tables read inside "
         "the step, the forward pass, the head and its float32 logits); forward: the model's forward pass alone",
     )
+    ap.add_argument("--sequence", action="store_true", help="also list one counted step's launches in order")
     ap.add_argument(
         "--device-plan", action="store_true", help="graph: the slot plan built inside the step (device_plan)"
     )
@@ -85,6 +86,7 @@ def main() -> None:
     )
     layers = model.cfg.num_hidden_layers
     triton_launches: Counter = Counter()
+    sequence: list[str] = []  # every launch of the counted steps in order, with its caller
     torch_ops = OpSites()
     counting = {"on": False, "steps": 0}
     real_run = interpreter.InterpretedFunction.run
@@ -93,6 +95,7 @@ def main() -> None:
         if not counting["on"]:
             return real_run(self, *a, **k)
         triton_launches[getattr(self.fn, "__name__", "?")] += 1
+        sequence.append(f"{getattr(self.fn, '__name__', '?')}  <- {site(('deepinfer_core/models',))}")
         torch_ops.paused = True
         try:
             return real_run(self, *a, **k)
@@ -138,6 +141,10 @@ def main() -> None:
     print("torch, by operator (a step):")
     for k, v in torch_ops.ops.most_common(30):
         print(f"    {k}: {v / steps:.0f}")
+    if args.sequence:
+        print("Triton launches in order (the first counted step), with the line that launched each:")
+        for i, line in enumerate(sequence[: len(sequence) // steps]):
+            print(f"    {i:4d} {line}")
     print("torch, by the code that issued them (a step):")
     for k, v in torch_ops.sites.most_common(40):
         print(f"    {k}: {v / steps:.0f}")

@@ -19,12 +19,11 @@ NO_KERNEL = {
 }  # fmt: skip
 
 
-def site() -> str:
-    """The innermost frame of the engine's or the plugin's code that issued the operator."""
+def site(within: tuple[str, ...] = ("deepinfer_core", "deepinfer_cuda_sm100")) -> str:
+    """The innermost frame of the engine's or the plugin's code (files whose path holds one of ``within``) that
+    issued the operator."""
     for f in reversed(traceback.extract_stack()[:-3]):
-        if (
-            "deepinfer_core" in f.filename or "deepinfer_cuda_sm100" in f.filename
-        ) and "op_sites" not in f.filename:
+        if any(w in f.filename for w in within) and "op_sites" not in f.filename:
             return f"{f.filename.split('deepinfer_', 1)[-1]}:{f.lineno} {f.name}"
     return "?"
 
