@@ -70,19 +70,23 @@ def check_probs():
             sorts = functools.partial(_probs, cuts=(False, True, prm.any_min_p))
             tag = "temp 0.6, top-p 0.95" if engine_like else "mixed rows"
             nb = B * V * 4 * 10
-            for dbits, compact in ((3, 3), (3, -1), (5, -1)):  # the default; no compaction; six 5-bit digits
-                kp.DBITS_P, kp.COMPACT_P = dbits, compact
+            # the default (3-bit digits, compaction at pass 3, pass 0 in the softmax kernel); pass 0 launched alone;
+            # compaction at pass 1 or 2; none; six 5-bit digits
+            for dbits, compact, fuse in ((3, 3, True), (3, 3, False), (3, 1, True), (3, 2, True), (3, -1, True),
+                                         (5, -1, True)):  # fmt: skip
+                kp.DBITS_P, kp.COMPACT_P, kp.FUSE_PASS0 = dbits, compact, fuse
                 got, want = radix(*args), ref.probs(logits, prm)
                 ok, rows = _kept_agree(got, want, logits, prm)
                 keep = got > 0
                 err = rel_err(torch.where(keep, got, 0), torch.where(keep, want, 0)) if ok else float("inf")
-                name = f"probs radix {dbits}-bit{' compact' if compact >= 0 else ''} ({tag})"
+                at = f" compact@{compact}" if compact >= 0 else ""
+                name = f"probs radix {dbits}-bit{at}{'' if fuse else ' pass0 alone'} ({tag})"
                 record(name, f"B={B} V={V}", err, BOUND["f32"], bench(lambda: radix(*args)), nb,
                        note=f"{rows} rows differ at the boundary")  # fmt: skip
                 record(
                     "  graphed", f"B={B} V={V}", None, None, bench_graph(lambda: radix(*args), calls=5), nb
                 )
-            kp.DBITS_P, kp.COMPACT_P = 3, 3
+            kp.DBITS_P, kp.COMPACT_P, kp.FUSE_PASS0 = 3, 3, True
             record("  torch sorts", f"B={B} V={V}", None, None, bench(lambda: sorts(*args)), nb)
             record(
                 "  torch sorts graphed",

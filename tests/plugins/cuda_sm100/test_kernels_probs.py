@@ -172,3 +172,23 @@ def test_the_ops_take_the_kernels_with_radix_probs_and_the_sorts_without(monkeyp
         settings.use(before)
     assert len(calls) == 1, "radix_probs off takes the sorts"
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("compact", [3, 0, -1])
+def test_the_first_pass_in_the_softmax_kernel_gives_the_same_bits(kp, gen, monkeypatch, compact):
+    """Top-p's first pass inside the softmax kernel (``FUSE_PASS0``) writes the partials the pass kernel writes, so
+    every later pass and the result are the same bits as with the pass launched on its own."""
+    monkeypatch.setattr(kp, "COMPACT_P", compact)
+    B, V = 6, 1300
+    logits = rand(gen, B, V, scale=4.0)
+    logits[:, 7:1200:11] = 1.5  # a tie group in every chunk
+    temp = torch.tensor([1.0, 0.6, 0.0, 1.3, 0.9, 1.0])
+    top_p = torch.tensor([0.9, 0.5, 0.95, 0.99, 0.3, 1.0])
+    min_p = torch.tensor([0.0, 0.02, 0.0, 0.0, 0.1, 0.0])
+    out = {}
+    for fuse in (True, False):
+        monkeypatch.setattr(kp, "FUSE_PASS0", fuse)
+        out[fuse], ref = _run(kp, logits, temp, top_p, min_p)
+    assert torch.equal(out[True], out[False])
+    assert torch.equal(out[True] > 0, ref > 0)
+    assert len(set((ref > 0).sum(1).tolist())) > 3, "the rows keep sets of different sizes"

@@ -10,8 +10,8 @@ pass reduces those partials (in a fixed order, so a row's result depends only on
 highest bucket whose mass, with everything above it, still reaches ``top_p``. Top-k is the same search with
 every token weighing 1 and the target ``k``, on an order-preserving integer image of ``logits / T`` (eight
 4-bit digits): it finds the k-th largest value, and every token at least that large stays (ties at the k-th
-value kept). No ``[B, V]`` sort: a whole batch in 13 launches with top-p (statistics, softmax, ten passes, the
-cut), 21 with top-k too, and two more for the draw. ``min_p`` keeps ``p >= min_p * max(p)``; top-p and min-p
+value kept). No ``[B, V]`` sort: a whole batch in 12 launches with top-p (statistics, softmax with the first pass,
+nine passes, the cut), 20 with top-k too, and two more for the draw. ``min_p`` keeps ``p >= min_p * max(p)``; top-p and min-p
 keep upper sets, so the mass that renormalises is known without another pass. Greedy rows (temperature 0) get a
 one-hot at the first maximum of the logits. The same order, tie rules and cuts as the reference op.
 """
@@ -37,6 +37,9 @@ HIST_TILE = 8192
 #: top-p's pass that writes out the tokens in its range (later passes read only those; -1: every pass reads the
 #: row): after three 3-bit digits the range is a quarter of a binade
 COMPACT_P = 3
+#: top-p's first pass inside the softmax kernel, over the probabilities it has just computed (one read of the
+#: ``[B, V]`` probabilities and one launch fewer; the same partials, bit for bit)
+FUSE_PASS0 = True
 
 
 @triton.jit
@@ -99,20 +102,78 @@ def _row_softmax(cmax_ptr, csum_ptr, b, C, C_POW2: tl.constexpr):
 
 @triton.jit
 def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, minp_ptr, cmax_ptr, csum_ptr, out_ptr,
-                    ge_ptr, B, V, C, stride_x, stride_o, TOPK: tl.constexpr, PASSES_K: tl.constexpr,
-                    NB_K: tl.constexpr, CHUNK: tl.constexpr, C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
-    """Grid ``(B, C)``: ``p = exp(x - max) / sum`` written to ``out``; per chunk, the mass of the tokens min-p
-    keeps (``p >= min_p * max p``, ``max p = 1 / sum``; every token's with min-p 0)."""
+                    ge_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, kept_ptr, nkept_ptr, B, V, C, stride_x, stride_o,
+                    TOPK: tl.constexpr, PASSES_K: tl.constexpr, NB_K: tl.constexpr, CHUNK: tl.constexpr,
+                    C_POW2: tl.constexpr, PASS0: tl.constexpr, DBITS: tl.constexpr, BITS: tl.constexpr,
+                    COMPACT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """Grid ``(B, C)``: ``p = exp(x - max) / sum`` written to ``out``, ``SUB`` tokens at a time; per chunk, the mass
+    of the tokens min-p keeps (``p >= min_p * max p``, ``max p = 1 / sum``; every token's with min-p 0). With
+    ``PASS0``, also top-p's first pass (``_radix_pass_kernel`` with ``PASS = 0``) over the ``p`` in registers: the
+    same partials, bit for bit, without reading the row again."""
     pdl_enter(PDL)
+    NB: tl.constexpr = 1 << DBITS
+    SH: tl.constexpr = BITS - DBITS
     b, c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     m, s = _row_softmax(cmax_ptr, csum_ptr, b, C, C_POW2)
-    v = c * CHUNK + tl.arange(0, CHUNK)
-    x = _scaled_logits(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, b, v, B, V, C, stride_x, TOPK,
-                       PASSES_K, NB_K, C_POW2)  # fmt: skip
-    p = tl.exp(x - m) / s
-    tl.store(out_ptr + b * stride_o + v, p, mask=v < V)
     tau = tl.load(minp_ptr + b) * (1.0 / s)
-    tl.store(ge_ptr + b * C + c, tl.sum(tl.where((v < V) & (p >= tau), p, 0.0), axis=0))
+    ge = tl.zeros([SUB], tl.float32)
+    acc = tl.zeros([SUB, NB], tl.float32)
+    kept = kept_ptr + (b * C + c) * CHUNK
+    n = tl.zeros([], tl.int32)
+    for s0 in range(0, CHUNK, SUB):
+        v = c * CHUNK + s0 + tl.arange(0, SUB)
+        x = _scaled_logits(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, b, v, B, V, C, stride_x, TOPK,
+                           PASSES_K, NB_K, C_POW2)  # fmt: skip
+        p = tl.exp(x - m) / s
+        tl.store(out_ptr + b * stride_o + v, p, mask=v < V)
+        ge += tl.where((v < V) & (p >= tau), p, 0.0)
+        if PASS0:
+            acc, _cnt, n = _tile_hist(acc, acc.to(tl.int32), p, p.to(tl.int32, bitcast=True), v < V, kept, n, SH,
+                                      NB, False, COMPACT == 0)  # fmt: skip
+    tl.store(ge_ptr + b * C + c, tl.sum(ge, axis=0))
+    if PASS0:
+        if c == 0:
+            tl.store(pref_ptr + b, 0)
+            tl.store(above_ptr + b, 0.0)
+        if COMPACT == 0:
+            tl.store(nkept_ptr + b * C + c, n)
+        _store_partials(mass_ptr, cnt_ptr, acc, acc.to(tl.int32), 0, B, b, C, c, NB, False, False)
+
+
+@triton.jit
+def _tile_hist(acc, accn, w, key, inside, kept, n, SH: tl.constexpr, NB: tl.constexpr, COUNT: tl.constexpr,
+               WRITE: tl.constexpr):  # fmt: skip
+    """One tile of a pass: ``w`` added to the bucket of its digit (``key >> SH``, ``NB`` buckets) where ``inside``
+    (per thread: ``acc [SUB, NB]``, reduced once after the loop), counted too with ``COUNT``; with ``WRITE`` the
+    weights inside appended to ``kept`` after the ``n`` already there. Returns ``acc``, ``accn`` and ``n``."""
+    nb = tl.arange(0, NB)
+    hit = inside[:, None] & (((key >> SH) & (NB - 1))[:, None] == nb[None, :])
+    acc += tl.where(hit, w[:, None], 0.0)
+    if COUNT:
+        accn += hit.to(tl.int32)
+    if WRITE:
+        at = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+        tl.store(kept + at, w, mask=inside)
+        n += tl.sum(inside.to(tl.int32), axis=0)
+    return acc, accn, n
+
+
+@triton.jit
+def _store_partials(mass_ptr, cnt_ptr, acc, accn, PASS: tl.constexpr, B, b, C, c, NB: tl.constexpr,
+                    COUNT: tl.constexpr, TOPK: tl.constexpr):  # fmt: skip
+    """A chunk's partials of pass ``PASS``: the weight per bucket, and the count (top-p: only where ``COUNT``, the
+    last pass, whose ties at ``t*`` are counted; before it, whether a bucket has mass)."""
+    nb = tl.arange(0, NB)
+    acc_m = tl.sum(acc, axis=0)
+    if COUNT:
+        acc_c = tl.sum(accn, axis=0)
+    elif TOPK:  # every weight is 1: the sums are the counts
+        acc_c = acc_m.to(tl.int32)
+    else:
+        acc_c = (acc_m > 0).to(tl.int32)
+    at = ((PASS * B + b) * C + c) * NB + nb
+    tl.store(mass_ptr + at, acc_m)
+    tl.store(cnt_ptr + at, acc_c)
 
 
 @triton.jit
@@ -170,23 +231,19 @@ def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_pt
     if c == 0:
         tl.store(pref_ptr + PASS * B + b, prefix)
         tl.store(above_ptr + PASS * B + b, above)
-    nb = tl.arange(0, NB)
     acc = tl.zeros([SUB, NB], tl.float32)  # reduced over the tokens once, after the loop
     accn = tl.zeros([SUB, NB], tl.int32)
     kept = kept_ptr + (b * C + c) * CHUNK
+    n = tl.zeros([], tl.int32)
     if (COMPACT >= 0) and (PASS > COMPACT):  # only the tokens the compacting pass kept
-        n = tl.load(nkept_ptr + b * C + c)
-        for s in range(0, n, SUB):
+        nk = tl.load(nkept_ptr + b * C + c)
+        for s in range(0, nk, SUB):
             o = s + tl.arange(0, SUB)
-            w = tl.load(kept + o, mask=o < n, other=0.0)
+            w = tl.load(kept + o, mask=o < nk, other=0.0)
             key = w.to(tl.int32, bitcast=True)
-            inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (o < n)
-            hit = inside[:, None] & (((key >> SH) & (NB - 1))[:, None] == nb[None, :])
-            acc += tl.where(hit, w[:, None], 0.0)
-            if COUNT:
-                accn += hit.to(tl.int32)
+            inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (o < nk)
+            acc, accn, n = _tile_hist(acc, accn, w, key, inside, kept, n, SH, NB, COUNT, False)
     else:
-        n = tl.zeros([], tl.int32)
         for s in range(0, CHUNK, SUB):
             v = c * CHUNK + s + tl.arange(0, SUB)
             if TOPK:
@@ -199,26 +256,10 @@ def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_pt
                 inside = v < V
             else:
                 inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (v < V)
-            hit = inside[:, None] & (((key >> SH) & (NB - 1))[:, None] == nb[None, :])
-            acc += tl.where(hit, w[:, None], 0.0)
-            if COUNT:
-                accn += hit.to(tl.int32)
-            if PASS == COMPACT:
-                at = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-                tl.store(kept + at, w, mask=inside)
-                n += tl.sum(inside.to(tl.int32), axis=0)
+            acc, accn, n = _tile_hist(acc, accn, w, key, inside, kept, n, SH, NB, COUNT, PASS == COMPACT)
         if PASS == COMPACT:
             tl.store(nkept_ptr + b * C + c, n)
-    acc_m = tl.sum(acc, axis=0)
-    if COUNT:
-        acc_c = tl.sum(accn, axis=0)
-    elif TOPK:  # every weight is 1: the sums are the counts
-        acc_c = acc_m.to(tl.int32)
-    else:  # only the last pass's counts are read (the ties at t*); before it, whether a bucket has mass
-        acc_c = (acc_m > 0).to(tl.int32)
-    at = ((PASS * B + b) * C + c) * NB + nb
-    tl.store(mass_ptr + at, acc_m)
-    tl.store(cnt_ptr + at, acc_c)
+    _store_partials(mass_ptr, cnt_ptr, acc, accn, PASS, B, b, C, c, NB, COUNT, TOPK)
 
 
 @triton.jit
@@ -274,11 +315,11 @@ def _search_state(passes: int, B: int, C: int, nb: int, dev: torch.device) -> tu
 
 
 def _search(src, temperature, target, state, kept, nkept, passes: int, dbits: int, bits: int, topk: bool,
-            compact: int, chunk: int, c2: int) -> None:  # fmt: skip
-    """The ``passes`` launches of one radix search over ``src [B, V]`` (``_radix_pass_kernel``)."""
+            compact: int, chunk: int, c2: int, first: int = 0) -> None:  # fmt: skip
+    """Launches ``first .. passes - 1`` of one radix search over ``src [B, V]`` (``_radix_pass_kernel``)."""
     B, V = src.shape
     C = triton.cdiv(V, chunk)
-    for q in range(passes):
+    for q in range(first, passes):
         _radix_pass_kernel[(B, C)](
             src, temperature, target, *state, kept, nkept, B, V, C, src.stride(0), PASS=q, DBITS=dbits, BITS=bits,
             TOPK=topk, COMPACT=compact, CHUNK=chunk, SUB=min(HIST_TILE >> dbits, chunk), C_POW2=c2, num_warps=8,
@@ -296,7 +337,7 @@ def probs(
     top_p_used: bool = True,
 ) -> torch.Tensor:
     """``SamplingOps.probs``. ``top_k_used`` / ``top_p_used`` False skip that search (no row's ``top_k`` is
-    positive / ``top_p`` below 1): 2 launches, plus 8 for top-k, plus 10 for top-p, plus the cut."""
+    positive / ``top_p`` below 1): 2 launches, plus 8 for top-k, plus 9 for top-p (its first pass in the softmax's), plus the cut."""
     B, V = logits.shape
     out = torch.empty((B, V), dtype=torch.float32, device=logits.device)
     if B == 0:
@@ -319,6 +360,7 @@ def probs(
     kept = torch.empty((B, C, chunk) if compact >= 0 else (1,), dtype=torch.float32, device=dev)
     nkept = torch.empty((B, C), dtype=torch.int32, device=dev)
     grid = (B, C)
+    fuse0 = top_p_used and FUSE_PASS0
     if top_k_used:
         _search(logits, temperature, top_k, sk, kept, nkept, passes_k, DBITS_K, 32, True, -1, chunk, c2)
     topk = dict(TOPK=top_k_used, PASSES_K=passes_k, NB_K=nb_k, CHUNK=chunk, C_POW2=c2, num_warps=8)
@@ -326,11 +368,27 @@ def probs(
         logits, temperature, top_k, *sk, cmax, csum, cidx, B, V, C, logits.stride(0), **topk, **dispatch.pdl_args(B)
     )  # fmt: skip
     _softmax_kernel[grid](
-        logits, temperature, top_k, *sk, min_p, cmax, csum, out, ge, B, V, C, logits.stride(0), out.stride(0), **topk,
-        **dispatch.pdl_args(B),
+        logits, temperature, top_k, *sk, min_p, cmax, csum, out, ge, *sp, kept, nkept, B, V, C, logits.stride(0),
+        out.stride(0), **topk, PASS0=fuse0, DBITS=DBITS_P, BITS=30, COMPACT=compact,
+        SUB=min(HIST_TILE >> DBITS_P, chunk), **dispatch.pdl_args(B),
     )  # fmt: skip
     if top_p_used:
-        _search(out, temperature, top_p, sp, kept, nkept, passes_p, DBITS_P, 30, False, compact, chunk, c2)
+        _search(
+            out,
+            temperature,
+            top_p,
+            sp,
+            kept,
+            nkept,
+            passes_p,
+            DBITS_P,
+            30,
+            False,
+            compact,
+            chunk,
+            c2,
+            int(fuse0),
+        )
     _cut_kernel[grid](
         out, temperature, top_p, min_p, cmax, csum, cidx, ge, *sp, B, V, C, out.stride(0), TOPP=top_p_used,
         PASSES=passes_p, NB=nb_p, CHUNK=chunk, C_POW2=c2, num_warps=8, **dispatch.pdl_args(B),
