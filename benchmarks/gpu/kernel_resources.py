@@ -87,12 +87,17 @@ def main() -> None:
     )
     ap.add_argument("--cc", type=int, default=90)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--interpreter",
+        action="store_true",
+        help="also the entries recorded under the interpreter (CI's shapes)",
+    )
     args = ap.parse_args()
     where = dict(w.split("=", 1) for w in args.where)
     sets = dict(s.split("=", 1) for s in args.set)
     seen, rows = set(), []
     for e in load_manifest():
-        if e["kernel"] != args.kernel or e.get("source") == "interpreter":
+        if e["kernel"] != args.kernel or (e.get("source") == "interpreter" and not args.interpreter):
             continue
         if any(e["constexprs"].get(k) != _value(v) for k, v in where.items()):
             continue
