@@ -8,6 +8,7 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: torch operators that launch nothing on a GPU (views, metadata, host-side scalars)
@@ -15,8 +16,12 @@ NO_KERNEL = {
     "view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute", "transpose",
     "t", "as_strided", "alias", "detach", "lift_fresh", "split", "split_with_sizes", "unbind", "chunk", "narrow",
     "view_as_real", "view_as_complex", "_reshape_alias", "empty", "empty_like", "empty_strided", "unflatten",
-    "flatten", "movedim", "diagonal", "sym_size", "sym_stride", "sym_numel", "is_same_size", "to",
+    "flatten", "movedim", "diagonal", "sym_size", "sym_stride", "sym_numel", "is_same_size",
 }  # fmt: skip
+#: operators that return their input (or a view of it) when nothing changes and a copy otherwise: counted only
+#: when the result is new memory. Under ``torch.inference_mode`` these reach the mode whole (``to``, not its
+#: ``_to_copy``), so a ``weight.float()`` of a bf16 weight shows as ``to``, a copy kernel on a GPU
+MAYBE_COPY = {"to", "contiguous", "reshape", "flatten", "type_as", "expand_as"}
 
 
 def site(within: tuple[str, ...] = ("deepinfer_core", "deepinfer_cuda_sm100")) -> str:
@@ -41,9 +46,20 @@ class OpSites(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if not self.paused and name not in NO_KERNEL and name.rstrip("_") not in NO_KERNEL:
-            where = site()
-            self.ops[name] += 1
-            self.sites[where] += 1
-            self.pairs[f"{name} @ {where}"] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.paused or name in NO_KERNEL or name.rstrip("_") in NO_KERNEL:
+            return out
+        if name in MAYBE_COPY and _same_memory(out, args[0] if args else None):
+            return out
+        where = site()
+        self.ops[name] += 1
+        self.sites[where] += 1
+        self.pairs[f"{name} @ {where}"] += 1
+        return out
+
+
+def _same_memory(out, src) -> bool:
+    """Whether ``out`` is ``src`` or a view of its memory (no copy was made)."""
+    if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return False
+    return out.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()

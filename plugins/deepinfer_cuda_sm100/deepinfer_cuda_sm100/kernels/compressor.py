@@ -116,7 +116,7 @@ def _compress_kernel(
                                     OVERLAP)  # fmt: skip
     x = acc / tl.where(l_i > 0, l_i, 1.0)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    x = x * rstd * tl.load(w_ptr + d, mask=dm, other=0.0)
+    x = x * rstd * tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
     x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
     y = rope_row(x, tl.load(pos_ptr + e).to(tl.float32), freq_ptr, D, R2, BLOCK_D)
     row = e
@@ -159,7 +159,7 @@ def compress(
     score = score if score.stride(-1) == 1 else score.contiguous()
     cfg = dispatch.compress_config(L, D)
     _compress_kernel[(E,)](
-        kv, score, norm_weight.float().contiguous(), positions.contiguous(), inv_freq.float().contiguous(), out,
+        kv, score, norm_weight.contiguous(), positions.contiguous(), inv_freq.float().contiguous(), out,
         positions, positions, out, L, D, inv_freq.numel(), 0, E, kv.stride(0), kv.stride(1), score.stride(0), score.stride(1),
         out.stride(0), 0, eps,
         BLOCK_L=cfg.block_l, BLOCK_D=pow2(D, 2), FROM_STATE=False, OVERLAP=False, OUT_SLOTS=False, PARTS=0,
@@ -205,7 +205,7 @@ def compress_from_state(
         )  # fmt: skip
     slots = out_slots.contiguous() if out_slots is not None else src_slots
     _compress_kernel[(E,)](
-        state, state[:, 1], norm_weight.float().contiguous(), positions.contiguous(), inv_freq.float().contiguous(),
+        state, state[:, 1], norm_weight.contiguous(), positions.contiguous(), inv_freq.float().contiguous(),
         out, src_slots, slots, part, L, D, inv_freq.numel(), ratio, out.shape[0], 0, state.stride(0), 0, 0,
         out.stride(0), src_slots.stride(0), eps,
         BLOCK_L=cfg.block_l, BLOCK_D=bd, FROM_STATE=True, OVERLAP=overlap, OUT_SLOTS=out_slots is not None,

@@ -66,7 +66,7 @@ def engram_gate(h: torch.Tensor, key: torch.Tensor, value: torch.Tensor, weight:
     if T == 0:
         return out
     h, key, value = (x if x.stride(-1) == 1 else x.contiguous() for x in (h, key, value))
-    weight = weight.float().contiguous()
+    weight = weight.contiguous()  # widened as the kernel loads it
     _engram_gate_kernel[(T, N)](
         h, key, value, weight, out, D,
         h.stride(0), h.stride(1), key.stride(0), key.stride(1), value.stride(0), out.stride(0), out.stride(1),

@@ -396,7 +396,7 @@ def _hc_collapse_norm_kernel(
         h_ptr + t * stride_ht + n[:, None] * stride_hn + d[None, :], mask=nm[:, None] & dm[None, :], other=0.0
     )
     c = tl.sum(x.to(tl.float32) * pre[:, None], axis=0).to(h_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + d, mask=dm, other=0.0)
+    w = tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * stride_ot + d, (c * rstd * w).to(out_ptr.dtype.element_ty), mask=dm)
 
 
@@ -434,7 +434,7 @@ def _boundary(
     pre_out = torch.empty((T, N), **f32) if pre_in is not None else post_out  # (not written without pre_in)
     pre_in = pre_in.float().contiguous() if pre_in is not None else None
     _hc_collapse_norm_kernel[(T, triton.cdiv(D, cfg.norm_block_d))](
-        h, part, sq, gram, scale.float().contiguous(), base.float().contiguous(), weight.float().contiguous(), out,
+        h, part, sq, gram, scale.float().contiguous(), base.float().contiguous(), weight.contiguous(), out,
         post_out, comb_out, pre_in if pre_in is not None else post_out, pre_out, T, N, D, M, P, h.stride(0),
         h.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps, norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN,
         BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None, num_warps=cfg.norm_warps,

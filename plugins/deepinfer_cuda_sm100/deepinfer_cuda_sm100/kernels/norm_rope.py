@@ -29,7 +29,7 @@ def _rms_norm_kernel(
         m = d0 + cols < D
         y = tl.load(x_ptr + row * stride_x + d0 + cols, mask=m, other=0.0).to(tl.float32) * rstd
         if HAS_W:
-            y = y * tl.load(w_ptr + d0 + cols, mask=m, other=0.0)
+            y = y * tl.load(w_ptr + d0 + cols, mask=m, other=0.0).to(tl.float32)
         tl.store(out_ptr + row * stride_o + d0 + cols, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
@@ -43,7 +43,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     if x2.shape[0] == 0:
         return out.view(x.shape)
     cfg = dispatch.rows_config(D)
-    w = weight.float().contiguous() if weight is not None else x2
+    w = weight.contiguous() if weight is not None else x2  # any float dtype: widened as the kernel loads it
     _rms_norm_kernel[(x2.shape[0],)](
         x2, w, out, D, x2.stride(0), out.stride(0), eps,
         HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(x2.shape[0]),
@@ -133,7 +133,7 @@ def _rms_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, H, D, R2, st
     x = tl.load(x_ptr + t * stride_xt + h * stride_xh + d, mask=dm, other=0.0).to(tl.float32)
     y = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))
     if HAS_W:
-        y = y * tl.load(w_ptr + d, mask=dm, other=0.0)
+        y = y * tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
     y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
     y = rope_row(y, tl.load(pos_ptr + t).to(tl.float32), freq_ptr, D, R2, BLOCK_D)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, y.to(out_ptr.dtype.element_ty), mask=dm)
@@ -148,7 +148,7 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, posi
     if T * H == 0:
         return out
     cfg = dispatch.rows_config(D)
-    w = weight.float().contiguous() if weight is not None else x
+    w = weight.contiguous() if weight is not None else x  # widened as the kernel loads it
     _rms_norm_rope_kernel[(T * H,)](
         x, w, positions.contiguous(), inv_freq.float().contiguous(), out, H, D, inv_freq.numel(),
         x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps,
