@@ -37,6 +37,12 @@ def main() -> None:
     ap.add_argument("--activation-quant", default="none", choices=["none", "fp8"])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument(
+        "--model",
+        default="reindex_r2",
+        help="a tiny V4.1 checkpoint of tests/models/deepseek_v41 by name, or a checkpoint's path (the V4 demo: "
+        "deepinfer_core/demo_model)",
+    )
+    ap.add_argument(
         "--step",
         default="graph",
         choices=["graph", "forward"],
@@ -66,7 +72,7 @@ def main() -> None:
     dispatch.pdl_args = lambda *a, **k: {}  # griddepcontrol PTX: an earlier start, not another launch
     dispatch.fp4_h2_mode = lambda *a, **k: min(h2(*a, **k), 1)
     llm = LLM(
-        model=str(checkpoint("reindex_r2")),
+        model=args.model if "/" in args.model else str(checkpoint(args.model)),
         dtype=args.dtype,
         kv_cache_dtype="auto",
         max_num_batched_tokens=256,
@@ -77,7 +83,7 @@ def main() -> None:
         memory = model.backends.memory  # and the Engram tables read inside the step, as the slice reads them
         memory.reads_host_memory = True
         memory.host_rows = lambda table, ids: host_rows(table, ids, ids.device)
-        if not model.place_engram(True):
+        if getattr(model, "hasher", None) is not None and not model.place_engram(True):
             raise SystemExit("the Engram tables could not be placed for reads inside the step")
         runner.static_decode(1, capture=False)
         runner.device_plan = args.device_plan and model.device_plan
@@ -129,7 +135,7 @@ def main() -> None:
     steps = counting["steps"]
     t, o = sum(triton_launches.values()) / steps, sum(torch_ops.ops.values()) / steps
     print(
-        f"reindex_r2 ({layers} layers, {model.cfg.hidden_size} wide), {args.dtype}, activation_quant="
+        f"{args.model} ({layers} layers, {model.cfg.hidden_size} wide), {args.dtype}, activation_quant="
         f"{args.activation_quant}, dispatched as sm90; the second decode step's "
         f"{'captured step' if args.step == 'graph' else 'forward pass'} at batch 1 ({steps} steps counted)"
     )
