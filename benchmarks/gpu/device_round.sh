@@ -21,6 +21,8 @@
 #                                    nohc     the slice at batch 1/2 with DEEPINFER_CUDA_SM100__HC_FUSED=0 (A/B)
 #                                    greedyhc greedy equality with DEEPINFER_CUDA_SM100__HC_FUSED=1
 #                                    gemv41   V4.1-Flash's one-row GEMVs at their tiles and at variants (gemv_v41.py)
+#                                    attntiles sparse-attention decode tiles over bf16, FP8 and V4.1 packed pools, graphed
+#                                             (attention_tiles.py; kernel_resources.py finds the dispatched ones spilling)
 #                                    checkprobs check.py's probs (the sort-free kernels beside the torch sorts) and sampling
 #                                    probsab  the V4 engine at batch 1/16/64/256, radix_probs on, off, on (PROBSAB: other orders)
 #                                    engine   greedy equality (overlap on by default) + LLM.generate on the slice vs
@@ -37,7 +39,8 @@
 #                                             wgmma path (cuda_sm100.fp8_mma) off / on twice each, then its GEMMs
 #                                             against the reference (check.py act_quant with it on)
 #                                    checkact check.py's act_quant section with the SM90 FP8 wgmma path on
-#                                    v41ctx4k the V4.1 slice at batch 1, context 4k (shared prefix), three processes
+#                                    v41ctx4k the V4.1 slice at batch 1, context 4k (shared prefix), three processes; the
+#                                             first profiles its graph and lists its torch operators by caller (--op-sites)
 #                                    v41ctx4kbig the V4.1 slice at batch 16/64/256, context 4k (shared prefix)
 #                                    conformance the conformance kit on cuda_sm100 (CONFORMANCE_K: a -k filter)
 #                                    enghost  the V4 engine at batch 1, overlapped: cProfile and CUDA API calls per step
@@ -70,6 +73,7 @@ for part in "${@:-check slice gemm}"; do
                       DEEPINFER_CUDA_SM100__GRAPHED_PROBS=$v timeout 140 python3 benchmarks/gpu/v4_slice.py --sections engine \
                       --batches 1 16 --engine-prompt 64 --engine-tokens 128 --out "$d"; done' "$OUT/enghostab") ;;
       gemv41) cmd=(timeout 300 python3 benchmarks/gpu/gemv_v41.py --out "$OUT/gemv41") ;;
+      attntiles) cmd=(timeout 300 python3 benchmarks/gpu/attention_tiles.py --out "$OUT/attntiles") ;;
       checkprobs) cmd=(timeout 150 python3 benchmarks/gpu/check.py --only probs,sampling --out "$OUT/checkprobs") ;;
       probsab) cmd=(bash -c 'for v in ${PROBSAB:-1 0 1}; do echo "-- DEEPINFER_CUDA_SM100__RADIX_PROBS=$v"; d="$0/radix${v}_$(date +%s)"
                     mkdir -p "$d"; DEEPINFER_CUDA_SM100__RADIX_PROBS=$v timeout 260 python3 benchmarks/gpu/v4_slice.py \
