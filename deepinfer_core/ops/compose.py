@@ -113,6 +113,31 @@ def compose_linear_f32(dense: DenseOps, x: torch.Tensor, weight: Weight) -> torc
     return dense.linear(x.float(), weight)
 
 
+def compose_sparse_attention_unrope(
+    attention: AttentionOps,
+    q: torch.Tensor,
+    kv_pool: torch.Tensor,
+    kv_slots: torch.Tensor,
+    cmp_pool: torch.Tensor | None,
+    cmp_slots: torch.Tensor | None,
+    sinks: torch.Tensor,
+    scale: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    kv_format: object | None = None,
+    cmp_format: object | None = None,
+    *,
+    dense: DenseOps,
+) -> torch.Tensor:
+    """``sparse_attention`` (its arguments, then ``positions [T]`` and ``inv_freq``), its output ``[T, H, D]``
+    rotated back by ``rope(..., inverse=True)``: V4's and V4.1's attention output, each rounded as the two ops
+    round. ``dense`` is the backend's dense ops (the rope)."""
+    o = attention.sparse_attention(
+        q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format=kv_format, cmp_format=cmp_format
+    )
+    return dense.rope(o, positions, inv_freq, inverse=True)
+
+
 def compose_indexer_select(
     attention: AttentionOps,
     q: torch.Tensor,

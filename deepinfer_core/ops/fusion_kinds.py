@@ -28,8 +28,11 @@ class Fusion(StrEnum):
     LINEAR_F32 = "linear_f32"
     #: the indexer's top-k as slot ids (:func:`~deepinfer_core.ops.compose.compose_indexer_select`), attention
     INDEXER_SELECT = "indexer_select"
+    #: ``sparse_attention`` then the inverse ``rope`` of its output
+    #: (:func:`~deepinfer_core.ops.compose.compose_sparse_attention_unrope`), attention
+    SPARSE_ATTENTION_UNROPE = "sparse_attention_unrope"
 
     @property
     def concern(self) -> str:
         """The ops object that declares it: ``"dense"`` or ``"attention"``."""
-        return "attention" if self is Fusion.INDEXER_SELECT else "dense"
+        return "attention" if self in (Fusion.INDEXER_SELECT, Fusion.SPARSE_ATTENTION_UNROPE) else "dense"

@@ -31,7 +31,12 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
     Fusion.SWIGLU_MLP_ADD: compose.compose_swiglu_mlp_add,
     Fusion.LINEAR_F32: compose.compose_linear_f32,
     Fusion.INDEXER_SELECT: compose.compose_indexer_select,
+    Fusion.SPARSE_ATTENTION_UNROPE: compose.compose_sparse_attention_unrope,
 }
+
+#: compositions that also take the other concern's ops, by keyword: the attention's output rotated back by the
+#: dense ops' rope
+ALSO_NEEDS: dict[Fusion, dict[str, str]] = {Fusion.SPARSE_ATTENTION_UNROPE: {"dense": "dense"}}
 
 
 #: an mHC exit-then-entry step, the entry it composes and the keyword its composition takes that entry by: a
@@ -55,7 +60,15 @@ class FusedOps:
     swiglu_mlp_add: Callable[..., Any]
     linear_f32: Callable[..., Any]
     indexer_select: Callable[..., Any]
+    sparse_attention_unrope: Callable[..., Any]
     declared: frozenset[Fusion]
+
+
+def composition(fusion: Fusion, owners: dict[str, object]) -> Callable[..., Any]:
+    """The core's composition of ``fusion`` over the plain ops of ``owners`` (``{"dense": ..., "attention":
+    ...}``): its concern's ops first, and any other ops it needs (:data:`ALSO_NEEDS`) by keyword."""
+    extra = {kw: owners[concern] for kw, concern in ALSO_NEEDS.get(fusion, {}).items()}
+    return partial(COMPOSED[fusion], owners[fusion.concern], **extra)
 
 
 def declared_fusions(concern: str, ops: object) -> frozenset[Fusion]:
@@ -111,5 +124,5 @@ def resolve_fusions(dense: object, attention: object) -> FusedOps:
             entry, keyword = EXIT_THEN_ENTRY[fusion]  # the exit, then the backend's own fused entry
             steps[fusion.value] = partial(COMPOSED[fusion], ops, **{keyword: steps[entry.value]})
         else:
-            steps[fusion.value] = partial(COMPOSED[fusion], ops)
+            steps[fusion.value] = composition(fusion, owners)
     return FusedOps(**steps, declared=declared["dense"] | declared["attention"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_core.testing.cases_attention import _indexer, _same_topk
+from deepinfer_core.testing.cases_attention import _indexer, _same_topk, _sparse, _sparse_fp8
 from deepinfer_core.testing.cases_dense import _hc_post, _hc_pre, _swiglu, inv_freq, randn
 from deepinfer_core.testing.opcase import OpCase
 
@@ -77,6 +77,18 @@ def _indexer_select(g):
     return (q, w.to(torch.bfloat16), 0.125, keys, cand, k), {}
 
 
+def _unrope(fp8: bool):
+    """Attention over both pools (one row with no slot), then its output rotated back at random positions
+    (RoPE on the last 8 channels); plain or FP8-packed pools."""
+
+    def make(g):
+        args, kw = (_sparse_fp8 if fp8 else _sparse(True, True))(g)
+        positions = torch.randint(0, 5000, (args[0].shape[0],), generator=g)
+        return (*args, positions, inv_freq(8)), kw
+
+    return make
+
+
 CASES = [
     OpCase("dense", "linear_f32", "bf16_x_f32_weight", _linear_f32, atol=1e-5, rtol=1e-5, fusion=True),
     OpCase("dense", "rms_norm_rope", "query_heads", _norm_rope(False), atol=1e-5, rtol=1e-4, fusion=True),
@@ -92,4 +104,23 @@ CASES = [
     OpCase(
         "attention", "indexer_select", "slots_bf16_weights", _indexer_select, compare=_same_topk, fusion=True
     ),
+    OpCase(
+        "attention",
+        "sparse_attention_unrope",
+        "window_plus_compressed",
+        _unrope(False),
+        atol=1e-5,
+        rtol=1e-4,
+        fusion=True,
+    ),  # fmt: skip
+    OpCase(
+        "attention",
+        "sparse_attention_unrope",
+        "fp8_kv_cache",
+        _unrope(True),
+        atol=1e-5,
+        rtol=1e-4,
+        fusion=True,
+        kv_cache_dtype="fp8",
+    ),  # fmt: skip
 ]

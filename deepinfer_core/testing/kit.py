@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from deepinfer_core.ops.backends import CONCERNS, Backends
-from deepinfer_core.ops.fusions import COMPOSED, Fusion, resolve_fusions
+from deepinfer_core.ops.fusions import Fusion, composition, resolve_fusions
 from deepinfer_core.testing import world
 from deepinfer_core.testing.opcase import OpCase
 
@@ -92,7 +92,8 @@ def run_case(backends: Any, case: OpCase, args: tuple, kwargs: dict, composed: b
     if case.run is not None:
         result = case.run(backends, args, kwargs)
     elif case.fusion and composed:
-        result = COMPOSED[Fusion(case.op)](getattr(backends, case.concern), *args, **kwargs)
+        owners = {"dense": backends.dense, "attention": backends.attention}
+        result = composition(Fusion(case.op), owners)(*args, **kwargs)
     elif case.fusion:
         result = getattr(resolve_fusions(backends.dense, backends.attention), case.op)(*args, **kwargs)
     else:

@@ -217,17 +217,10 @@ class Attention(Module):
         swa = flat(pools[f"{self.name}.swa_kv"])
         ops.attention.store_kv(swa, addr.token_slots, kv, self.kv_format)
         cmp_pool, cmp_slots = self._compressed(x, qr, addr, pools, ops)
-        o = ops.attention.sparse_attention(
-            q,
-            swa,
-            addr.window_slots,
-            cmp_pool,
-            cmp_slots,
-            self.attn_sink.value,
-            d**-0.5,
+        o = ops.fused.sparse_attention_unrope(
+            q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5, pos, self.inv_freq,
             kv_format=self.kv_format,
-        )
-        o = dense.rope(o, pos, self.inv_freq, inverse=True)
+        )  # fmt: skip
         return self._output(o.view(t, cfg.o_groups, h * d // cfg.o_groups), ops)
 
     def _compressed(self, x, qr, addr: StepAddressing, pools: Pools, ops: Backends):

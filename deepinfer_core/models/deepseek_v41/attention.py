@@ -198,11 +198,10 @@ class Attention(Module):
         cmp_pool = cmp_slots = None
         if self.role.ratio:
             cmp_pool, cmp_slots = self._compressed(x, qr, addr, pools, ops, shared)
-        o = ops.attention.sparse_attention(
-            q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5,
+        o = ops.fused.sparse_attention_unrope(
+            q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5, pos, self.freq,
             kv_format=self.formats.window, cmp_format=self.formats.compressed,
         )  # fmt: skip
-        o = dense.rope(o, pos, self.freq, inverse=True)
         low = dense.grouped_linear(o.view(t, c.o_groups, h * d // c.o_groups), self.wo_groups)
         return dense.linear(low.flatten(1), self.wo_b.value)
 

@@ -146,11 +146,10 @@ class DSparkAttention(Attention):
         fmt = self.formats.window
         if fmt is not None:  # the block's KV goes through the window format, as the reference rounds it
             block_kv = fmt.pack(block_kv)
-        o = ops.attention.sparse_attention(
+        o = ops.fused.sparse_attention_unrope(
             q, flat(pools[f"{self.name}.swa_kv"]), addr.window_slots, block_kv, addr.block_rows,
-            self.attn_sink.value, d**-0.5, kv_format=fmt,
+            self.attn_sink.value, d**-0.5, pos, self.freq, kv_format=fmt,
         )  # fmt: skip
-        o = dense.rope(o, pos, self.freq, inverse=True)
         low = dense.grouped_linear(o.view(t, c.o_groups, h * d // c.o_groups), self.wo_groups)
         return dense.linear(low.flatten(1), self.wo_b.value)
 

@@ -9,7 +9,7 @@ import torch
 
 from deepinfer_core.models.deepseek_v4.model import DeepseekV4ForCausalLM
 from deepinfer_core.ops.backends import CONCERNS, Backends
-from deepinfer_core.ops.fusions import COMPOSED, Fusion
+from deepinfer_core.ops.fusions import ALSO_NEEDS, COMPOSED, Fusion
 from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceDenseOps, reference_op
 
 from .tiny import full_logits, tokens
@@ -18,14 +18,16 @@ CALLS: Counter = Counter()
 
 
 def _counted(fusion: Fusion):
-    def step(self, *args):
+    def step(self, *args, **kwargs):
         CALLS[fusion] += 1
-        return COMPOSED[fusion](self, *args)
+        also = {kw: reference_op(concern) for kw, concern in ALSO_NEEDS.get(fusion, {}).items()}
+        return COMPOSED[fusion](self, *args, **kwargs, **also)
 
     return step
 
 
 _DENSE = [f for f in Fusion if f.concern == "dense"]
+_ATTENTION = [f for f in Fusion if f.concern == "attention"]
 DeclaringDense = type(
     "DeclaringDense",
     (ReferenceDenseOps,),
@@ -34,7 +36,7 @@ DeclaringDense = type(
 DeclaringAttention = type(
     "DeclaringAttention",
     (ReferenceAttentionOps,),
-    {"fusions": frozenset({Fusion.INDEXER_SELECT}), "indexer_select": _counted(Fusion.INDEXER_SELECT)},
+    {"fusions": frozenset(_ATTENTION), **{f.value: _counted(f) for f in _ATTENTION}},
 )
 
 

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -52,7 +52,7 @@ def v41_launches() -> dict:
     from deepinfer_core.ops.mhc import HCParams
     from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
     from deepinfer_core.ops.weights import ExpertWeights
-    from deepinfer_cuda_sm100.kernels import act_quant, probs, sampling
+    from deepinfer_cuda_sm100.kernels import act_quant, probs, sampling, sparse_attention
     from deepinfer_cuda_sm100.kernels.host_rows import host_rows
     from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
     from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
@@ -104,6 +104,14 @@ def v41_launches() -> dict:
                     attn.sparse_attention(
                         q, kv, slots, c, slots, r(8), 0.1, kv_format=f.window, cmp_format=cf
                     )
+                # split-KV, its combine kernel with and without the output rotated back (plugin API 2.9)
+                inv = 1.0 / 10000 ** (torch.arange(0, 16, 2).float() / 16)
+                for unrope in (None, (torch.arange(T), inv)):
+                    sparse_attention.sparse_attention(
+                        q, kv, slots, cmp, slots, r(8), 0.1, splits=3, unrope=unrope,
+                        kv_pack=sparse_attention.packed_layout(f.window, 64),
+                        cmp_pack=sparse_attention.packed_layout(f.compressed, 64),
+                    )  # fmt: skip
                 for fmt in (f.window, f.compressed, f.keys):
                     pool = torch.zeros(8, fmt.row_bytes, dtype=torch.uint8)
                     attn.store_kv(pool, torch.arange(T) % 8, r(T, 64, dt=dt), fmt)
@@ -188,6 +196,7 @@ def v41_launches() -> dict:
         or e["constexprs"].get("PRE_IN") is True
         or e["constexprs"].get("HAS_ADD") is True
         or e["constexprs"].get("FP8") == 2
+        or "UNROPE" in e["constexprs"]  # split-KV attention's combine (the MoE's has no such argument)
     }
 
 

@@ -786,3 +786,56 @@ def test_v41_store_kernel_packs_edge_values_as_the_codec(ops, gen, monkeypatch, 
         REF.store_kv(pool, slots, values, fmt)
         assert torch.equal(got.cpu(), pool), fmt.fmt.name
     assert launches == [f.window, f.compressed, f.keys]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("pool", ["plain", "v4_fp8", "v41_packed"])
+def test_the_output_rotated_back_in_the_combine_kernel_equals_attention_then_rope(
+    ops, gen, dtype, split, pool
+):
+    """``sparse_attention_unrope``: split-KV rotates the output back in its combine kernel (one program per row),
+    one program per head block rotates it in a rope launch after; either way what the plain attention followed by
+    ``rope(..., inverse=True)`` gives, and what the reference's composition gives, over plain, V4 FP8 and V4.1
+    packed pools."""
+    from deepinfer_core.ops.compose import compose_sparse_attention_unrope
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+    from deepinfer_cuda_sm100.kernels.norm_rope import rope
+
+    T, H, D, R = 4, 12, 64, 16
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv, cmp = rand(gen, 50, D, dtype=dtype, scale=2.0), rand(gen, 30, D, dtype=dtype, scale=2.0)
+    fmt = {}
+    if pool == "v4_fp8":
+        f = Fp8KVFormat(D, R, dtype)
+        kv, cmp, fmt = f.pack(kv), f.pack(cmp), {"kv_format": f}
+    elif pool == "v41_packed":
+        f = _v41_formats(dtype)
+        kv, cmp = f.window.pack(kv), f.compressed.pack(cmp)
+        fmt = {"kv_format": f.window, "cmp_format": f.compressed}
+    kv_slots, cmp_slots = _slots(gen, T, 21, 50), _slots(gen, T, 13, 30)
+    sinks = rand(gen, H)
+    pos = torch.randint(0, 70000, (T,), generator=gen)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, R, 2).float() / R)
+    args = dev(q, kv, kv_slots, cmp, cmp_slots, sinks)
+    p, fr = dev(pos, inv_freq)
+    pack = {}
+    if pool == "v41_packed":
+        pack = {"kv_pack": sa.packed_layout(f.window, D), "cmp_pack": sa.packed_layout(f.compressed, D)}
+    kernel_fmt = fmt.get("kv_format") if pool == "v4_fp8" else None
+    got = sa.sparse_attention(*args, 0.1, kernel_fmt, splits=split, unrope=(p, fr), **pack).cpu()
+    two = rope(sa.sparse_attention(*args, 0.1, kernel_fmt, splits=split, **pack), p, fr, inverse=True).cpu()
+    assert got.dtype == dtype
+    torch.testing.assert_close(
+        got.float(), two.float(), atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 8e-3
+    )
+    want = compose_sparse_attention_unrope(
+        REF, q, kv, kv_slots, cmp, cmp_slots, sinks, 0.1, pos, inv_freq, **fmt, dense=reference_op("dense")
+    )
+    through_ops = ops.sparse_attention_unrope(*args, 0.1, p, fr, **fmt).cpu()
+    assert rel_err(got, want) < BOUND[dtype]
+    assert rel_err(through_ops, want) < BOUND[dtype]
+    assert rel_err(want, REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.1, **fmt)) > 1e-3, (
+        "the rotation changes the output"
+    )

@@ -106,15 +106,16 @@ def rope(
 
 
 @triton.jit
-def rope_row(x, pos, freq_ptr, D, R2, BLOCK_D: tl.constexpr):
+def rope_row(x, pos, freq_ptr, D, R2, BLOCK_D: tl.constexpr, SIGN: tl.constexpr = 1.0):
     """Interleaved RoPE of the trailing ``2 * R2`` channels of a float32 row ``x [BLOCK_D]`` (``D`` used) at
-    position ``pos``: pair ``(2i, 2i+1)`` of the row; leading channels unchanged."""
+    position ``pos``: pair ``(2i, 2i+1)`` of the row; leading channels unchanged. ``SIGN = -1``: the inverse
+    rotation (``rope(..., inverse=True)``)."""
     ev, od = tl.split(tl.reshape(x, (BLOCK_D // 2, 2)))
     f = tl.arange(0, BLOCK_D // 2) - (D // 2 - R2)
     rot = (f >= 0) & (f < R2)
     ang = pos * tl.load(freq_ptr + f, mask=rot, other=0.0)
     c = tl.where(rot, tl.cos(ang), 1.0)
-    s = tl.where(rot, tl.sin(ang), 0.0)
+    s = tl.where(rot, SIGN * tl.sin(ang), 0.0)
     return tl.reshape(tl.join(ev * c - od * s, ev * s + od * c), (BLOCK_D,))
 
 

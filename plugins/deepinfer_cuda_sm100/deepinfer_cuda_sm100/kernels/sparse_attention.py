@@ -28,6 +28,7 @@ from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
 from deepinfer_core.plugin_api import Fp8KVFormat
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import dot_dtype, e2m1_value, mma, pdl_enter, pow2
+from deepinfer_cuda_sm100.kernels.norm_rope import rope, rope_row
 
 LOG2E = 1.4426950408889634
 
@@ -186,13 +187,20 @@ def _combine_kernel(
     S,
     stride_ot,
     stride_oh,
+    pos_ptr,
+    freq_ptr,
+    R2,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    UNROPE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """Program ``(t, h)``: the sink's state (max = sink, sum 1, no value) merged with the ``S`` chunk states,
     ``BLOCK_S`` chunks a step, each step's states loaded together (one chunk after another was a chain of
-    ``S`` dependent loads: ~20 us for 20 chunks at batch 1 on the H200, v26)."""
+    ``S`` dependent loads: ~20 us for 20 chunks at batch 1 on the H200, v26). ``UNROPE``: the row, rounded to the
+    output dtype as the attention's output is, then rotated back at ``pos[t]`` (``rope(..., inverse=True)`` over
+    the trailing ``2 * R2`` channels, ``freq``) before it is stored: the output projection's input, one launch
+    fewer."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -213,9 +221,10 @@ def _combine_kernel(
         l_i = l_i * a + tl.sum(l_s * b, axis=0)
         acc = acc * a + tl.sum(part * b[:, None], axis=0)
         m_i = m_new
-    tl.store(
-        out_ptr + t * stride_ot + h * stride_oh + d, (acc / l_i).to(out_ptr.dtype.element_ty), mask=d < D
-    )
+    y = (acc / l_i).to(out_ptr.dtype.element_ty)
+    if UNROPE:
+        y = rope_row(y.to(tl.float32), tl.load(pos_ptr + t).to(tl.float32), freq_ptr, D, R2, BLOCK_D, -1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, y.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -258,11 +267,13 @@ def sparse_attention(
     splits: int | None = None,
     kv_pack: tuple[int, int, int] | None = None,
     cmp_pack: tuple[int, int, int] | None = None,
+    unrope: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.attention.AttentionOps.sparse_attention`. ``splits``: split-KV chunks
     (default: :func:`dispatch.attention_splits`; 1 = one program per token and head block). ``kv_pack`` /
     ``cmp_pack``: a pool of V4.1 packed entries, as :func:`packed_layout` describes it (``kv_format`` then
-    ``None``)."""
+    ``None``). ``unrope``: ``(positions, inv_freq)``, the output rotated back (``compose_sparse_attention_unrope``):
+    in the split-KV combine kernel, else by a rope launch after the attention's."""
     T, H, D = q.shape
     out = torch.empty_like(q)
     if T == 0:
@@ -307,7 +318,12 @@ def sparse_attention(
         num_stages=cfg.num_stages, **dispatch.pdl_args(T),
     )  # fmt: skip
     if splits > 1:
-        _combine_kernel[(T, H)](part, ml, sinks, out, H, D, splits, out.stride(0), out.stride(1), BLOCK_D=bd,
-                                BLOCK_S=min(pow2(splits, 2), max(2, 8192 // bd)), num_warps=4,
-                                **dispatch.pdl_args(T))  # fmt: skip
+        pos, freq = unrope if unrope is not None else (sinks, sinks)
+        pos = pos.contiguous()
+        freq = freq.float().contiguous()
+        _combine_kernel[(T, H)](part, ml, sinks, out, H, D, splits, out.stride(0), out.stride(1), pos, freq,
+                                freq.numel(), BLOCK_D=bd, BLOCK_S=min(pow2(splits, 2), max(2, 8192 // bd)),
+                                UNROPE=unrope is not None, num_warps=4, **dispatch.pdl_args(T))  # fmt: skip
+    elif unrope is not None:
+        return rope(out, unrope[0], unrope[1], inverse=True)
     return out

@@ -61,14 +61,15 @@ def _prefill(q: torch.Tensor) -> bool:
 
 class CudaAttentionOps(AttentionOps):
     kv_cache_dtypes = KV_CACHE_DTYPES
-    fusions = frozenset({Fusion.INDEXER_SELECT})
+    fusions = frozenset({Fusion.INDEXER_SELECT, Fusion.SPARSE_ATTENTION_UNROPE})
     packed_kv = True
 
     def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format=None,
-                         cmp_format=None):  # fmt: skip
+                         cmp_format=None, unrope=None):  # fmt: skip
         """V4's pools (plain or FP8) straight into the kernel, except FP8 pools in a prefill chunk (unpacked once per
         distinct entry, :func:`_distinct_unpacked`); packed codecs (V4.1) unpacked first. A compressed
-        pool without its own ``cmp_format`` uses ``kv_format`` (DSpark's block rows)."""
+        pool without its own ``cmp_format`` uses ``kv_format`` (DSpark's block rows). ``unrope``: see
+        :meth:`sparse_attention_unrope`."""
         cmp_format = kv_format if cmp_format is None else cmp_format
         has_cmp = cmp_pool is not None and cmp_slots is not None
         if isinstance(kv_format, Fp8KVFormat) and not _codec(cmp_format) and _prefill(q):
@@ -97,6 +98,7 @@ class CudaAttentionOps(AttentionOps):
                     scale,
                     kv_pack=kv_pack,
                     cmp_pack=cmp_pack,
+                    unrope=unrope,
                 )
             unpack = _distinct_unpacked if prefill else _unpacked
             if kv_format is not None:
@@ -107,8 +109,15 @@ class CudaAttentionOps(AttentionOps):
                 cmp_pool = cmp_pool.to(kv_pool.dtype)
             kv_format = None
         return sparse_attention.sparse_attention(
-            q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format
+            q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format, unrope=unrope
         )
+
+    def sparse_attention_unrope(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, positions, inv_freq,
+                                kv_format=None, cmp_format=None):  # fmt: skip
+        """``compose_sparse_attention_unrope``: the output rotated back inside the split-KV combine kernel (decode
+        at few rows, where the attention's launches are most of its time), else by one rope launch after it."""
+        return self.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format, cmp_format,
+                                     unrope=(positions, inv_freq))  # fmt: skip
 
     def store_kv(self, pool, slots, values, kv_format) -> None:
         """One Triton launch: a cast copy into plain pools, or the FP8 pack and scatter; packed codecs in torch."""
