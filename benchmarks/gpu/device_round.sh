@@ -41,6 +41,9 @@
 #                                    checkact check.py's act_quant section with the SM90 FP8 wgmma path on
 #                                    v41ctx4k the V4.1 slice at batch 1, context 4k (shared prefix), three processes; the
 #                                             first profiles its graph and lists its torch operators by caller (--op-sites)
+#                                    v41nopdl the V4.1 slice at batch 1, context 4k, PDL off, profiled: each kernel's own
+#                                             time (with PDL on, a kernel is charged its wait for the one before)
+#                                             (V41_SLICE_EXPERTS=256 fits the slice on an H100)
 #                                    v41ctx4kbig the V4.1 slice at batch 16/64/256, context 4k (shared prefix)
 #                                    conformance the conformance kit on cuda_sm100 (CONFORMANCE_K: a -k filter)
 #                                    enghost  the V4 engine at batch 1, overlapped: cProfile and CUDA API calls per step
@@ -119,9 +122,11 @@ for part in "${@:-check slice gemm}"; do
                   --out "$0/check"' "$OUT/fp8mma") ;;
       checkact) cmd=(env DEEPINFER_CUDA_SM100__FP8_MMA=1 timeout 150 python3 benchmarks/gpu/check.py --only act_quant
                      --out "$OUT/checkact") ;;
-      v41ctx4k) cmd=(bash -c 'for r in 1 2 3; do prof=(); [ $r = 1 ] && prof=(--profile 1 --op-sites 1); mkdir -p "$0/b1_$r"
-                     timeout 100 python3 benchmarks/gpu/v41_slice.py --batches 1 --ks 0 --tokens 16 --prompt 4096 \
+      v41ctx4k) cmd=(bash -c 'for r in 1 2 3; do prof=(); t=100; [ $r = 1 ] && prof=(--profile 1 --op-sites 1) t=300; mkdir -p "$0/b1_$r"
+                     timeout $t python3 benchmarks/gpu/v41_slice.py --batches 1 --ks 0 --tokens 16 --prompt 4096 \
                      --shared-prefix 4080 "${prof[@]}" --out "$0/b1_$r"; done' "$OUT/v41ctx4k") ;;
+      v41nopdl) cmd=(env DEEPINFER_CUDA_SM100__PDL=0 timeout 200 python3 benchmarks/gpu/v41_slice.py --batches 1 --ks 0
+                     --tokens 16 --prompt 4096 --shared-prefix 4080 --profile 1 --out "$OUT/v41nopdl") ;;
       v41ctx4kbig) cmd=(timeout 280 python3 benchmarks/gpu/v41_slice.py --batches 16 64 256 --ks 0 --tokens 16 --prompt 4096
                      --shared-prefix 4080 --out "$OUT/v41ctx4kbig") ;;
       enghost) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections engine --batches 1 16 --engine-prompt 64

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import zlib
 from pathlib import Path
@@ -58,12 +59,16 @@ ENGRAM_LAYERS = [0]  # the issue asks for one Engram layer (V4.1-Flash has two, 
 
 
 def slice_config(toy: bool) -> dict:
-    """``config.json`` of the slice: the demo's layer pattern, V4.1-Flash's widths (``toy``: the demo's)."""
+    """``config.json`` of the slice: the demo's layer pattern, V4.1-Flash's widths (``toy``: the demo's).
+    ``V41_SLICE_EXPERTS=N`` routes over N experts instead of 384: the slice then fits an H100's 78 GiB (the
+    experts are 6.8 GB a layer at 384); a batch-1 step reads the same six experts a layer either way."""
     from deepinfer_core.models.deepseek_v41.config import EngramConfig
     from deepinfer_core.models.deepseek_v41.engram import bucket_primes
 
     raw = json.loads(DEMO_CONFIG.read_text())
     text = {**raw["text_config"], **(TOY41 if toy else FLASH41), "engram_layer_ids": ENGRAM_LAYERS}
+    if os.environ.get("V41_SLICE_EXPERTS"):
+        text["n_routed_experts"] = int(os.environ["V41_SLICE_EXPERTS"])
     e = EngramConfig(
         tuple(ENGRAM_LAYERS), (), text["engram_max_ngram_size"], text["engram_vocab_size"],
         text["engram_n_heads"], text["engram_head_dim"], text["engram_pad_id"],

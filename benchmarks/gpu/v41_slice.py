@@ -508,6 +508,7 @@ def main() -> None:
                 "engram_in_step": model.engram_in_step,
                 "layers": model.cfg.num_hidden_layers,
                 "roles": [str(r) for r in model.cfg.roles],
+                "routed_experts": model.cfg.n_routed_experts,
             }
             if not SMOKE:
                 RESULTS["build"]["gpu_bytes_allocated"] = torch.cuda.memory_allocated()
