@@ -6,7 +6,9 @@ assembled again by the ``ptxas`` Triton bundles, with ``-v``: it reports what th
 that spills (``spill stores`` above 0) keeps part of its tiles in local memory, which a GPU reads back through L1 at
 every use: the first suspect of a kernel that runs far from its bandwidth or compute bound. ``--set NAME=VALUE``
 overrides a constexpr or a launch option (``num_warps``, ``num_stages``) of every entry shown, to try tiles before
-a device run.
+a device run. ``--sass N``: the N most frequent SASS instructions (opcode with its modifiers, by ``cuobjdump``) of
+each, static counts over the whole kernel: how loads are vectorised (``LDG.E.128`` or byte by byte), how many
+conversions (``F2F``, ``F2FP``, ``I2F``) and tensor-core instructions (``HGMMA``, ``HMMA``) it issues.
 
     PYTHONPATH=.:plugins/deepinfer_cuda_sm100 python benchmarks/gpu/kernel_resources.py _sparse_attn_kernel \
         [--where BLOCK_D=512 --where DOT_T=bf16] [--set BLOCK_N=16 --set num_warps=4] [--cc 90]
@@ -70,10 +72,29 @@ def ptxas_usage(ptx: str, cc: int) -> dict:
     }
 
 
-def usage(entry: dict, cc: int = 90) -> dict:
-    """One entry compiled for ``sm_{cc}a``: ptxas's register report and Triton's shared memory (bytes)."""
-    compiled = compile_entry(entry, cc)
-    return {**ptxas_usage(compiled.asm["ptx"], cc), "shared": compiled.metadata.shared}
+def sass_opcodes(cubin: bytes) -> dict[str, int]:
+    """Static counts of each SASS opcode (with modifiers) in ``cubin``, by the ``cuobjdump`` Triton bundles."""
+    import collections
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        Path(path).write_bytes(cubin)
+        text = subprocess.run([str(tool), "-sass", path], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", text)
+    return dict(collections.Counter(ops).most_common())
+
+
+def usage(entry: dict, cc: int = 90, sass: bool = False, div16: tuple[str, ...] = ()) -> dict:
+    """One entry compiled for ``sm_{cc}a``: ptxas's register report and Triton's shared memory (bytes);
+    ``sass``: also the SASS opcode counts of the cubin Triton built."""
+    compiled = compile_entry(entry, cc, div16)
+    out = {**ptxas_usage(compiled.asm["ptx"], cc), "shared": compiled.metadata.shared}
+    if sass:
+        out["sass"] = sass_opcodes(compiled.asm["cubin"])
+    return out
 
 
 def main() -> None:
@@ -87,6 +108,13 @@ def main() -> None:
     )
     ap.add_argument("--cc", type=int, default=90)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--div16",
+        action="append",
+        default=[],
+        help="NAME: an integer argument that is a multiple of 16 at launch (Triton specialises it)",
+    )
+    ap.add_argument("--sass", type=int, default=0, help="N: the N most frequent SASS opcodes of each")
     ap.add_argument(
         "--interpreter",
         action="store_true",
@@ -108,7 +136,13 @@ def main() -> None:
         if key in seen:
             continue
         seen.add(key)
-        rows.append({"constexprs": e["constexprs"], "options": e["options"], **usage(e, args.cc)})
+        rows.append(
+            {
+                "constexprs": e["constexprs"],
+                "options": e["options"],
+                **usage(e, args.cc, args.sass > 0, tuple(args.div16)),
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=1))
         return
@@ -118,6 +152,9 @@ def main() -> None:
             f"regs {r['registers']:3d}  spill {r['spill_stores']:5d} B  smem {r['shared']:6d} B  "
             f"{r['options']}  {c}"
         )
+        if args.sass:
+            top = list(r["sass"].items())[: args.sass]
+            print(f"    {sum(r['sass'].values())} instructions: " + ", ".join(f"{k} {v}" for k, v in top))
 
 
 if __name__ == "__main__":

@@ -181,8 +181,10 @@ def _constexpr_value(v):
     return v
 
 
-def compile_entry(entry: dict, cc: int = 100):
-    """Compile one manifest entry for ``sm_{cc}`` on this machine (no GPU needed); returns the compiled kernel."""
+def compile_entry(entry: dict, cc: int = 100, div16: tuple[str, ...] = ()):
+    """Compile one manifest entry for ``sm_{cc}`` on this machine (no GPU needed); returns the compiled kernel.
+    ``div16``: integer arguments known to be multiples of 16, as Triton specialises such values at launch (the
+    manifest keeps types, not values; a row stride of 16 elements lets the loads along a row vectorise)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -200,7 +202,10 @@ def compile_entry(entry: dict, cc: int = 100):
             constexprs[p.name] = None
             continue
         signature[p.name] = t
-        if t.startswith("*"):  # torch allocations are 16-byte aligned, as Triton specialises them at launch
+        if (
+            t.startswith("*") or p.name in div16
+        ):  # torch allocations are 16-byte aligned, as Triton specialises
+            # them at launch
             attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
     opts = {
