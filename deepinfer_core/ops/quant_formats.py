@@ -18,11 +18,11 @@ from typing import Literal
 
 import torch
 
-from deepinfer_core.ops.weights import QuantizedWeight
+from deepinfer_core.ops.weights import FP8_SCALE_ROWS, QuantizedWeight
 
-FP8_BLOCK = 128
 #: block edge of each FP8 format
-FP8_BLOCKS = {"fp8_block": FP8_BLOCK, "fp8_block32": 32}
+FP8_BLOCKS = FP8_SCALE_ROWS
+FP8_BLOCK = FP8_BLOCKS["fp8_block"]
 FP8_MAX = 448.0
 FP4_BLOCK = 32
 FP4_MAX = 6.0

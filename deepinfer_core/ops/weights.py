@@ -12,6 +12,8 @@ from typing import Literal
 import torch
 
 QuantFormat = Literal["fp8_block", "fp8_block32", "fp4_e2m1"]
+#: rows (and columns) of one scale block of each FP8 format
+FP8_SCALE_ROWS = {"fp8_block": 128, "fp8_block32": 32}
 
 
 @dataclass
@@ -68,8 +70,9 @@ class ExpertWeights:
 
 def concat_rows(weights: list[Weight]) -> tuple[Weight, list[Weight]] | None:
     """Linears that read the same input as one ``[sum(out), in]`` matrix, plus each one's row view of it, or
-    ``None`` where they cannot share a matrix: plain tensors of one dtype, or FP8-block weights whose row
-    counts (all but the last) are whole 128-row scale blocks. One GEMV instead of several at decode."""
+    ``None`` where they cannot share a matrix: plain tensors of one dtype, or FP8-block weights of one format
+    whose row counts (all but the last) are whole scale blocks (128 rows, or 32 for ``fp8_block32``). One GEMV
+    instead of several at decode."""
     if len({w.shape[1] for w in weights}) != 1 or len(weights) < 2:
         return None
     if all(isinstance(w, torch.Tensor) for w in weights):
@@ -78,21 +81,28 @@ def concat_rows(weights: list[Weight]) -> tuple[Weight, list[Weight]] | None:
         fused = torch.cat(weights, dim=0)
         rows = [w.shape[0] for w in weights]
         return fused, list(fused.split(rows, dim=0))
-    fp8 = all(isinstance(w, QuantizedWeight) and w.format == "fp8_block" for w in weights)
-    if not fp8 or any(w.out_features % 128 for w in weights[:-1]):
+    if not all(isinstance(w, QuantizedWeight) for w in weights):
+        return None
+    fmt = weights[0].format
+    block = FP8_SCALE_ROWS.get(fmt)
+    if (
+        block is None
+        or any(w.format != fmt for w in weights)
+        or any(w.out_features % block for w in weights[:-1])
+    ):
         return None
     if len({w.act_block for w in weights}) != 1:
         return None
     data = torch.cat([w.data for w in weights], dim=0)
     scale = torch.cat([w.scale for w in weights], dim=0)
     act = weights[0].act_block
-    fused = QuantizedWeight(data, scale, "fp8_block", (data.shape[0], data.shape[1]), act)
+    fused = QuantizedWeight(data, scale, fmt, (data.shape[0], data.shape[1]), act)
     views, r = [], 0
     for w in weights:
         n = w.out_features
         views.append(
             QuantizedWeight(
-                data[r : r + n], scale[r // 128 : -(-(r + n) // 128)], "fp8_block", (n, w.in_features), act
+                data[r : r + n], scale[r // block : -(-(r + n) // block)], fmt, (n, w.in_features), act
             )
         )
         r += n

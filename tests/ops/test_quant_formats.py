@@ -98,6 +98,17 @@ def test_concat_rows_fuses_linears_that_share_an_input():
         concat_rows([quantize_fp8_block(torch.randn(n, 256, generator=g), "ue8m0") for n in (96, 128)])
         is None
     )
+    # V4.1's 32 x 32 blocks: 96 rows are whole blocks; a row count off them, or formats mixed, do not fuse
+    w32 = [
+        quantize_fp8_block(torch.randn(n, 256, generator=g) * 0.1, "ue8m0", block=32) for n in (96, 64, 40)
+    ]
+    fused, views = concat_rows(w32)
+    assert fused.format == "fp8_block32" and fused.scale.shape == (7, 8)
+    assert torch.equal(ops.linear(x, fused), torch.cat([ops.linear(x, w) for w in w32], dim=-1))
+    for w, v in zip(w32, views):
+        assert torch.equal(v.data, w.data) and torch.equal(v.scale, w.scale) and v.shape == w.shape
+    assert concat_rows([w32[2], w32[0]]) is None  # 40 rows end inside a block
+    assert concat_rows([ws[1], w32[1]]) is None
     assert concat_rows([ws[0], torch.randn(8, 256)]) is None
     assert concat_rows([plain[0], plain[1].double()]) is None
     assert concat_rows([plain[0], torch.randn(5, 32)]) is None

@@ -124,5 +124,11 @@ class Module:
                 for m in v:
                     yield from m.modules()
 
+    def shared_inputs(self) -> Iterator[SharedInput]:
+        """Every :class:`SharedInput` of the tree (built at ``post_load``): their fused matrices are the weights
+        the GEMMs read, beside the slots' row views of them."""
+        for m in self.modules():
+            yield from (v for v in vars(m).values() if isinstance(v, SharedInput))
+
     def post_load(self) -> None:  # noqa: B027 - optional hook
         """Called once every slot of the tree is loaded (e.g. to assemble expert lists)."""

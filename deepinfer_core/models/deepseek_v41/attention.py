@@ -21,7 +21,7 @@ import torch
 from deepinfer_core.kv.spec import CacheSpec
 from deepinfer_core.models.deepseek_v4.addressing import Compression, StepAddressing
 from deepinfer_core.models.deepseek_v4.attention import flat
-from deepinfer_core.models.deepseek_v4.params import Module
+from deepinfer_core.models.deepseek_v4.params import Module, SharedInput
 from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_core.models.deepseek_v41.kv_formats import KVFormats, PackedKV
 from deepinfer_core.models.deepseek_v41.roles import FULL, LayerRole
@@ -64,21 +64,21 @@ class Compressor(Module):
 
     def latent(
         self,
-        x: torch.Tensor,
+        proj: list[torch.Tensor],
         comp: Compression,
         addr: StepAddressing,
         state: torch.Tensor | None,
         ops: Backends,
     ) -> torch.Tensor:
-        """The pre-RoPE latent of every entry that closes in the step, ``[E, head_dim]`` in entry order."""
-        dense = ops.dense
+        """The pre-RoPE latent of every entry that closes in the step, ``[E, head_dim]`` in entry order, from the
+        step's ``wkv`` (and ratio 2: ``wgate``) projections ``proj``."""
         if self.ratio == 1:  # every token is an entry
-            return dense.rms_norm(dense.linear(x, self.wkv.value), self.norm.value, self.eps)
-        kv, score = dense.linear(x, self.wkv.value), dense.linear(x, self.wgate.value)
+            return ops.dense.rms_norm(proj[0], self.norm.value, self.eps)
+        kv, score = proj
         ops.attention.write_compressor_state(state, addr.token_slots, kv, score, self.no_bias, addr.positions)
         src = state[comp.src_slots]  # [E, ratio, 2, d]: a closing group has all its tokens
         return ops.attention.compress(
-            src[:, :, 0].to(x.dtype),
+            src[:, :, 0].to(kv.dtype),
             src[:, :, 1],
             self.norm.value,
             self.eps,
@@ -107,15 +107,16 @@ class Indexer(Module):
         return ops.fused.rms_norm_rope(k, self.k_norm.value, self.cfg.rms_norm_eps, positions, freq)[:, 0]
 
     def query(
-        self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor, freq: torch.Tensor, codec, ops: Backends
+        self, w: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor, freq: torch.Tensor, codec, ops: Backends
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(q [T, Hi, Di], weights [T, Hi])``; ``q`` round-trips FP4 like the keys under a quantized cache."""
+        """``(q [T, Hi, Di], weights [T, Hi])`` from the step's ``weights_proj`` projection ``w``; ``q``
+        round-trips FP4 like the keys under a quantized cache."""
         c, dense = self.cfg, ops.dense
         hi, di = c.index_n_heads, c.index_head_dim
         q = dense.rope(dense.linear(qr, self.wq_b.value).view(-1, hi, di), pos, freq)
         if codec is not None:
             q = ops.attention.kv_roundtrip(q.reshape(-1, di), codec).view(q.shape)
-        weights = dense.linear(x, self.weights_proj.value).float() * (di**-0.5 * hi**-0.5)
+        weights = w.float() * (di**-0.5 * hi**-0.5)
         return q, weights
 
 
@@ -153,6 +154,15 @@ class Attention(Module):
 
     def post_load(self) -> None:
         self.freq = self.freq.to(self.attn_sink.value.device)
+        # the projections of the layer input as one matrix each: FP8 ``wq_a`` + ``wkv``, and the BF16 compressor
+        # (``wkv``, ratio 2 ``wgate``) and index weights (``weights_proj``): one GEMV each at decode
+        self.x_proj = SharedInput([self.wq_a, self.wkv])
+        side = []
+        if self.role.kind == FULL:
+            side = [self.compressor.wkv] + ([self.compressor.wgate] if self.compressor.ratio > 1 else [])
+        if self.role.owns_query:
+            side.append(self.indexer.weights_proj)
+        self.side_proj = SharedInput(side) if side else None
         rank = self.cfg.o_lora_rank
         w = dequant(self.wo_a.value, self.dtype)  # the reference holds wo_a dequantised
         self.wo_groups = [w[i * rank : (i + 1) * rank] for i in range(self.cfg.o_groups)]
@@ -189,9 +199,10 @@ class Attention(Module):
         """``x [T, hidden]`` (normed) -> ``[T, hidden]``."""
         c, dense, pos = self.cfg, ops.dense, addr.positions
         t, h, d = x.shape[0], c.num_attention_heads, c.head_dim
-        qr = dense.rms_norm(dense.linear(x, self.wq_a.value), self.q_norm.value, c.rms_norm_eps)
+        qr, kv = self.x_proj(x, ops)
+        qr = dense.rms_norm(qr, self.q_norm.value, c.rms_norm_eps)
         q = dense.rope(dense.linear(qr, self.wq_b.value).view(t, h, d), pos, self.freq)
-        kv = dense.linear(x, self.wkv.value).view(t, 1, d)
+        kv = kv.view(t, 1, d)
         kv = ops.fused.rms_norm_rope(kv, self.kv_norm.value, c.rms_norm_eps, pos, self.freq).view(t, d)
         swa = flat(pools[f"{self.name}.swa_kv"])
         ops.attention.store_kv(swa, addr.token_slots, kv, self.formats.window)
@@ -209,13 +220,14 @@ class Attention(Module):
         role, f = self.role, self.formats
         comp = addr.compression(role.ratio, False)
         src = f"layers.{role.kv_source}.attn"
+        proj = self.side_proj(x, ops) if self.side_proj is not None else []
         if role.kind == FULL:
-            self._publish(x, comp, addr, pools, ops)
+            self._publish(proj[: self.compressor.ratio], comp, addr, pools, ops)
         cmp_pool = flat(pools[f"{src}.compressor.kv"])
         if not role.owns_query:
             return cmp_pool, shared["topk"]
         keys = flat(pools[f"{src}.indexer.keys"])
-        q, weights = self.indexer.query(x, qr, addr.positions, self.freq, f.keys, ops)
+        q, weights = self.indexer.query(proj[-1], qr, addr.positions, self.freq, f.keys, ops)
         cand = comp.cand_slots
         if role.candidate_source:
             visible = (addr.positions + 1) // role.ratio
@@ -232,10 +244,11 @@ class Attention(Module):
         shared["topk"] = slots
         return cmp_pool, slots
 
-    def _publish(self, x, comp: Compression, addr: StepAddressing, pools: Pools, ops: Backends) -> None:
-        """Write the compressed KV and index keys of every entry that closes in the step."""
+    def _publish(self, proj, comp: Compression, addr: StepAddressing, pools: Pools, ops: Backends) -> None:
+        """Write the compressed KV and index keys of every entry that closes in the step (``proj``: the
+        compressor's projections of the step)."""
         state = pools.get(f"{self.name}.compressor.state")
-        latent = self.compressor.latent(x, comp, addr, None if state is None else flat(state), ops)
+        latent = self.compressor.latent(proj, comp, addr, None if state is None else flat(state), ops)
         if latent.shape[0] == 0:
             return
         at = comp.entry_positions  # an entry rotates at its group's first position

@@ -124,8 +124,12 @@ class DSparkAttention(Attention):
         ]  # fmt: skip
 
     def _kv(self, x: torch.Tensor, positions: torch.Tensor, ops: Backends) -> torch.Tensor:
+        return self._normed_kv(ops.dense.linear(x, self.wkv.value), positions, ops)
+
+    def _normed_kv(self, kv: torch.Tensor, positions: torch.Tensor, ops: Backends) -> torch.Tensor:
+        """The window KV of the ``wkv`` projection ``kv [T, head_dim]``: normed, then rotated."""
         c, dense = self.cfg, ops.dense
-        kv = dense.rms_norm(dense.linear(x, self.wkv.value), self.kv_norm.value, c.rms_norm_eps)
+        kv = dense.rms_norm(kv, self.kv_norm.value, c.rms_norm_eps)
         return dense.rope(kv.view(-1, 1, c.head_dim), positions, self.freq).view(-1, c.head_dim)
 
     def write_context(self, main_x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, pools: Pools,
@@ -140,9 +144,10 @@ class DSparkAttention(Attention):
         """Block rows ``x [T*B, D]`` (normed) -> ``[T*B, D]``."""
         c, dense, pos = self.cfg, ops.dense, addr.positions
         t, h, d = x.shape[0], c.num_attention_heads, c.head_dim
-        qr = dense.rms_norm(dense.linear(x, self.wq_a.value), self.q_norm.value, c.rms_norm_eps)
+        qr, kv = self.x_proj(x, ops)
+        qr = dense.rms_norm(qr, self.q_norm.value, c.rms_norm_eps)
         q = dense.rope(dense.linear(qr, self.wq_b.value).view(t, h, d), pos, self.freq)
-        block_kv = self._kv(x, pos, ops)
+        block_kv = self._normed_kv(kv, pos, ops)
         fmt = self.formats.window
         if fmt is not None:  # the block's KV goes through the window format, as the reference rounds it
             block_kv = fmt.pack(block_kv)

@@ -225,6 +225,7 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
                 "(their GEMMs would ignore the quantisation); use activation_quant='none'"
             )
         weights = [slot.value for _, slot in self.named_slots()]
+        weights += [s.fused for s in self.shared_inputs() if s.fused is not None]
         mark_activation_quant(weights, FP8_ACT_BLOCK if mode == "fp8" else 0)
 
     def cache_specs(self) -> list[CacheSpec]:

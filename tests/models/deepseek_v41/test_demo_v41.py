@@ -168,3 +168,25 @@ def test_the_release_numerics_keep_batching_chunking_and_dspark_exact():
 
     default = LLM(model="demo", kv_cache_memory_bytes=64 << 20)
     assert (prompt_logprobs(default) - prompt_logprobs(base)).abs().max() > 1e-3
+
+
+def test_the_layer_input_projections_share_one_matrix():
+    """Decode runs one GEMV for ``wq_a`` + ``wkv`` (FP8, 32-row scale blocks) and one for the BF16 compressor and
+    index-weight projections of a layer (``SharedInput``); the slots keep row views of the fused matrices, and
+    the release numerics mark the fused matrices too (the GEMMs read those)."""
+    from deepinfer_core.models.deepseek_v41.model import DeepseekV41ForCausalLM
+    from deepinfer_core.ops.weights import QuantizedWeight
+    from tests.models.deepseek_v41.test_dspark import BACKENDS
+
+    model = DeepseekV41ForCausalLM.from_checkpoint(demo_checkpoint("demo-v41"), BACKENDS, torch.float32)
+    model.enable_dspark()
+    attns = [b.attn for b in model.layers + model._stages()]
+    for a in attns:
+        f = a.x_proj.fused
+        assert isinstance(f, QuantizedWeight) and f.format == "fp8_block32"
+        assert f.out_features == a.wq_a.value.out_features + a.wkv.value.out_features
+        assert a.wq_a.value.data.data_ptr() == f.data.data_ptr()
+    sides = [a.side_proj for a in attns if a.side_proj is not None and len(a.side_proj.slots) > 1]
+    assert sides and all(isinstance(s.fused, torch.Tensor) for s in sides)
+    model.use_activation_quant("fp8")
+    assert all(a.x_proj.fused.act_block == 32 for a in attns)
