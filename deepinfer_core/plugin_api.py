@@ -62,6 +62,10 @@ _WHERE: dict[str, tuple[str, str]] = {
     "compose_hc_post_site_norm": ("deepinfer_core.ops.compose", "compose_hc_post_site_norm"),
     "compose_indexer_select": ("deepinfer_core.ops.compose", "compose_indexer_select"),
     "compose_sparse_attention_unrope": ("deepinfer_core.ops.compose", "compose_sparse_attention_unrope"),
+    "compose_rope_sparse_attention_unrope": (
+        "deepinfer_core.ops.compose",
+        "compose_rope_sparse_attention_unrope",
+    ),
     "compose_linear_f32": ("deepinfer_core.ops.compose", "compose_linear_f32"),
     "compose_swiglu_mlp_add": ("deepinfer_core.ops.compose", "compose_swiglu_mlp_add"),
     "engram_gate_rows": ("deepinfer_core.ops.dense", "engram_gate_rows"),

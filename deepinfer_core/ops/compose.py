@@ -138,6 +138,54 @@ def compose_sparse_attention_unrope(
     return dense.rope(o, positions, inv_freq, inverse=True)
 
 
+def compose_rope_sparse_attention_unrope(
+    attention: AttentionOps,
+    q: torch.Tensor,
+    kv_pool: torch.Tensor,
+    kv_slots: torch.Tensor,
+    cmp_pool: torch.Tensor | None,
+    cmp_slots: torch.Tensor | None,
+    sinks: torch.Tensor,
+    scale: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    kv_format: object | None = None,
+    cmp_format: object | None = None,
+    *,
+    dense: DenseOps,
+    q_norm_eps: float | None = None,
+    norm_rope: Callable[..., torch.Tensor] | None = None,
+    attend: Callable[..., torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The query ``q [T, H, D]`` rotated at ``positions`` (``rope``; with ``q_norm_eps``, after a weightless RMS
+    norm of each head: ``rms_norm_rope(q, None, q_norm_eps, ...)``, V4's query), then
+    :func:`compose_sparse_attention_unrope` with the other arguments: the whole attention of V4 and V4.1 between
+    the query's projection and the output's. ``norm_rope`` / ``attend``: the steps to use (default: their
+    compositions; the core passes a backend's own fused steps)."""
+    if q_norm_eps is None:
+        q = dense.rope(q, positions, inv_freq)
+    elif norm_rope is None:
+        q = compose_rms_norm_rope(dense, q, None, q_norm_eps, positions, inv_freq)
+    else:
+        q = norm_rope(q, None, q_norm_eps, positions, inv_freq)
+    args = (
+        q,
+        kv_pool,
+        kv_slots,
+        cmp_pool,
+        cmp_slots,
+        sinks,
+        scale,
+        positions,
+        inv_freq,
+        kv_format,
+        cmp_format,
+    )
+    if attend is None:
+        return compose_sparse_attention_unrope(attention, *args, dense=dense)
+    return attend(*args)
+
+
 def compose_indexer_select(
     attention: AttentionOps,
     q: torch.Tensor,

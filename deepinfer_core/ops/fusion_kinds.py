@@ -31,8 +31,16 @@ class Fusion(StrEnum):
     #: ``sparse_attention`` then the inverse ``rope`` of its output
     #: (:func:`~deepinfer_core.ops.compose.compose_sparse_attention_unrope`), attention
     SPARSE_ATTENTION_UNROPE = "sparse_attention_unrope"
+    #: the query rotated (optionally normed first), ``sparse_attention``, the output rotated back
+    #: (:func:`~deepinfer_core.ops.compose.compose_rope_sparse_attention_unrope`), attention
+    ROPE_SPARSE_ATTENTION_UNROPE = "rope_sparse_attention_unrope"
 
     @property
     def concern(self) -> str:
         """The ops object that declares it: ``"dense"`` or ``"attention"``."""
-        return "attention" if self in (Fusion.INDEXER_SELECT, Fusion.SPARSE_ATTENTION_UNROPE) else "dense"
+        attention = (
+            Fusion.INDEXER_SELECT,
+            Fusion.SPARSE_ATTENTION_UNROPE,
+            Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
+        )
+        return "attention" if self in attention else "dense"

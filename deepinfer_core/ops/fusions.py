@@ -32,11 +32,24 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
     Fusion.LINEAR_F32: compose.compose_linear_f32,
     Fusion.INDEXER_SELECT: compose.compose_indexer_select,
     Fusion.SPARSE_ATTENTION_UNROPE: compose.compose_sparse_attention_unrope,
+    Fusion.ROPE_SPARSE_ATTENTION_UNROPE: compose.compose_rope_sparse_attention_unrope,
 }
 
 #: compositions that also take the other concern's ops, by keyword: the attention's output rotated back by the
 #: dense ops' rope
-ALSO_NEEDS: dict[Fusion, dict[str, str]] = {Fusion.SPARSE_ATTENTION_UNROPE: {"dense": "dense"}}
+ALSO_NEEDS: dict[Fusion, dict[str, str]] = {
+    Fusion.SPARSE_ATTENTION_UNROPE: {"dense": "dense"},
+    Fusion.ROPE_SPARSE_ATTENTION_UNROPE: {"dense": "dense"},
+}
+
+#: compositions over other fused steps, by keyword: where a backend does not declare the fusion, its composition
+#: runs over the steps as resolved (a backend's own fused ``rms_norm_rope`` and ``sparse_attention_unrope``)
+OVER_STEPS: dict[Fusion, dict[str, Fusion]] = {
+    Fusion.ROPE_SPARSE_ATTENTION_UNROPE: {
+        "norm_rope": Fusion.RMS_NORM_ROPE,
+        "attend": Fusion.SPARSE_ATTENTION_UNROPE,
+    },
+}
 
 
 #: an mHC exit-then-entry step, the entry it composes and the keyword its composition takes that entry by: a
@@ -61,6 +74,7 @@ class FusedOps:
     linear_f32: Callable[..., Any]
     indexer_select: Callable[..., Any]
     sparse_attention_unrope: Callable[..., Any]
+    rope_sparse_attention_unrope: Callable[..., Any]
     declared: frozenset[Fusion]
 
 
@@ -124,5 +138,6 @@ def resolve_fusions(dense: object, attention: object) -> FusedOps:
             entry, keyword = EXIT_THEN_ENTRY[fusion]  # the exit, then the backend's own fused entry
             steps[fusion.value] = partial(COMPOSED[fusion], ops, **{keyword: steps[entry.value]})
         else:
-            steps[fusion.value] = composition(fusion, owners)
+            over = {kw: steps[step.value] for kw, step in OVER_STEPS.get(fusion, {}).items()}
+            steps[fusion.value] = partial(composition(fusion, owners), **over)
     return FusedOps(**steps, declared=declared["dense"] | declared["attention"])

@@ -89,6 +89,17 @@ def _unrope(fp8: bool):
     return make
 
 
+def _rope_unrope(fp8: bool):
+    """The query rotated (the FP8 case: normed per head first, as V4's), attention over both pools, the output
+    rotated back (RoPE on the last 8 channels at random positions)."""
+
+    def make(g):
+        args, kw = _unrope(fp8)(g)
+        return args, {**kw, "q_norm_eps": 1e-6} if fp8 else kw
+
+    return make
+
+
 CASES = [
     OpCase("dense", "linear_f32", "bf16_x_f32_weight", _linear_f32, atol=1e-5, rtol=1e-5, fusion=True),
     OpCase("dense", "rms_norm_rope", "query_heads", _norm_rope(False), atol=1e-5, rtol=1e-4, fusion=True),
@@ -104,23 +115,21 @@ CASES = [
     OpCase(
         "attention", "indexer_select", "slots_bf16_weights", _indexer_select, compare=_same_topk, fusion=True
     ),
-    OpCase(
-        "attention",
-        "sparse_attention_unrope",
-        "window_plus_compressed",
-        _unrope(False),
-        atol=1e-5,
-        rtol=1e-4,
-        fusion=True,
-    ),  # fmt: skip
-    OpCase(
-        "attention",
-        "sparse_attention_unrope",
-        "fp8_kv_cache",
-        _unrope(True),
-        atol=1e-5,
-        rtol=1e-4,
-        fusion=True,
-        kv_cache_dtype="fp8",
+    *(
+        OpCase(
+            "attention",
+            op,
+            name,
+            make(fp8),
+            atol=1e-5,
+            rtol=1e-4,
+            fusion=True,
+            **({"kv_cache_dtype": "fp8"} if fp8 else {}),
+        )
+        for op, make, fp8_name in (
+            ("sparse_attention_unrope", _unrope, "fp8_kv_cache"),
+            ("rope_sparse_attention_unrope", _rope_unrope, "fp8_kv_cache_normed_query"),
+        )
+        for fp8, name in ((False, "window_plus_compressed"), (True, fp8_name))
     ),  # fmt: skip
 ]

@@ -208,8 +208,9 @@ class Attention(Module):
         t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
         qr, kv = self.x_proj(x, ops)
         qr = dense.rms_norm(qr, self.q_norm.value, cfg.rms_norm_eps)
-        q = dense.linear(qr, self.wq_b.value).view(t, h, d)
-        q = ops.fused.rms_norm_rope(q, None, cfg.rms_norm_eps, pos, self.inv_freq)
+        q = dense.linear(qr, self.wq_b.value).view(
+            t, h, d
+        )  # normed per head and rotated by the attention step
         kv = ops.fused.rms_norm_rope(
             kv.view(t, 1, d), self.kv_norm.value, cfg.rms_norm_eps, pos, self.inv_freq
         )
@@ -217,9 +218,9 @@ class Attention(Module):
         swa = flat(pools[f"{self.name}.swa_kv"])
         ops.attention.store_kv(swa, addr.token_slots, kv, self.kv_format)
         cmp_pool, cmp_slots = self._compressed(x, qr, addr, pools, ops)
-        o = ops.fused.sparse_attention_unrope(
+        o = ops.fused.rope_sparse_attention_unrope(
             q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5, pos, self.inv_freq,
-            kv_format=self.kv_format,
+            kv_format=self.kv_format, q_norm_eps=cfg.rms_norm_eps,
         )  # fmt: skip
         return self._output(o.view(t, cfg.o_groups, h * d // cfg.o_groups), ops)
 

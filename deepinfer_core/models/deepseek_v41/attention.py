@@ -201,7 +201,7 @@ class Attention(Module):
         t, h, d = x.shape[0], c.num_attention_heads, c.head_dim
         qr, kv = self.x_proj(x, ops)
         qr = dense.rms_norm(qr, self.q_norm.value, c.rms_norm_eps)
-        q = dense.rope(dense.linear(qr, self.wq_b.value).view(t, h, d), pos, self.freq)
+        q = dense.linear(qr, self.wq_b.value).view(t, h, d)  # rotated by the attention step
         kv = kv.view(t, 1, d)
         kv = ops.fused.rms_norm_rope(kv, self.kv_norm.value, c.rms_norm_eps, pos, self.freq).view(t, d)
         swa = flat(pools[f"{self.name}.swa_kv"])
@@ -209,7 +209,7 @@ class Attention(Module):
         cmp_pool = cmp_slots = None
         if self.role.ratio:
             cmp_pool, cmp_slots = self._compressed(x, qr, addr, pools, ops, shared)
-        o = ops.fused.sparse_attention_unrope(
+        o = ops.fused.rope_sparse_attention_unrope(
             q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5, pos, self.freq,
             kv_format=self.formats.window, cmp_format=self.formats.compressed,
         )  # fmt: skip

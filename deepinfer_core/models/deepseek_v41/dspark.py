@@ -146,12 +146,12 @@ class DSparkAttention(Attention):
         t, h, d = x.shape[0], c.num_attention_heads, c.head_dim
         qr, kv = self.x_proj(x, ops)
         qr = dense.rms_norm(qr, self.q_norm.value, c.rms_norm_eps)
-        q = dense.rope(dense.linear(qr, self.wq_b.value).view(t, h, d), pos, self.freq)
+        q = dense.linear(qr, self.wq_b.value).view(t, h, d)  # rotated by the attention step
         block_kv = self._normed_kv(kv, pos, ops)
         fmt = self.formats.window
         if fmt is not None:  # the block's KV goes through the window format, as the reference rounds it
             block_kv = fmt.pack(block_kv)
-        o = ops.fused.sparse_attention_unrope(
+        o = ops.fused.rope_sparse_attention_unrope(
             q, flat(pools[f"{self.name}.swa_kv"]), addr.window_slots, block_kv, addr.block_rows,
             self.attn_sink.value, d**-0.5, pos, self.freq, kv_format=fmt,
         )  # fmt: skip

@@ -40,6 +40,6 @@ def test_v41_calls_its_declared_fused_ops_and_matches_the_compositions():
         Fusion.RMS_NORM_ROPE,
         Fusion.LINEAR_F32,
         Fusion.SWIGLU_MLP_ADD,
-        Fusion.SPARSE_ATTENTION_UNROPE,
+        Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
     } <= set(CALLS)
     assert CALLS[Fusion.HC_SITE_NORM] == CALLS[Fusion.HC_POST_SITE_NORM] > 0  # one of each per block and step

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -112,6 +112,21 @@ def v41_launches() -> dict:
                         kv_pack=sparse_attention.packed_layout(f.window, 64),
                         cmp_pack=sparse_attention.packed_layout(f.compressed, 64),
                     )  # fmt: skip
+                # the query rotated (V4: normed first) as the kernel loads it (plugin API 2.10), split and not,
+                # over V4.1's packed pools, plain pools and V4's FP8 pools
+                v4 = Fp8KVFormat(64, 16, dt)
+                pools = (
+                    (kv, cmp, None, {"kv_pack": sparse_attention.packed_layout(f.window, 64),
+                                     "cmp_pack": sparse_attention.packed_layout(f.compressed, 64)}),
+                    (r(40, 64, dt=dt), r(20, 64, dt=dt), None, {}),
+                    (v4.pack(r(40, 64, dt=dt)), v4.pack(r(20, 64, dt=dt)), v4, {}),
+                )  # fmt: skip
+                for pool_kv, pool_cmp, v4f, pack in pools:
+                    for splits, eps in ((3, None), (1, None), (3, 1e-6), (1, 1e-6)):
+                        sparse_attention.sparse_attention(
+                            q, pool_kv, slots, pool_cmp, slots, r(8), 0.1, v4f, splits=splits,
+                            unrope=(torch.arange(T), inv), rope_q=True, q_norm_eps=eps, **pack,
+                        )  # fmt: skip
                 for fmt in (f.window, f.compressed, f.keys):
                     pool = torch.zeros(8, fmt.row_bytes, dtype=torch.uint8)
                     attn.store_kv(pool, torch.arange(T) % 8, r(T, 64, dt=dt), fmt)
@@ -197,6 +212,7 @@ def v41_launches() -> dict:
         or e["constexprs"].get("HAS_ADD") is True
         or e["constexprs"].get("FP8") == 2
         or "UNROPE" in e["constexprs"]  # split-KV attention's combine (the MoE's has no such argument)
+        or e["constexprs"].get("ROPE_Q") is True
     }
 
 

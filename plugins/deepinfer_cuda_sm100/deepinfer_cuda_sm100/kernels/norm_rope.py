@@ -120,6 +120,19 @@ def rope_row(x, pos, freq_ptr, D, R2, BLOCK_D: tl.constexpr, SIGN: tl.constexpr 
 
 
 @triton.jit
+def rope_tile(x, pos, freq_ptr, D, R2, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """:func:`rope_row` over each row of a float32 tile ``x [BLOCK_H, BLOCK_D]`` (the heads of one token), all
+    at position ``pos``."""
+    ev, od = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_D // 2, 2)))
+    f = tl.arange(0, BLOCK_D // 2) - (D // 2 - R2)
+    rot = (f >= 0) & (f < R2)
+    ang = pos * tl.load(freq_ptr + f, mask=rot, other=0.0)
+    c = tl.where(rot, tl.cos(ang), 1.0)[None, :]
+    s = tl.where(rot, tl.sin(ang), 0.0)[None, :]
+    return tl.reshape(tl.join(ev * c - od * s, ev * s + od * c), (BLOCK_H, BLOCK_D))
+
+
+@triton.jit
 def _rms_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, H, D, R2, stride_xt, stride_xh, stride_ot,
                           stride_oh, eps, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr,
                           PDL: tl.constexpr = False):  # fmt: skip

@@ -28,7 +28,7 @@ from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
 from deepinfer_core.plugin_api import Fp8KVFormat
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import dot_dtype, e2m1_value, mma, pdl_enter, pow2
-from deepinfer_cuda_sm100.kernels.norm_rope import rope, rope_row
+from deepinfer_cuda_sm100.kernels.norm_rope import rope, rope_row, rope_tile
 
 LOG2E = 1.4426950408889634
 
@@ -121,18 +121,22 @@ def _attend(q, pool_ptr, rope_ptr, scale_ptr, slots_ptr, start, end, stride_pool
 @triton.jit
 def _sparse_attn_kernel(
     q_ptr, kv_ptr, kv_rope_ptr, kv_scale_ptr, kv_slots_ptr, cmp_ptr, cmp_rope_ptr, cmp_scale_ptr, cmp_slots_ptr,
-    sinks_ptr, out_ptr, part_ptr, ml_ptr,
+    sinks_ptr, out_ptr, part_ptr, ml_ptr, pos_ptr, freq_ptr,
     H, D, n_kv, n_cmp, CHUNK,
     stride_qt, stride_qh, stride_kv, stride_kvs, stride_cmp, stride_cmps, stride_ot, stride_oh,
-    qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF,
+    qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF, R2, q_eps,
     HAS_CMP: tl.constexpr, DOT_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     FP8: tl.constexpr, GROUP: tl.constexpr, SPLIT: tl.constexpr,
     KV_PACK: tl.constexpr = 0, KV_CODE: tl.constexpr = 0, KV_SB: tl.constexpr = 1,
     CMP_PACK: tl.constexpr = 0, CMP_CODE: tl.constexpr = 0, CMP_SB: tl.constexpr = 1,
+    ROPE_Q: tl.constexpr = False, Q_NORM: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``SPLIT``: program ``(t, h, s)`` covers slots ``[s * CHUNK, (s + 1) * CHUNK)`` of the window list followed
-    by the compressed list and writes ``acc`` to ``part[t, s, heads]`` and ``(m, l)`` to ``ml[t, s, heads]``."""
+    by the compressed list and writes ``acc`` to ``part[t, s, heads]`` and ``(m, l)`` to ``ml[t, s, heads]``.
+    ``ROPE_Q``: the query rows rotated at ``pos[t]`` (the trailing ``2 * R2`` channels, ``freq``) as they are
+    loaded, each rounded to the query's dtype as the rope op rounds it; ``Q_NORM``: first normed (no weight,
+    ``q_eps``) and rounded, as ``rms_norm_rope`` does (``compose_rope_sparse_attention_unrope``)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -144,6 +148,13 @@ def _sparse_attn_kernel(
         mask=hm[:, None] & dm[None, :],
         other=0.0,
     )
+    if ROPE_Q:
+        qf = q.to(tl.float32)
+        if Q_NORM:
+            qf = qf * (1.0 / tl.sqrt(tl.sum(qf * qf, axis=1) / D + q_eps))[:, None]
+            qf = qf.to(q_ptr.dtype.element_ty).to(tl.float32)
+        qf = rope_tile(qf, tl.load(pos_ptr + t).to(tl.float32), freq_ptr, D, R2, BLOCK_H, BLOCK_D)
+        q = qf.to(q_ptr.dtype.element_ty)
     q = q.to(DOT_T)
     if SPLIT:
         lo = tl.program_id(2) * CHUNK
@@ -268,12 +279,18 @@ def sparse_attention(
     kv_pack: tuple[int, int, int] | None = None,
     cmp_pack: tuple[int, int, int] | None = None,
     unrope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    rope_q: bool = False,
+    q_norm_eps: float | None = None,
 ) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.attention.AttentionOps.sparse_attention`. ``splits``: split-KV chunks
     (default: :func:`dispatch.attention_splits`; 1 = one program per token and head block). ``kv_pack`` /
     ``cmp_pack``: a pool of V4.1 packed entries, as :func:`packed_layout` describes it (``kv_format`` then
     ``None``). ``unrope``: ``(positions, inv_freq)``, the output rotated back (``compose_sparse_attention_unrope``):
-    in the split-KV combine kernel, else by a rope launch after the attention's."""
+    in the split-KV combine kernel, else by a rope launch after the attention's. ``rope_q`` (with ``unrope``):
+    the query rotated at the same positions as the kernel loads it, ``q_norm_eps``: normed per head first
+    (``compose_rope_sparse_attention_unrope``)."""
+    if rope_q and unrope is None:
+        raise ValueError("sparse_attention: rope_q needs unrope=(positions, inv_freq)")
     T, H, D = q.shape
     out = torch.empty_like(q)
     if T == 0:
@@ -305,22 +322,22 @@ def sparse_attention(
         part = torch.empty((T, splits, H, bd), dtype=torch.float32, device=q.device)
         ml = torch.empty((T, splits, H, 2), dtype=torch.float32, device=q.device)
     sinks = sinks.float().contiguous()
+    pos, freq = unrope if unrope is not None else (sinks, sinks)
+    pos = pos.contiguous()
+    freq = freq.float().contiguous()
     _sparse_attn_kernel[(T, hb, splits)](
         q, *_views(kv_pool, fmt, kv_pack[0]), kv_slots, *_views(cmp_pool, fmt, cmp_pack[0]), cmp_slots, sinks, out,
-        part, ml,
+        part, ml, pos, freq,
         H, D, n_kv, n_cmp, chunk,
         q.stride(0), q.stride(1), kv_pool.stride(0), kv_slots.stride(0), cmp_pool.stride(0), cmp_slots.stride(0),
-        out.stride(0), out.stride(1), scale * LOG2E, *layout,
+        out.stride(0), out.stride(1), scale * LOG2E, *layout, freq.numel(), q_norm_eps or 0.0,
         HAS_CMP=has_cmp, DOT_T=dot_dtype(q.dtype), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=bd,
         FP8=dispatch.fp8_kv_mode() if fmt is not None else 0, GROUP=GROUP, SPLIT=splits > 1, KV_PACK=kv_pack[0],
         KV_CODE=kv_pack[1], KV_SB=kv_pack[2],
-        CMP_PACK=cmp_pack[0], CMP_CODE=cmp_pack[1], CMP_SB=cmp_pack[2], num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **dispatch.pdl_args(T),
+        CMP_PACK=cmp_pack[0], CMP_CODE=cmp_pack[1], CMP_SB=cmp_pack[2], ROPE_Q=rope_q, Q_NORM=rope_q and q_norm_eps is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **dispatch.pdl_args(T),
     )  # fmt: skip
     if splits > 1:
-        pos, freq = unrope if unrope is not None else (sinks, sinks)
-        pos = pos.contiguous()
-        freq = freq.float().contiguous()
         _combine_kernel[(T, H)](part, ml, sinks, out, H, D, splits, out.stride(0), out.stride(1), pos, freq,
                                 freq.numel(), BLOCK_D=bd, BLOCK_S=min(pow2(splits, 2), max(2, 8192 // bd)),
                                 UNROPE=unrope is not None, num_warps=4, **dispatch.pdl_args(T))  # fmt: skip

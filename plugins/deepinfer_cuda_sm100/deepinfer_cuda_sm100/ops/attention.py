@@ -61,15 +61,18 @@ def _prefill(q: torch.Tensor) -> bool:
 
 class CudaAttentionOps(AttentionOps):
     kv_cache_dtypes = KV_CACHE_DTYPES
-    fusions = frozenset({Fusion.INDEXER_SELECT, Fusion.SPARSE_ATTENTION_UNROPE})
+    fusions = frozenset(
+        {Fusion.INDEXER_SELECT, Fusion.SPARSE_ATTENTION_UNROPE, Fusion.ROPE_SPARSE_ATTENTION_UNROPE}
+    )
     packed_kv = True
 
     def sparse_attention(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format=None,
-                         cmp_format=None, unrope=None):  # fmt: skip
+                         cmp_format=None, unrope=None, rope_q=False, q_norm_eps=None):  # fmt: skip
         """V4's pools (plain or FP8) straight into the kernel, except FP8 pools in a prefill chunk (unpacked once per
         distinct entry, :func:`_distinct_unpacked`); packed codecs (V4.1) unpacked first. A compressed
-        pool without its own ``cmp_format`` uses ``kv_format`` (DSpark's block rows). ``unrope``: see
-        :meth:`sparse_attention_unrope`."""
+        pool without its own ``cmp_format`` uses ``kv_format`` (DSpark's block rows). ``unrope``, ``rope_q``,
+        ``q_norm_eps``: see :meth:`sparse_attention_unrope` and :meth:`rope_sparse_attention_unrope`."""
+        rq = dict(unrope=unrope, rope_q=rope_q, q_norm_eps=q_norm_eps)
         cmp_format = kv_format if cmp_format is None else cmp_format
         has_cmp = cmp_pool is not None and cmp_slots is not None
         if isinstance(kv_format, Fp8KVFormat) and not _codec(cmp_format) and _prefill(q):
@@ -98,7 +101,7 @@ class CudaAttentionOps(AttentionOps):
                     scale,
                     kv_pack=kv_pack,
                     cmp_pack=cmp_pack,
-                    unrope=unrope,
+                    **rq,
                 )
             unpack = _distinct_unpacked if prefill else _unpacked
             if kv_format is not None:
@@ -109,7 +112,7 @@ class CudaAttentionOps(AttentionOps):
                 cmp_pool = cmp_pool.to(kv_pool.dtype)
             kv_format = None
         return sparse_attention.sparse_attention(
-            q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format, unrope=unrope
+            q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format, **rq
         )
 
     def sparse_attention_unrope(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, positions, inv_freq,
@@ -118,6 +121,14 @@ class CudaAttentionOps(AttentionOps):
         at few rows, where the attention's launches are most of its time), else by one rope launch after it."""
         return self.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format, cmp_format,
                                      unrope=(positions, inv_freq))  # fmt: skip
+
+    def rope_sparse_attention_unrope(self, q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, positions,
+                                     inv_freq, kv_format=None, cmp_format=None, *, q_norm_eps=None):  # fmt: skip
+        """``compose_rope_sparse_attention_unrope``: the attention kernel norms (``q_norm_eps``) and rotates each
+        query row as it loads it (one launch a layer fewer: the query's rope or norm-rope), then
+        :meth:`sparse_attention_unrope`."""
+        return self.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format, cmp_format,
+                                     unrope=(positions, inv_freq), rope_q=True, q_norm_eps=q_norm_eps)  # fmt: skip
 
     def store_kv(self, pool, slots, values, kv_format) -> None:
         """One Triton launch: a cast copy into plain pools, or the FP8 pack and scatter; packed codecs in torch."""

@@ -1,0 +1,130 @@
+"""The attention step's rotations inside the sparse-attention kernels: the output rotated back
+(``sparse_attention_unrope``) and the query rotated, optionally normed first, as the kernel loads it
+(``rope_sparse_attention_unrope``), against the separate launches and the core's compositions on the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_core.ops.reference import reference_op
+
+from .cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
+from .test_kernels_attention import REF, _slots, _v41_formats
+
+pytestmark = needs_triton
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
+
+    return CudaAttentionOps()
+
+
+def _inputs(gen, pool, dtype):
+    """One attention step's inputs over plain, V4 FP8 or V4.1 packed pools (4 tokens, 12 heads of 64, RoPE on
+    the last 16 channels at random positions): the host tensors, their device copies (``args``: ``q`` to
+    ``sinks``; ``p``, ``fr``), the formats as the ops take them (``fmt``) and as the kernel does (``pack``,
+    ``kernel_fmt``)."""
+    from types import SimpleNamespace
+
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+
+    T, H, D, R = 4, 12, 64, 16
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv, cmp = rand(gen, 50, D, dtype=dtype, scale=2.0), rand(gen, 30, D, dtype=dtype, scale=2.0)
+    fmt, pack = {}, {}
+    if pool == "v4_fp8":
+        f = Fp8KVFormat(D, R, dtype)
+        kv, cmp, fmt = f.pack(kv), f.pack(cmp), {"kv_format": f}
+    elif pool == "v41_packed":
+        f = _v41_formats(dtype)
+        kv, cmp = f.window.pack(kv), f.compressed.pack(cmp)
+        fmt = {"kv_format": f.window, "cmp_format": f.compressed}
+        pack = {"kv_pack": sa.packed_layout(f.window, D), "cmp_pack": sa.packed_layout(f.compressed, D)}
+    host = (q, kv, _slots(gen, T, 21, 50), cmp, _slots(gen, T, 13, 30), rand(gen, H))
+    pos = torch.randint(0, 70000, (T,), generator=gen)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, R, 2).float() / R)
+    p, fr = dev(pos, inv_freq)
+    kernel_fmt = fmt.get("kv_format") if pool == "v4_fp8" else None
+    return SimpleNamespace(
+        host=host,
+        pos=pos,
+        inv_freq=inv_freq,
+        args=dev(*host),
+        p=p,
+        fr=fr,
+        fmt=fmt,
+        pack=pack,
+        kernel_fmt=kernel_fmt,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("pool", ["plain", "v4_fp8", "v41_packed"])
+def test_the_output_rotated_back_in_the_combine_kernel_equals_attention_then_rope(
+    ops, gen, dtype, split, pool
+):
+    """``sparse_attention_unrope``: split-KV rotates the output back in its combine kernel (one program per row),
+    one program per head block rotates it in a rope launch after; either way what the plain attention followed by
+    ``rope(..., inverse=True)`` gives, and what the reference's composition gives, over plain, V4 FP8 and V4.1
+    packed pools."""
+    from deepinfer_core.ops.compose import compose_sparse_attention_unrope
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+    from deepinfer_cuda_sm100.kernels.norm_rope import rope
+
+    c = _inputs(gen, pool, dtype)
+    args, p, fr, pack, kernel_fmt, fmt = c.args, c.p, c.fr, c.pack, c.kernel_fmt, c.fmt
+    got = sa.sparse_attention(*args, 0.1, kernel_fmt, splits=split, unrope=(p, fr), **pack).cpu()
+    two = rope(sa.sparse_attention(*args, 0.1, kernel_fmt, splits=split, **pack), p, fr, inverse=True).cpu()
+    assert got.dtype == dtype
+    torch.testing.assert_close(
+        got.float(), two.float(), atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 8e-3
+    )
+    want = compose_sparse_attention_unrope(
+        REF, *c.host, 0.1, c.pos, c.inv_freq, **fmt, dense=reference_op("dense")
+    )
+    through_ops = ops.sparse_attention_unrope(*args, 0.1, p, fr, **fmt).cpu()
+    assert rel_err(got, want) < BOUND[dtype]
+    assert rel_err(through_ops, want) < BOUND[dtype]
+    assert rel_err(want, REF.sparse_attention(*c.host, 0.1, **fmt)) > 1e-3, "the rotation changes the output"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("pool", ["plain", "v4_fp8", "v41_packed"])
+@pytest.mark.parametrize("q_norm_eps", [None, 1e-6])
+def test_the_query_rotated_as_the_kernel_loads_it_equals_rope_then_attention(
+    ops, gen, dtype, split, pool, q_norm_eps
+):
+    """``rope_sparse_attention_unrope``: the kernel norms (``q_norm_eps``, V4's weightless per-head norm) and
+    rotates each query row as it loads it, rounding each as the ops round; what the separate rope (or
+    rms_norm_rope) launch followed by ``sparse_attention_unrope`` gives, and what the reference's composition
+    gives, over plain, V4 FP8 and V4.1 packed pools, with and without split-KV."""
+    from deepinfer_core.ops.compose import compose_rope_sparse_attention_unrope
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+    from deepinfer_cuda_sm100.kernels.norm_rope import rms_norm_rope, rope
+
+    c = _inputs(gen, pool, dtype)
+    args, p, fr, pack, kernel_fmt, fmt = c.args, c.p, c.fr, c.pack, c.kernel_fmt, c.fmt
+    got = sa.sparse_attention(
+        *args, 0.1, kernel_fmt, splits=split, unrope=(p, fr), rope_q=True, q_norm_eps=q_norm_eps, **pack
+    ).cpu()
+    q_rot = rope(args[0], p, fr) if q_norm_eps is None else rms_norm_rope(args[0], None, q_norm_eps, p, fr)
+    two = sa.sparse_attention(q_rot, *args[1:], 0.1, kernel_fmt, splits=split, unrope=(p, fr), **pack).cpu()
+    assert got.dtype == dtype
+    torch.testing.assert_close(
+        got.float(), two.float(), atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 8e-3
+    )
+    dense = reference_op("dense")
+    want = compose_rope_sparse_attention_unrope(
+        REF, *c.host, 0.1, c.pos, c.inv_freq, **fmt, dense=dense, q_norm_eps=q_norm_eps
+    )
+    through_ops = ops.rope_sparse_attention_unrope(*args, 0.1, p, fr, **fmt, q_norm_eps=q_norm_eps).cpu()
+    assert rel_err(got, want) < BOUND[dtype]
+    assert rel_err(through_ops, want) < BOUND[dtype]
+    unrotated = ops.sparse_attention_unrope(*args, 0.1, p, fr, **fmt).cpu()
+    assert rel_err(unrotated, want) > 1e-3, "the query's rotation (and norm) changes the output"
