@@ -127,6 +127,12 @@ def attention_config(t: int, h: int, d: int, n_slots: int, fp8: bool = False) ->
     """Sparse attention: ``block_h`` heads per program share each gathered KV tile."""
     if arch() == "interpreter":
         return AttentionConfig(16, 16, 4, 1)
+    if d >= 256 and t == 1:
+        # one query row (batch-1 decode; split-KV fills the SMs): 16 heads x 32 slots, 8 warps took 7.9 / 10.1 /
+        # 16.8 us against 10.0 / 14.2 / 21.1 for the tiles below (bf16 / V4 FP8 / V4.1 packed pools, 64 heads of
+        # 512, 640 slots; H100, one run, RESULTS v31 `runs/v31_call1_attntiles_h100.log`); from 16 rows the
+        # tiles below win or tie
+        return AttentionConfig(16, 32, 8, 2)
     if d >= 256 and fp8:
         # packed FP8 rows decode through extra register tiles: 64 slots needed 264,704 bytes of shared
         # memory on the H200 (limit 232,448; v8 run 10); 32 slots need about 60% of that

@@ -163,6 +163,16 @@ def test_fused_mhc_boundary_for_few_tokens(monkeypatch):
     )
 
 
+def test_one_query_row_takes_the_small_decode_tile(monkeypatch):
+    """Batch-1 decode (one row, split-KV) runs 16 heads x 32 slots a program, 8 warps, over every pool; from two
+    rows the tiles by pool stay (H100 sweep, RESULTS v31)."""
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    for fp8 in (False, True):
+        assert dispatch.attention_config(1, 64, 512, 640, fp8=fp8) == dispatch.AttentionConfig(16, 32, 8, 2)
+    assert dispatch.attention_config(16, 64, 512, 640) == dispatch.AttentionConfig(32, 64, 8, 2)
+    assert dispatch.attention_config(16, 64, 512, 640, fp8=True) == dispatch.AttentionConfig(32, 32, 8, 2)
+
+
 def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):
     """Split-KV attention and chunked compressor windows only while the unsplit programs fill under half the
     SMs; chunks are whole tiles, so never more than the slots (or rows) allow."""
