@@ -186,6 +186,29 @@ def compose_rope_sparse_attention_unrope(
     return attend(*args)
 
 
+def compose_rms_norm_rope_store_kv(
+    attention: AttentionOps,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    pool: torch.Tensor,
+    slots: torch.Tensor,
+    kv_format: object | None,
+    *,
+    dense: DenseOps,
+    norm_rope: Callable[..., torch.Tensor] | None = None,
+) -> None:
+    """Each token's KV row ``x [T, D]`` normed (``weight``, ``eps``), rotated at ``positions`` and stored at
+    ``slots`` of ``pool`` in ``kv_format``: ``store_kv(pool, slots, rms_norm_rope(x[:, None], ...)[:, 0],
+    kv_format)``, V4's and V4.1's window KV. ``norm_rope``: the step to use (default its composition; the core
+    passes a backend's own fused ``rms_norm_rope``)."""
+    args = (x[:, None], weight, eps, positions, inv_freq)
+    rows = compose_rms_norm_rope(dense, *args) if norm_rope is None else norm_rope(*args)
+    attention.store_kv(pool, slots, rows[:, 0], kv_format)
+
+
 def compose_indexer_select(
     attention: AttentionOps,
     q: torch.Tensor,

@@ -34,6 +34,9 @@ class Fusion(StrEnum):
     #: the query rotated (optionally normed first), ``sparse_attention``, the output rotated back
     #: (:func:`~deepinfer_core.ops.compose.compose_rope_sparse_attention_unrope`), attention
     ROPE_SPARSE_ATTENTION_UNROPE = "rope_sparse_attention_unrope"
+    #: a token's KV row normed, rotated and stored in its pool's format
+    #: (:func:`~deepinfer_core.ops.compose.compose_rms_norm_rope_store_kv`), attention
+    RMS_NORM_ROPE_STORE_KV = "rms_norm_rope_store_kv"
 
     @property
     def concern(self) -> str:
@@ -42,5 +45,6 @@ class Fusion(StrEnum):
             Fusion.INDEXER_SELECT,
             Fusion.SPARSE_ATTENTION_UNROPE,
             Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
+            Fusion.RMS_NORM_ROPE_STORE_KV,
         )
         return "attention" if self in attention else "dense"

@@ -33,6 +33,7 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
     Fusion.INDEXER_SELECT: compose.compose_indexer_select,
     Fusion.SPARSE_ATTENTION_UNROPE: compose.compose_sparse_attention_unrope,
     Fusion.ROPE_SPARSE_ATTENTION_UNROPE: compose.compose_rope_sparse_attention_unrope,
+    Fusion.RMS_NORM_ROPE_STORE_KV: compose.compose_rms_norm_rope_store_kv,
 }
 
 #: compositions that also take the other concern's ops, by keyword: the attention's output rotated back by the
@@ -40,6 +41,7 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
 ALSO_NEEDS: dict[Fusion, dict[str, str]] = {
     Fusion.SPARSE_ATTENTION_UNROPE: {"dense": "dense"},
     Fusion.ROPE_SPARSE_ATTENTION_UNROPE: {"dense": "dense"},
+    Fusion.RMS_NORM_ROPE_STORE_KV: {"dense": "dense"},
 }
 
 #: compositions over other fused steps, by keyword: where a backend does not declare the fusion, its composition
@@ -49,6 +51,7 @@ OVER_STEPS: dict[Fusion, dict[str, Fusion]] = {
         "norm_rope": Fusion.RMS_NORM_ROPE,
         "attend": Fusion.SPARSE_ATTENTION_UNROPE,
     },
+    Fusion.RMS_NORM_ROPE_STORE_KV: {"norm_rope": Fusion.RMS_NORM_ROPE},
 }
 
 
@@ -75,6 +78,7 @@ class FusedOps:
     indexer_select: Callable[..., Any]
     sparse_attention_unrope: Callable[..., Any]
     rope_sparse_attention_unrope: Callable[..., Any]
+    rms_norm_rope_store_kv: Callable[..., Any]
     declared: frozenset[Fusion]
 
 

@@ -1,5 +1,5 @@
 """Conformance cases for the attention ops that write the KV pools: ``store_kv`` (plain and FP8-packed
-pools), ``write_compressor_state`` and ``compress_into`` (overlapping CSA windows, HCA, FP8-packed entries).
+pools) and the fused ``rms_norm_rope_store_kv``, ``write_compressor_state`` and ``compress_into`` (overlapping CSA windows, HCA, FP8-packed entries).
 
 Every pool starts full of random rows, so a write to the wrong slot shows. Slot ``-1`` is the pool's last
 row, the scratch slot padding rows write to: it may hold anything afterwards and is not compared; every
@@ -111,7 +111,31 @@ def _close_packed(case_id: str):
     return compare
 
 
-def _case(op: str, name: str, make, compare_for, writes: int, fp8: bool = False) -> OpCase:
+def _norm_rope_store(fp8: bool):
+    """Token KV rows normed (a weight), rotated (the last 16 channels, random positions) and stored: float32
+    rows into a plain pool or an FP8-packed one (``rms_norm_rope_store_kv``)."""
+
+    def make(g: torch.Generator) -> tuple[tuple, dict]:
+        t = 10
+        if (
+            fp8
+        ):  # float32 rows (RoPE channels stored in float32) so the rotation compares to a tight tolerance
+            fmt = Fp8KVFormat(D, ROPE, torch.float32)
+            spread = _spread(g, D)
+            pool, x = fmt.pack(randn(g, S, D) * spread), randn(g, t, D) * spread
+        else:
+            fmt, pool, x = None, randn(g, S, D), randn(g, t, D)
+        weight, positions = randn(g, D).abs() + 0.5, torch.randint(0, 5000, (t,), generator=g)
+        return (x, weight, 1e-6, positions, inv_freq(ROPE), pool, _scratch_slots(g, t, S, 2)), {
+            "kv_format": fmt
+        }
+
+    return make
+
+
+def _case(
+    op: str, name: str, make, compare_for, writes: int, fp8: bool = False, fusion: bool = False
+) -> OpCase:
     case_id = f"attention.{op}[{name}]"
     return OpCase(
         "attention",
@@ -121,12 +145,30 @@ def _case(op: str, name: str, make, compare_for, writes: int, fp8: bool = False)
         compare=compare_for(case_id),
         writes=(writes,),
         kv_cache_dtype="fp8" if fp8 else "auto",
+        fusion=fusion,
     )
 
 
 CASES = [
     _case("store_kv", "plain_scratch_slots", _store_plain, _same_rows, 0),
     _case("store_kv", "fp8_packed_scratch_slots", _store_fp8, _same_rows, 0, fp8=True),
+    _case(
+        "rms_norm_rope_store_kv",
+        "plain_scratch_slots",
+        _norm_rope_store(False),
+        lambda case_id: _same_rows(case_id, atol=1e-5, rtol=1e-4),
+        5,
+        fusion=True,
+    ),
+    _case(
+        "rms_norm_rope_store_kv",
+        "fp8_packed_scratch_slots",
+        _norm_rope_store(True),
+        _close_packed,
+        5,
+        fp8=True,
+        fusion=True,
+    ),
     _case("write_compressor_state", "scratch_slots", _compressor_state, _same_rows, 0),
     _case(
         "compress_into",

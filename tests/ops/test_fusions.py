@@ -65,6 +65,45 @@ def test_a_declared_fusion_is_the_backends_own_method_and_composed_steps_use_it(
         assert torch.equal(a, b)
 
 
+class _FusedNormRope(ReferenceDenseOps):
+    fusions = frozenset({Fusion.RMS_NORM_ROPE})
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def rms_norm_rope(self, x, weight, eps, positions, inv_freq):
+        self.calls += 1
+        return compose.compose_rms_norm_rope(self, x, weight, eps, positions, inv_freq)
+
+
+def test_steps_composed_over_a_declared_norm_rope_use_it():
+    """``fusions.OVER_STEPS``: a backend that fuses ``rms_norm_rope`` but not the larger steps containing it (the
+    KV row's store, the attention step's query) gets their compositions over its own fused norm-rope."""
+    dense = _FusedNormRope()
+    fused = _backends(dense=dense).fused
+    g = torch.Generator().manual_seed(1)
+    t, d, r = 3, 16, 8
+    x, w, pos = torch.randn(t, d, generator=g), torch.rand(d, generator=g) + 0.5, torch.tensor([0, 7, 300])
+    freq = 1.0 / 10000 ** (torch.arange(0, r, 2).float() / r)
+    pool, slots = torch.zeros(5, d), torch.tensor([4, 0, 2])
+    fused.rms_norm_rope_store_kv(x, w, 1e-6, pos, freq, pool, slots, None)
+    assert dense.calls == 1
+    assert torch.equal(
+        pool[slots], compose.compose_rms_norm_rope(ReferenceDenseOps(), x[:, None], w, 1e-6, pos, freq)[:, 0]
+    )
+    q, kv = torch.randn(t, 2, d, generator=g), torch.randn(6, d, generator=g)
+    kv_slots, sinks = torch.randint(0, 6, (t, 4), generator=g), torch.zeros(2)
+    got = fused.rope_sparse_attention_unrope(
+        q, kv, kv_slots, None, None, sinks, 0.25, pos, freq, q_norm_eps=1e-6
+    )
+    assert dense.calls == 2
+    want = compose.compose_rope_sparse_attention_unrope(
+        ReferenceAttentionOps(), q, kv, kv_slots, None, None, sinks, 0.25, pos, freq, dense=ReferenceDenseOps(),
+        q_norm_eps=1e-6,
+    )  # fmt: skip
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize(
     "declared, needle",
     [

@@ -86,7 +86,14 @@ def test_pytest_plugin_reports_the_wrong_op(pytester, wrong_plugin):
     # the wrong rms_norm also breaks the composed ops whose defaults call it
     on_rms = ("rms_norm_rope", "hc_pre_norm", "hc_post_pre", "hc_site_norm", "hc_post_site_norm")
     composed = [c for c in all_cases() if c.concern == "dense" and c.op in on_rms]
-    assert len(composed) >= 6
+    # and the attention steps that norm a row: the KV row's store, the attention step's normed query
+    composed += [
+        c
+        for c in all_cases()
+        if c.op == "rms_norm_rope_store_kv"
+        or c.id == "attention.rope_sparse_attention_unrope[fp8_kv_cache_normed_query]"
+    ]
+    assert len(composed) == 9
     assert outcomes.get("failed", 0) == len(rms_cases()) + len(composed)
     assert outcomes.get("passed", 0) > 0
     result.stdout.fnmatch_lines(["*dense.rms_norm*"])

@@ -208,15 +208,19 @@ class Attention(Module):
         t, h, d = x.shape[0], cfg.num_attention_heads, cfg.head_dim
         qr, kv = self.x_proj(x, ops)
         qr = dense.rms_norm(qr, self.q_norm.value, cfg.rms_norm_eps)
-        q = dense.linear(qr, self.wq_b.value).view(
-            t, h, d
-        )  # normed per head and rotated by the attention step
-        kv = ops.fused.rms_norm_rope(
-            kv.view(t, 1, d), self.kv_norm.value, cfg.rms_norm_eps, pos, self.inv_freq
-        )
-        kv = kv.view(t, d)
+        # the query: normed per head and rotated by the attention step
+        q = dense.linear(qr, self.wq_b.value).view(t, h, d)
         swa = flat(pools[f"{self.name}.swa_kv"])
-        ops.attention.store_kv(swa, addr.token_slots, kv, self.kv_format)
+        ops.fused.rms_norm_rope_store_kv(
+            kv,
+            self.kv_norm.value,
+            cfg.rms_norm_eps,
+            pos,
+            self.inv_freq,
+            swa,
+            addr.token_slots,
+            self.kv_format,
+        )
         cmp_pool, cmp_slots = self._compressed(x, qr, addr, pools, ops)
         o = ops.fused.rope_sparse_attention_unrope(
             q, swa, addr.window_slots, cmp_pool, cmp_slots, self.attn_sink.value, d**-0.5, pos, self.inv_freq,

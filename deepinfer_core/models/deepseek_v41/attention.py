@@ -100,11 +100,13 @@ class Indexer(Module):
             self.wk = bf16("wk.weight", di, cfg.head_dim)
             self.k_norm = bf16("k_norm.weight", di)
 
-    def keys(
-        self, latent: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor, ops: Backends
-    ) -> torch.Tensor:
-        k = ops.dense.linear(latent, self.wk.value)[:, None]
-        return ops.fused.rms_norm_rope(k, self.k_norm.value, self.cfg.rms_norm_eps, positions, freq)[:, 0]
+    def store_keys(self, latent: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor, pool: torch.Tensor,
+                   slots: torch.Tensor, key_format, ops: Backends) -> None:  # fmt: skip
+        """The index keys of entries ``latent [E, head_dim]`` (``wk``, normed, rotated) stored at ``slots``."""
+        k = ops.dense.linear(latent, self.wk.value)
+        ops.fused.rms_norm_rope_store_kv(
+            k, self.k_norm.value, self.cfg.rms_norm_eps, positions, freq, pool, slots, key_format
+        )
 
     def query(
         self, w: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor, freq: torch.Tensor, codec, ops: Backends
@@ -202,10 +204,10 @@ class Attention(Module):
         qr, kv = self.x_proj(x, ops)
         qr = dense.rms_norm(qr, self.q_norm.value, c.rms_norm_eps)
         q = dense.linear(qr, self.wq_b.value).view(t, h, d)  # rotated by the attention step
-        kv = kv.view(t, 1, d)
-        kv = ops.fused.rms_norm_rope(kv, self.kv_norm.value, c.rms_norm_eps, pos, self.freq).view(t, d)
         swa = flat(pools[f"{self.name}.swa_kv"])
-        ops.attention.store_kv(swa, addr.token_slots, kv, self.formats.window)
+        ops.fused.rms_norm_rope_store_kv(
+            kv, self.kv_norm.value, c.rms_norm_eps, pos, self.freq, swa, addr.token_slots, self.formats.window
+        )
         cmp_pool = cmp_slots = None
         if self.role.ratio:
             cmp_pool, cmp_slots = self._compressed(x, qr, addr, pools, ops, shared)
@@ -252,10 +254,8 @@ class Attention(Module):
         if latent.shape[0] == 0:
             return
         at = comp.entry_positions  # an entry rotates at its group's first position
-        keys = self.indexer.keys(latent, at, self.freq, ops)
-        ops.attention.store_kv(
-            flat(pools[f"{self.name}.indexer.keys"]), comp.entry_slots, keys, self.formats.keys
-        )
+        keys = flat(pools[f"{self.name}.indexer.keys"])
+        self.indexer.store_keys(latent, at, self.freq, keys, comp.entry_slots, self.formats.keys, ops)
         rotated = ops.dense.rope(latent[:, None], at, self.freq)[:, 0]
         ops.attention.store_kv(
             flat(pools[f"{self.name}.compressor.kv"]), comp.entry_slots, rotated, self.formats.compressed

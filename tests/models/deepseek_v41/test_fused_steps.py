@@ -37,7 +37,7 @@ def test_v41_calls_its_declared_fused_ops_and_matches_the_compositions():
     assert {
         Fusion.HC_SITE_NORM,
         Fusion.HC_POST_SITE_NORM,
-        Fusion.RMS_NORM_ROPE,
+        Fusion.RMS_NORM_ROPE_STORE_KV,
         Fusion.LINEAR_F32,
         Fusion.SWIGLU_MLP_ADD,
         Fusion.ROPE_SPARSE_ATTENTION_UNROPE,

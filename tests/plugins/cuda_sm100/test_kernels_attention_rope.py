@@ -128,3 +128,58 @@ def test_the_query_rotated_as_the_kernel_loads_it_equals_rope_then_attention(
     assert rel_err(through_ops, want) < BOUND[dtype]
     unrotated = ops.sparse_attention_unrope(*args, 0.1, p, fr, **fmt).cpu()
     assert rel_err(unrotated, want) > 1e-3, "the query's rotation (and norm) changes the output"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("which", ["window", "compressed", "keys"])
+def test_norm_rope_and_pack_in_one_launch_equals_the_two(ops, gen, dtype, which):
+    """``rms_norm_rope_store_kv`` into a V4.1 packed pool: one program norms, rotates and packs each row, byte for
+    byte what the norm-rope launch followed by the store gives; in float32 what the reference's composition gives,
+    in bf16 what the reference's codec packs from the plugin's norm-rope rows; rows at other slots stay as they
+    were."""
+    from deepinfer_core.ops.compose import compose_rms_norm_rope_store_kv
+    from deepinfer_cuda_sm100.kernels import kv_store
+    from deepinfer_cuda_sm100.kernels.norm_rope import rms_norm_rope
+
+    fmt = getattr(_v41_formats(dtype), which)
+    T, D, R = 6, 64, 16
+    x, w = rand(gen, T, D, dtype=dtype, scale=3.0), (rand(gen, D).abs() + 0.5).to(dtype)
+    pos = torch.randint(0, 70000, (T,), generator=gen)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, R, 2).float() / R)
+    pool = torch.randint(0, 256, (20, fmt.row_bytes), dtype=torch.uint8, generator=gen)
+    slots = torch.randperm(19, generator=gen)[:T]
+    args = dev(x, w, pos, inv_freq, slots)
+    one, two, ref = dev(pool.clone()), dev(pool.clone()), pool.clone()
+    calls = []
+    real = kv_store._norm_rope_pack_v41_kernel
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kv_store, "_norm_rope_pack_v41_kernel", _Counting(real, calls))
+        ops.rms_norm_rope_store_kv(args[0], args[1], 1e-6, args[2], args[3], one, args[4], fmt)
+    assert len(calls) == 1
+    rows = rms_norm_rope(args[0][:, None], args[1], 1e-6, args[2], args[3])[:, 0]
+    kv_store.store_v41(two, args[4], rows, fmt)
+    assert torch.equal(one.cpu(), two.cpu())
+    compose_rms_norm_rope_store_kv(
+        REF, x, w, 1e-6, pos, inv_freq, ref, slots, fmt, dense=reference_op("dense")
+    )
+    if dtype == torch.float32:
+        assert torch.equal(one.cpu(), ref)
+    else:  # bf16 norm-rope rows may differ from the reference's by a step (then a code, or a block's scale):
+        # the packing itself is the codec's, byte for byte, on the plugin's rows
+        codec = pool.clone()
+        REF.store_kv(codec, slots, rows.cpu(), fmt)
+        assert torch.equal(one.cpu(), codec)
+    others = torch.ones(20, dtype=torch.bool)
+    others[slots] = False
+    assert torch.equal(one.cpu()[others], pool[others])
+
+
+class _Counting:
+    """A kernel launcher that records each grid it launches."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]

@@ -22,6 +22,7 @@ from deepinfer_core.plugin_api import E4M3_MAX, Fp8KVFormat
 from deepinfer_core.plugin_api import FP8_KV_GROUP as GROUP
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels._common import e2m1_value, e4m3_grid, pdl_enter, pool_slot, pow2, pow2_ceil
+from deepinfer_cuda_sm100.kernels.norm_rope import rope_row
 from deepinfer_cuda_sm100.kernels.sparse_attention import packed_layout
 
 _MIN_AMAX = tl.constexpr(7.888609052210118e-31)  # 2**-100, as in deepinfer_core.ops.kv_fp8
@@ -144,16 +145,11 @@ def _v41_scaled(x, PACK: tl.constexpr):
 
 
 @triton.jit
-def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr, D: tl.constexpr,
-                     B: tl.constexpr, PACK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
-    """Row ``program_id(0)`` of ``x [N, D]`` packed as ``PackedKV.pack`` packs it into byte row ``slots[r]``:
-    ``D`` codes (bytes, or nibbles two a byte), then ``D / B`` scale bytes."""
-    pdl_enter(PDL)
-    r = tl.program_id(0).to(tl.int64)
-    slot = pool_slot(slots_ptr, r, S)
+def _pack_v41_row(x, slot, pool_ptr, ROW: tl.constexpr, D: tl.constexpr, B: tl.constexpr, PACK: tl.constexpr):
+    """One row ``x [D // B, B]`` (float32) packed as ``PackedKV.pack`` packs it into byte row ``slot``: ``D`` codes
+    (bytes, or nibbles two a byte), then ``D / B`` scale bytes."""
     NB: tl.constexpr = D // B
     g = tl.arange(0, NB)
-    x = tl.load(x_ptr + r * stride_x + g[:, None] * B + tl.arange(0, B)[None, :]).to(tl.float32)
     y, s, sbyte = _v41_scaled(x, PACK)
     row = pool_ptr + slot * ROW
     if PACK == 1:
@@ -168,6 +164,41 @@ def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr,
         lo, hi = tl.split(c)
         tl.store(row + tl.arange(0, D // 2), (lo | (hi << 4)).to(tl.uint8))
         tl.store(row + D // 2 + g, sbyte)
+
+
+@triton.jit
+def _pack_v41_kernel(x_ptr, slots_ptr, pool_ptr, stride_x, S, ROW: tl.constexpr, D: tl.constexpr,
+                     B: tl.constexpr, PACK: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """Row ``program_id(0)`` of ``x [N, D]`` packed into byte row ``slots[r]`` (:func:`_pack_v41_row`)."""
+    pdl_enter(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    slot = pool_slot(slots_ptr, r, S)
+    NB: tl.constexpr = D // B
+    g = tl.arange(0, NB)
+    x = tl.load(x_ptr + r * stride_x + g[:, None] * B + tl.arange(0, B)[None, :]).to(tl.float32)
+    _pack_v41_row(x, slot, pool_ptr, ROW, D, B, PACK)
+
+
+@triton.jit
+def _norm_rope_pack_v41_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, slots_ptr, pool_ptr, stride_x, S, R2, eps,
+                               ROW: tl.constexpr, D: tl.constexpr, B: tl.constexpr, PACK: tl.constexpr,
+                               HAS_W: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    """Row ``program_id(0)`` of ``x [N, D]`` normed (``w``, ``eps``) and rotated at ``pos[r]`` as
+    ``_rms_norm_rope_kernel`` does it (each rounded to ``x``'s dtype), then packed into byte row ``slots[r]``
+    (``compose_rms_norm_rope_store_kv``)."""
+    pdl_enter(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    slot = pool_slot(slots_ptr, r, S)
+    d = tl.arange(0, D)
+    x = tl.load(x_ptr + r * stride_x + d).to(tl.float32)
+    y = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))
+    if HAS_W:
+        y = y * tl.load(w_ptr + d).to(tl.float32)
+    ty = x_ptr.dtype.element_ty
+    y = y.to(ty).to(tl.float32)
+    y = rope_row(y, tl.load(pos_ptr + r).to(tl.float32), freq_ptr, D, R2, D)
+    y = y.to(ty).to(tl.float32)
+    _pack_v41_row(tl.reshape(y, (D // B, B)), slot, pool_ptr, ROW, D, B, PACK)
 
 
 @triton.jit
@@ -211,6 +242,23 @@ def store_v41(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fmt
         values, slots.contiguous(), pool, values.stride(0), pool.shape[0],
         ROW=fmt.fmt.entry_bytes, D=d, B=fmt.fmt.block, PACK=v41_store_kind(fmt, d), num_warps=4,
         **dispatch.pdl_args(n),
+    )  # fmt: skip
+
+
+def norm_rope_store_v41(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                        eps: float, positions: torch.Tensor, inv_freq: torch.Tensor, fmt) -> None:  # fmt: skip
+    """``pool[slots] = fmt.pack(rms_norm_rope(x[:, None], weight, eps, positions, inv_freq)[:, 0])`` for a flat
+    byte pool and a codec of :func:`v41_store_kind`, one launch (``compose_rms_norm_rope_store_kv``)."""
+    n, d = x.shape
+    if n == 0:
+        return
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    w = weight.contiguous() if weight is not None else x  # widened as the kernel loads it
+    _norm_rope_pack_v41_kernel[(n,)](
+        x, w, positions.contiguous(), inv_freq.float().contiguous(), slots.contiguous(), pool, x.stride(0),
+        pool.shape[0], inv_freq.numel(), eps,
+        ROW=fmt.fmt.entry_bytes, D=d, B=fmt.fmt.block, PACK=v41_store_kind(fmt, d), HAS_W=weight is not None,
+        num_warps=4, **dispatch.pdl_args(n),
     )  # fmt: skip
 
 

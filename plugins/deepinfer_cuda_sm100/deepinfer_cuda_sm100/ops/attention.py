@@ -14,7 +14,7 @@ import torch
 
 from deepinfer_core.plugin_api import KV_CACHE_DTYPES, AttentionOps, Fp8KVFormat, Fusion
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, sparse_attention
+from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, norm_rope, sparse_attention
 
 
 def _codec(fmt) -> bool:
@@ -62,7 +62,12 @@ def _prefill(q: torch.Tensor) -> bool:
 class CudaAttentionOps(AttentionOps):
     kv_cache_dtypes = KV_CACHE_DTYPES
     fusions = frozenset(
-        {Fusion.INDEXER_SELECT, Fusion.SPARSE_ATTENTION_UNROPE, Fusion.ROPE_SPARSE_ATTENTION_UNROPE}
+        {
+            Fusion.INDEXER_SELECT,
+            Fusion.SPARSE_ATTENTION_UNROPE,
+            Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
+            Fusion.RMS_NORM_ROPE_STORE_KV,
+        }
     )
     packed_kv = True
 
@@ -129,6 +134,15 @@ class CudaAttentionOps(AttentionOps):
         :meth:`sparse_attention_unrope`."""
         return self.sparse_attention(q, kv_pool, kv_slots, cmp_pool, cmp_slots, sinks, scale, kv_format, cmp_format,
                                      unrope=(positions, inv_freq), rope_q=True, q_norm_eps=q_norm_eps)  # fmt: skip
+
+    def rms_norm_rope_store_kv(self, x, weight, eps, positions, inv_freq, pool, slots, kv_format) -> None:
+        """``compose_rms_norm_rope_store_kv``: into a V4.1 packed pool in one launch (the norm, the rotation and the
+        pack of each row in one program); otherwise the norm-rope launch, then :meth:`store_kv`."""
+        if _codec(kv_format) and kv_store.v41_store_kind(kv_format, x.shape[-1]) and pool.dim() == 2:
+            kv_store.norm_rope_store_v41(pool, slots, x, weight, eps, positions, inv_freq, kv_format)
+            return
+        rows = norm_rope.rms_norm_rope(x[:, None], weight, eps, positions, inv_freq)[:, 0]
+        self.store_kv(pool, slots, rows, kv_format)
 
     def store_kv(self, pool, slots, values, kv_format) -> None:
         """One Triton launch: a cast copy into plain pools, or the FP8 pack and scatter; packed codecs in torch."""
