@@ -42,3 +42,14 @@ def dev(*xs):
     """The arguments moved to the test device (``None`` passes through)."""
     out = tuple(x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in xs)
     return out[0] if len(out) == 1 else out
+
+
+class Counting:
+    """Stands in for a ``@triton.jit`` kernel: records each launch's grid, then launches the real one."""
+
+    def __init__(self, kernel, launches: list):
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(grid)
+        return self.kernel[grid]

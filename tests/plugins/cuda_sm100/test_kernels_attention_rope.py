@@ -9,7 +9,7 @@ import torch
 
 from deepinfer_core.ops.reference import reference_op
 
-from .cuda_sm100_helpers import BOUND, dev, needs_triton, rand, rel_err
+from .cuda_sm100_helpers import BOUND, Counting, dev, needs_triton, rand, rel_err
 from .test_kernels_attention import REF, _slots, _v41_formats
 
 pytestmark = needs_triton
@@ -153,7 +153,7 @@ def test_norm_rope_and_pack_in_one_launch_equals_the_two(ops, gen, dtype, which)
     calls = []
     real = kv_store._norm_rope_pack_v41_kernel
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kv_store, "_norm_rope_pack_v41_kernel", _Counting(real, calls))
+        mp.setattr(kv_store, "_norm_rope_pack_v41_kernel", Counting(real, calls))
         ops.rms_norm_rope_store_kv(args[0], args[1], 1e-6, args[2], args[3], one, args[4], fmt)
     assert len(calls) == 1
     rows = rms_norm_rope(args[0][:, None], args[1], 1e-6, args[2], args[3])[:, 0]
@@ -172,14 +172,3 @@ def test_norm_rope_and_pack_in_one_launch_equals_the_two(ops, gen, dtype, which)
     others = torch.ones(20, dtype=torch.bool)
     others[slots] = False
     assert torch.equal(one.cpu()[others], pool[others])
-
-
-class _Counting:
-    """A kernel launcher that records each grid it launches."""
-
-    def __init__(self, kernel, calls: list):
-        self.kernel, self.calls = kernel, calls
-
-    def __getitem__(self, grid):
-        self.calls.append(grid)
-        return self.kernel[grid]

@@ -15,7 +15,7 @@ from deepinfer_core.ops.mhc import HCParams
 from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.reference import reference_op
 
-from .cuda_sm100_helpers import BOUND, INTERPRETED, dev, needs_triton, rand, rel_err
+from .cuda_sm100_helpers import BOUND, INTERPRETED, Counting, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 
@@ -89,23 +89,12 @@ def test_hc_post_matches_reference(ops, gen, dtype):
     assert rel_err(got, REF.hc_post(y, res, post, comb)) < BOUND[dtype]
 
 
-class _Counting:
-    """Stands in for a ``@triton.jit`` kernel: records each launch's grid, then launches the real one."""
-
-    def __init__(self, kernel, launches: list):
-        self.kernel, self.launches = kernel, launches
-
-    def __getitem__(self, grid):
-        self.launches.append(grid)
-        return self.kernel[grid]
-
-
 def _count_boundary_launches(monkeypatch) -> list:
     from deepinfer_cuda_sm100.kernels import mhc
 
     launches = []
     for name in ("_hc_boundary_mix_kernel", "_hc_collapse_norm_kernel"):
-        monkeypatch.setattr(mhc, name, _Counting(getattr(mhc, name), launches))
+        monkeypatch.setattr(mhc, name, Counting(getattr(mhc, name), launches))
     return launches
 
 
