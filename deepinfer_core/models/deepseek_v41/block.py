@@ -4,10 +4,13 @@
 Single pass: a site computes ``pre``, ``post`` and ``comb`` from the streams entering it; its ``post`` and
 ``comb`` expand its own output, and its ``pre`` collapses the streams for the *next* site. So attention reads
 the streams collapsed by the previous block's FFN ``pre`` (a one-hot on stream 0 before the first block), and
-the FFN reads them collapsed by this block's attention ``pre``.
+the FFN reads them collapsed by this block's attention ``pre``. A block hands the next its FFN output unfolded
+(:class:`Exit`): the next block's entry folds it into the streams in the same step as its coefficients.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -124,6 +127,28 @@ class EngramRows:
         return rows if self.select is None else rows[self.select]
 
 
+@dataclass
+class Exit:
+    """A block's FFN output ``y [T, D]`` not yet folded into its streams ``residual [T, hc, D]`` (the site's
+    ``post``, ``comb``): the next block's entry folds it in the same step as its own coefficients
+    (``hc_post_site_norm``, one launch a layer fewer than ``hc_post`` then ``hc_site_norm``); :func:`streams`
+    folds it alone."""
+
+    y: torch.Tensor
+    residual: torch.Tensor
+    post: torch.Tensor
+    comb: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.y.shape[0]
+
+
+def streams(h: torch.Tensor | Exit, ops: Backends) -> torch.Tensor:
+    """The streams ``[T, hc, D]``: ``h`` itself, or an :class:`Exit` folded in (``hc_post``)."""
+    return ops.dense.hc_post(h.y, h.residual, h.post, h.comb) if isinstance(h, Exit) else h
+
+
 class Block(Module):
     def __init__(
         self,
@@ -161,7 +186,7 @@ class Block(Module):
 
     def forward(
         self,
-        h: torch.Tensor,
+        h: torch.Tensor | Exit,
         pre: torch.Tensor,
         engram: EngramRows | None,
         addr: StepAddressing,
@@ -170,23 +195,29 @@ class Block(Module):
         shared: Shared,
         tap: list[torch.Tensor] | None = None,
         image_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Streams ``h [T, hc, D]`` and the previous site's ``pre [T, hc]`` -> this block's output streams and
-        its FFN site's ``pre`` (which collapses the next block's attention input). ``tap``: append the mean
-        over the streams of the block's input (after Engram), what DSpark reads of a target layer.
-        ``image_mask [T]``: image-span rows, which Engram passes through untouched and the router steers
-        with ``bias_vl``."""
+    ) -> tuple[Exit, torch.Tensor]:
+        """Streams ``h [T, hc, D]`` (or the block before's :class:`Exit`) and the previous site's ``pre [T, hc]``
+        -> this block's :class:`Exit` (its FFN output, not yet folded into the streams) and its FFN site's
+        ``pre`` (which collapses the next block's attention input). ``tap``: append the mean over the streams
+        of the block's input (after Engram), what DSpark reads of a target layer. ``image_mask [T]``:
+        image-span rows, which Engram passes through untouched and the router steers with ``bias_vl``."""
         if self.engram is not None:
+            h = streams(h, ops)
             out = self.engram.forward(h, engram.rows(self.engram.index, h.dtype), ops)
             h = out if image_mask is None else torch.where(image_mask[:, None, None], h, out)
+        # each site: its coefficients of the streams, and its input collapsed by the site before's pre, normed
+        # (the rms_norm's eps is hc.norm_eps, the config's rms_norm_eps); the block before's exit folded into
+        # this block's entry, one step
+        if isinstance(h, Exit):
+            h, x, a_pre, post, comb = ops.fused.hc_post_site_norm(
+                h.y, h.residual, h.post, h.comb, self.hc["hc_attn"], pre, self.attn_norm.value
+            )
+        else:
+            x, a_pre, post, comb = ops.fused.hc_site_norm(h, self.hc["hc_attn"], pre, self.attn_norm.value)
         if tap is not None:
             tap.append(h.mean(dim=1))
-        # each site: its coefficients of the streams, and its input collapsed by the site before's pre, normed
-        # (the rms_norm's eps is hc.norm_eps, the config's rms_norm_eps)
-        x, a_pre, post, comb = ops.fused.hc_site_norm(h, self.hc["hc_attn"], pre, self.attn_norm.value)
         y = self.attn.forward(x, addr, pools, ops, shared)
         h, x, f_pre, post, comb = ops.fused.hc_post_site_norm(
             y, h, post, comb, self.hc["hc_ffn"], a_pre, self.ffn_norm.value
         )
-        h = ops.dense.hc_post(self.ffn.forward(x, ops, image_mask), h, post, comb)
-        return h, f_pre
+        return Exit(self.ffn.forward(x, ops, image_mask), h, post, comb), f_pre

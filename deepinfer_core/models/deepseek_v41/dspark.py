@@ -29,7 +29,7 @@ from deepinfer_core.models.deepseek_v4.attention import flat
 from deepinfer_core.models.deepseek_v4.config import ModelConfigError
 from deepinfer_core.models.deepseek_v4.params import Module
 from deepinfer_core.models.deepseek_v41.attention import Attention, Pools, Shared, _spec
-from deepinfer_core.models.deepseek_v41.block import Block, MoE
+from deepinfer_core.models.deepseek_v41.block import Block, MoE, streams
 from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_core.models.deepseek_v41.roles import SWA, LayerRole
 from deepinfer_core.models.deepseek_v41.weights import bf16, fp8
@@ -216,7 +216,7 @@ def block_hidden(
     pre[:, 0] = 1.0
     for stage in stages:
         h, pre = stage.forward(h, pre, None, addr, pools, ops, {})
-    return ops.dense.hc_collapse(h, pre)
+    return ops.dense.hc_collapse(streams(h, ops), pre)
 
 
 def markov_bias(

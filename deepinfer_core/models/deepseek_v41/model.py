@@ -26,7 +26,7 @@ from deepinfer_core.models.deepseek_v4.addressing import StepAddressing
 from deepinfer_core.models.deepseek_v4.attention import flat
 from deepinfer_core.models.deepseek_v4.checkpoint import CheckpointError, CheckpointReader
 from deepinfer_core.models.deepseek_v4.params import Module
-from deepinfer_core.models.deepseek_v41.block import Block, EngramRows
+from deepinfer_core.models.deepseek_v41.block import Block, EngramRows, streams
 from deepinfer_core.models.deepseek_v41.config import DeepseekV41Config
 from deepinfer_core.models.deepseek_v41.dspark import (
     BlockAddressing,
@@ -335,6 +335,7 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
             if i == self.decoder_start:
                 addr = plan.late
                 if tail is not None:  # bounded replay: the decoder runs on the tail's rows only
+                    h = streams(h, ops)
                     early, rows = ops.dense.hc_collapse(h, pre), tail.rows
                     h, pre = h[rows], pre[rows]
                     if engram is not None:
@@ -344,7 +345,7 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
                     shared = {k: v[rows] for k, v in shared.items()}
             tap = taps if i in targets else None
             h, pre = block.forward(h, pre, engram, addr, kv, ops, shared, tap, image_mask)
-        out = ops.dense.hc_collapse(h, pre)
+        out = ops.dense.hc_collapse(streams(h, ops), pre)
         if early is not None:
             return early.index_copy(0, tail.rows, out)
         return torch.cat([out, *taps], dim=-1) if taps else out

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer_core import LLM, SamplingParams
-from deepinfer_core.models.deepseek_v41.block import Block
+from deepinfer_core.models.deepseek_v41.block import Block, Exit
 from tests.models.deepseek_v41.goldens import checkpoint, prompts
 
 NAME = "reindex_r2"
@@ -55,7 +55,7 @@ def decoder_rows(monkeypatch) -> list[int]:
 
     def counting(self, h, *args):
         if self.attn.window_group == "decoder" and self.attn.role.layer == 4:
-            rows.append(h.shape[0])
+            rows.append(h.rows if isinstance(h, Exit) else h.shape[0])
         return original(self, h, *args)
 
     monkeypatch.setattr(Block, "forward", counting)
