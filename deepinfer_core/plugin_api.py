@@ -63,6 +63,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "compose_indexer_select": ("deepinfer_core.ops.compose", "compose_indexer_select"),
     "compose_sparse_attention_unrope": ("deepinfer_core.ops.compose", "compose_sparse_attention_unrope"),
     "compose_rms_norm_rope_store_kv": ("deepinfer_core.ops.compose", "compose_rms_norm_rope_store_kv"),
+    "compose_index_query": ("deepinfer_core.ops.compose", "compose_index_query"),
     "compose_rope_sparse_attention_unrope": (
         "deepinfer_core.ops.compose",
         "compose_rope_sparse_attention_unrope",

@@ -121,6 +121,43 @@ def check_attention():
         record("compress", f"E={E} L={L} D={HEAD_DIM}", err, BOUND["bf16"],
                bench(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq)), E * L * HEAD_DIM * 6 + E * HEAD_DIM * 2)  # fmt: skip
     check_compress_into(ref, nw, inv_freq)
+    check_v41_one_launch(ops, inv_freq)
+
+
+def check_v41_one_launch(ops, inv_freq):
+    """V4.1's steps in one launch, byte for byte against the launches they replace, at V4.1-Flash's index query
+    (32 heads x 128) and head (512) widths: the index query rotated, round-tripped through the keys' FP4
+    format and its weights scaled (``index_query``, 2.12) against rope + round trip + torch; the window KV row
+    normed, rotated and packed (``rms_norm_rope_store_kv``, 2.11) against norm-rope + store."""
+    from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
+    from deepinfer_cuda_sm100.kernels import kv_store, norm_rope
+
+    fmts = kv_formats("auto", HEAD_DIM, 128, BF16)
+    for T in sizes(1, 64):
+        q, w = rnd(T, 32, 128), rnd(T, 32)
+        pos = torch.randint(0, 1 << 16, (T,), device=DEV, generator=G)
+        got_q, got_w = poisoned(lambda: ops.index_query(q, w, 0.0156, pos, inv_freq, fmts.keys))
+        two = kv_store.roundtrip_v41(norm_rope.rope(q, pos, inv_freq).reshape(-1, 128), fmts.keys).view(
+            q.shape
+        )
+        same = torch.equal(got_q.view(torch.int16), two.view(torch.int16)) and torch.equal(
+            got_w, w.float() * 0.0156
+        )
+        record("index_query (one launch) vs rope + roundtrip + torch", f"T={T} Hi=32 Di=128",
+               0.0 if same else float("inf"), BOUND["f32"],
+               bench(lambda: ops.index_query(q, w, 0.0156, pos, inv_freq, fmts.keys)), T * 32 * (128 * 4 + 6),
+               note="separate: " + f"{bench(lambda: (kv_store.roundtrip_v41(norm_rope.rope(q, pos, inv_freq).reshape(-1, 128), fmts.keys), w.float() * 0.0156)) * 1e3:.1f} us")  # fmt: skip
+        x, nwt = rnd(T, HEAD_DIM), rnd(HEAD_DIM)
+        slots = torch.randperm(4 * T, device=DEV, generator=G)[:T]
+        one = torch.zeros(4 * T + 1, fmts.window.row_bytes, dtype=torch.uint8, device=DEV)
+        two = one.clone()
+        ops.rms_norm_rope_store_kv(x, nwt, 1e-6, pos, inv_freq, one, slots, fmts.window)
+        rows = norm_rope.rms_norm_rope(x[:, None], nwt, 1e-6, pos, inv_freq)[:, 0]
+        kv_store.store_v41(two, slots, rows, fmts.window)
+        record("rms_norm_rope_store_kv (one launch) vs norm-rope + store", f"T={T} D={HEAD_DIM}",
+               0.0 if torch.equal(one, two) else float("inf"), BOUND["f32"],
+               bench(lambda: ops.rms_norm_rope_store_kv(x, nwt, 1e-6, pos, inv_freq, one, slots, fmts.window)),
+               T * (HEAD_DIM * 2 + fmts.window.row_bytes))  # fmt: skip
 
 
 def check_compress_into(ref, nw, inv_freq):

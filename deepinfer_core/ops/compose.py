@@ -209,6 +209,27 @@ def compose_rms_norm_rope_store_kv(
     attention.store_kv(pool, slots, rows[:, 0], kv_format)
 
 
+def compose_index_query(
+    attention: AttentionOps,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    weight_scale: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    key_format: object | None,
+    *,
+    dense: DenseOps,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V4.1's index query from its projections: the heads ``q [T, H, D]`` rotated at ``positions`` and, under a
+    quantized cache (``key_format``), round-tripped through the index keys' format as the keys are
+    (``kv_roundtrip``); the head weights ``weights [T, H]`` (any float dtype) as ``weights.float() *
+    weight_scale`` -> ``(q [T, H, D] in q's dtype, weights [T, H] float32)``."""
+    q = dense.rope(q, positions, inv_freq)
+    if key_format is not None:
+        q = attention.kv_roundtrip(q.reshape(-1, q.shape[-1]), key_format).view(q.shape)
+    return q, weights.float() * weight_scale
+
+
 def compose_indexer_select(
     attention: AttentionOps,
     q: torch.Tensor,

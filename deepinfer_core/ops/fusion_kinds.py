@@ -37,6 +37,9 @@ class Fusion(StrEnum):
     #: a token's KV row normed, rotated and stored in its pool's format
     #: (:func:`~deepinfer_core.ops.compose.compose_rms_norm_rope_store_kv`), attention
     RMS_NORM_ROPE_STORE_KV = "rms_norm_rope_store_kv"
+    #: V4.1's index query: rotated, round-tripped through the index keys' format, its head weights scaled to
+    #: float32 (:func:`~deepinfer_core.ops.compose.compose_index_query`), attention
+    INDEX_QUERY = "index_query"
 
     @property
     def concern(self) -> str:
@@ -46,5 +49,6 @@ class Fusion(StrEnum):
             Fusion.SPARSE_ATTENTION_UNROPE,
             Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
             Fusion.RMS_NORM_ROPE_STORE_KV,
+            Fusion.INDEX_QUERY,
         )
         return "attention" if self in attention else "dense"

@@ -34,6 +34,7 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
     Fusion.SPARSE_ATTENTION_UNROPE: compose.compose_sparse_attention_unrope,
     Fusion.ROPE_SPARSE_ATTENTION_UNROPE: compose.compose_rope_sparse_attention_unrope,
     Fusion.RMS_NORM_ROPE_STORE_KV: compose.compose_rms_norm_rope_store_kv,
+    Fusion.INDEX_QUERY: compose.compose_index_query,
 }
 
 #: compositions that also take the other concern's ops, by keyword: the attention's output rotated back by the
@@ -42,6 +43,7 @@ ALSO_NEEDS: dict[Fusion, dict[str, str]] = {
     Fusion.SPARSE_ATTENTION_UNROPE: {"dense": "dense"},
     Fusion.ROPE_SPARSE_ATTENTION_UNROPE: {"dense": "dense"},
     Fusion.RMS_NORM_ROPE_STORE_KV: {"dense": "dense"},
+    Fusion.INDEX_QUERY: {"dense": "dense"},
 }
 
 #: compositions over other fused steps, by keyword: where a backend does not declare the fusion, its composition
@@ -79,6 +81,7 @@ class FusedOps:
     sparse_attention_unrope: Callable[..., Any]
     rope_sparse_attention_unrope: Callable[..., Any]
     rms_norm_rope_store_kv: Callable[..., Any]
+    index_query: Callable[..., Any]
     declared: frozenset[Fusion]
 
 

@@ -100,6 +100,49 @@ def _rope_unrope(fp8: bool):
     return make
 
 
+def _index_query(codec: bool):
+    """V4.1's index query: 5 tokens x 4 heads of 64 (RoPE on the last 16 channels at random positions), bf16 head
+    weights and a scale; with ``codec``, float32 rows round-tripped through the index keys' FP4 format (e2m1
+    codes, a ue8m0 scale per 32)."""
+
+    def make(g):
+        from deepinfer_core.kv.packed import PackedFormat
+        from deepinfer_core.models.deepseek_v41.kv_formats import PackedKV
+
+        q, w = randn(g, 5, 4, 64) * 3.0, randn(g, 5, 4).to(torch.bfloat16)
+        positions = torch.randint(0, 5000, (5,), generator=g)
+        fmt = PackedKV(PackedFormat("e2m1", "ue8m0", 32, (64,)), torch.float32) if codec else None
+        return (q, w, 0.0221, positions, inv_freq(16), fmt), {}
+
+    return make
+
+
+def _close_index_query(case_id: str, codec: bool):
+    """The weights equal; the query close to the reference's (without a codec) or, through the codec, equal
+    but for at most 1% of the values, each one code away (a rotation's last bit may land a value on the other
+    side of a rounding boundary): within the largest grid step of its block, 2 x its scale <= 2/3 of its
+    largest magnitude."""
+
+    def compare(actual, expected, inputs) -> None:
+        (qa, wa), (qe, we) = actual, expected
+        assert wa.dtype == torch.float32 and torch.equal(wa, we), (
+            f"{case_id}: weights not weights.float() * scale"
+        )
+        assert qa.dtype == qe.dtype and qa.shape == qe.shape, f"{case_id}: the query's dtype or shape"
+        if not codec:
+            torch.testing.assert_close(qa, qe, atol=1e-5, rtol=1e-4, msg=lambda m: f"{case_id}: {m}")
+            return
+        a, e = qa.float().reshape(-1, 32), qe.float().reshape(-1, 32)
+        off = a != e
+        assert off.float().mean().item() <= 0.01, (
+            f"{case_id}: {int(off.sum())} of {off.numel()} values differ"
+        )
+        bound = e.abs().amax(dim=1, keepdim=True) * (2 / 3) + 1e-6
+        assert bool(((a - e).abs() <= bound).all()), f"{case_id}: a value more than one code away"
+
+    return compare
+
+
 CASES = [
     OpCase("dense", "linear_f32", "bf16_x_f32_weight", _linear_f32, atol=1e-5, rtol=1e-5, fusion=True),
     OpCase("dense", "rms_norm_rope", "query_heads", _norm_rope(False), atol=1e-5, rtol=1e-4, fusion=True),
@@ -132,4 +175,15 @@ CASES = [
         )
         for fp8, name in ((False, "window_plus_compressed"), (True, fp8_name))
     ),  # fmt: skip
+    *(
+        OpCase(
+            "attention",
+            "index_query",
+            name,
+            _index_query(codec),
+            compare=_close_index_query(f"attention.index_query[{name}]", codec),
+            fusion=True,
+        )
+        for codec, name in ((False, "rotated"), (True, "v41_fp4_keys"))
+    ),
 ]

@@ -113,13 +113,9 @@ class Indexer(Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q [T, Hi, Di], weights [T, Hi])`` from the step's ``weights_proj`` projection ``w``; ``q``
         round-trips FP4 like the keys under a quantized cache."""
-        c, dense = self.cfg, ops.dense
-        hi, di = c.index_n_heads, c.index_head_dim
-        q = dense.rope(dense.linear(qr, self.wq_b.value).view(-1, hi, di), pos, freq)
-        if codec is not None:
-            q = ops.attention.kv_roundtrip(q.reshape(-1, di), codec).view(q.shape)
-        weights = w.float() * (di**-0.5 * hi**-0.5)
-        return q, weights
+        hi, di = self.cfg.index_n_heads, self.cfg.index_head_dim
+        q = ops.dense.linear(qr, self.wq_b.value).view(-1, hi, di)
+        return ops.fused.index_query(q, w, di**-0.5 * hi**-0.5, pos, freq, codec)
 
 
 class Attention(Module):

@@ -60,5 +60,6 @@ def test_declared_fused_ops_are_called_and_match_the_compositions(checkpoints, b
     assert set(CALLS) == set(Fusion) - V41_ONLY - inner, CALLS
 
 
-#: DeepSeek-V4.1's single-pass mHC site entries (its test: ``tests/models/deepseek_v41/test_fused_steps.py``)
-V41_ONLY = {Fusion.HC_SITE_NORM, Fusion.HC_POST_SITE_NORM}
+#: DeepSeek-V4.1's single-pass mHC site entries and its index query (its test:
+#: ``tests/models/deepseek_v41/test_fused_steps.py``)
+V41_ONLY = {Fusion.HC_SITE_NORM, Fusion.HC_POST_SITE_NORM, Fusion.INDEX_QUERY}

@@ -41,6 +41,7 @@ def test_v41_calls_its_declared_fused_ops_and_matches_the_compositions():
         Fusion.LINEAR_F32,
         Fusion.SWIGLU_MLP_ADD,
         Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
+        Fusion.INDEX_QUERY,
     } <= set(CALLS)
     # each forward: every block's FFN site folds its attention's exit (hc_post_site_norm), and every block's
     # attention site folds the block before's FFN exit too, except the first block's and an Engram block's

@@ -172,3 +172,44 @@ def test_norm_rope_and_pack_in_one_launch_equals_the_two(ops, gen, dtype, which)
     others = torch.ones(20, dtype=torch.bool)
     others[slots] = False
     assert torch.equal(one.cpu()[others], pool[others])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("which", [None, "keys", "window", "compressed"])
+def test_the_index_query_in_one_launch_equals_rope_roundtrip_and_the_weights(ops, gen, dtype, which):
+    """``index_query`` (V4.1's index query, plugin API 2.12): one program a head rotates the query row, round-trips
+    it through the keys' format and scales the head's weight, byte for byte what the rope launch, the round-trip
+    launch and torch's ``weights.float() * scale`` give; in float32 what the reference's composition gives."""
+    from deepinfer_core.ops.compose import compose_index_query
+    from deepinfer_cuda_sm100.kernels import kv_store
+    from deepinfer_cuda_sm100.kernels.norm_rope import rope
+
+    fmt = None if which is None else getattr(_v41_formats(dtype), which)
+    T, H, D, R = 5, 6, 64, 16
+    q = rand(gen, T, H, D, dtype=dtype, scale=3.0)
+    q[0, 0, :8] = -0.0  # signed zeros in the unrotated channels stay as they are
+    w = rand(gen, T, H, dtype=torch.bfloat16)
+    pos = torch.randint(0, 70000, (T,), generator=gen)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, R, 2).float() / R)
+    args = dev(q, w, pos, inv_freq)
+    calls = []
+    real = kv_store._index_query_kernel
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kv_store, "_index_query_kernel", Counting(real, calls))
+        got_q, got_w = ops.index_query(args[0], args[1], 0.0221, args[2], args[3], fmt)
+    assert len(calls) == 1
+    two = rope(args[0], args[2], args[3])
+    if fmt is not None:
+        two = kv_store.roundtrip_v41(two.reshape(-1, D), fmt).view(T, H, D)
+    assert got_q.dtype == dtype and got_w.dtype == torch.float32
+    assert torch.equal(got_q.cpu().view(torch.int8), two.cpu().view(torch.int8))  # signed zeros included
+    assert torch.equal(got_w.cpu(), w.float() * 0.0221)
+    ref_q, ref_w = compose_index_query(REF, q, w, 0.0221, pos, inv_freq, fmt, dense=reference_op("dense"))
+    assert torch.equal(got_w.cpu(), ref_w)
+    if fmt is None:  # the rotation alone: torch's sine and cosine against the kernel's, to a rounding step
+        assert rel_err(got_q.cpu(), ref_q) < BOUND[dtype]
+    elif dtype == torch.float32:  # the codec's grid absorbs the float32 rotation's last bits
+        assert torch.equal(got_q.cpu(), ref_q)
+    else:  # a bf16 rotation may differ from the reference's by a step, then so may a code: close, not equal
+        assert rel_err(got_q.cpu(), ref_q) < 0.05
+    assert not torch.equal(got_q.cpu(), q), "the rotation changes the query"

@@ -219,6 +219,33 @@ def _roundtrip_v41_kernel(x_ptr, out_ptr, stride_x, stride_o, D: tl.constexpr, B
     tl.store(out_ptr + r * stride_o + col, (v * s[:, None]).to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _index_query_kernel(q_ptr, w_ptr, pos_ptr, freq_ptr, q_out_ptr, w_out_ptr, H, stride_qt, stride_qh, R2,
+                        w_scale, D: tl.constexpr, B: tl.constexpr, PACK: tl.constexpr,
+                        PDL: tl.constexpr = False):  # fmt: skip
+    """Program ``t * H + h``: query row ``q[t, h]`` rotated at ``pos[t]`` as ``_rope_kernel`` rotates it (rounded
+    to the query's dtype), then, with ``PACK``, round-tripped as :func:`_roundtrip_v41_kernel` does; and the head
+    weight ``w[t, h]`` widened to float32 and scaled (``compose_index_query``)."""
+    pdl_enter(PDL)
+    r = tl.program_id(0)
+    t = (r // H).to(tl.int64)
+    h = r % H
+    d = tl.arange(0, D)
+    x = tl.load(q_ptr + t * stride_qt + h * stride_qh + d).to(tl.float32)
+    ty = q_out_ptr.dtype.element_ty
+    y = rope_row(x, tl.load(pos_ptr + t).to(tl.float32), freq_ptr, D, R2, D).to(ty)
+    if PACK:
+        y2 = tl.reshape(y.to(tl.float32), (D // B, B))
+        v, s, _ = _v41_scaled(y2, PACK)
+        if PACK == 1:
+            v = e4m3_grid(v)
+        else:
+            v = e2m1_value(_e2m1_code(v))
+        y = tl.reshape((v * s[:, None]).to(ty), (D,))
+    tl.store(q_out_ptr + r.to(tl.int64) * D + d, y)
+    tl.store(w_out_ptr + r, tl.load(w_ptr + t * H + h).to(tl.float32) * w_scale)
+
+
 def v41_store_kind(fmt, d: int) -> int:
     """``PACK`` of a V4.1 codec (``PackedKV``) with one row of ``d`` values this store writes (the formats the
     attention kernel reads, ``sparse_attention.packed_layout``, with power-of-two blocks and block counts), else
@@ -260,6 +287,26 @@ def norm_rope_store_v41(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor
         ROW=fmt.fmt.entry_bytes, D=d, B=fmt.fmt.block, PACK=v41_store_kind(fmt, d), HAS_W=weight is not None,
         num_warps=4, **dispatch.pdl_args(n),
     )  # fmt: skip
+
+
+def index_query(q: torch.Tensor, weights: torch.Tensor, weight_scale: float, positions: torch.Tensor,
+                inv_freq: torch.Tensor, fmt) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``compose_index_query`` in one launch: ``q [T, H, D]`` rotated and (a codec of :func:`v41_store_kind`, or
+    ``None``: rotated only) round-tripped, ``weights [T, H]`` as float32 times ``weight_scale``."""
+    T, H, D = q.shape
+    out = torch.empty((T, H, D), dtype=q.dtype, device=q.device)
+    w_out = torch.empty((T, H), dtype=torch.float32, device=q.device)
+    if T * H == 0:
+        return out, w_out
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    weights = weights.contiguous()
+    _index_query_kernel[(T * H,)](
+        q, weights, positions.contiguous(), inv_freq.float().contiguous(), out, w_out, H, q.stride(0), q.stride(1),
+        inv_freq.numel(), weight_scale, D=D, B=fmt.fmt.block if fmt is not None else D,
+        PACK=v41_store_kind(fmt, D) if fmt is not None else 0, num_warps=1 if D <= 128 else 4,
+        **dispatch.pdl_args(T),
+    )  # fmt: skip
+    return out, w_out
 
 
 def roundtrip_v41(values: torch.Tensor, fmt) -> torch.Tensor:

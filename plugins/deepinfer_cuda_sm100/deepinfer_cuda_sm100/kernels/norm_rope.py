@@ -108,15 +108,17 @@ def rope(
 @triton.jit
 def rope_row(x, pos, freq_ptr, D, R2, BLOCK_D: tl.constexpr, SIGN: tl.constexpr = 1.0):
     """Interleaved RoPE of the trailing ``2 * R2`` channels of a float32 row ``x [BLOCK_D]`` (``D`` used) at
-    position ``pos``: pair ``(2i, 2i+1)`` of the row; leading channels unchanged. ``SIGN = -1``: the inverse
-    rotation (``rope(..., inverse=True)``)."""
+    position ``pos``: pair ``(2i, 2i+1)`` of the row; leading channels unchanged (as stored: signed zeros
+    too). ``SIGN = -1``: the inverse rotation (``rope(..., inverse=True)``)."""
     ev, od = tl.split(tl.reshape(x, (BLOCK_D // 2, 2)))
     f = tl.arange(0, BLOCK_D // 2) - (D // 2 - R2)
     rot = (f >= 0) & (f < R2)
     ang = pos * tl.load(freq_ptr + f, mask=rot, other=0.0)
-    c = tl.where(rot, tl.cos(ang), 1.0)
-    s = tl.where(rot, SIGN * tl.sin(ang), 0.0)
-    return tl.reshape(tl.join(ev * c - od * s, ev * s + od * c), (BLOCK_D,))
+    c = tl.cos(ang)
+    s = SIGN * tl.sin(ang)
+    return tl.reshape(
+        tl.join(tl.where(rot, ev * c - od * s, ev), tl.where(rot, ev * s + od * c, od)), (BLOCK_D,)
+    )
 
 
 @triton.jit
@@ -127,9 +129,12 @@ def rope_tile(x, pos, freq_ptr, D, R2, BLOCK_H: tl.constexpr, BLOCK_D: tl.conste
     f = tl.arange(0, BLOCK_D // 2) - (D // 2 - R2)
     rot = (f >= 0) & (f < R2)
     ang = pos * tl.load(freq_ptr + f, mask=rot, other=0.0)
-    c = tl.where(rot, tl.cos(ang), 1.0)[None, :]
-    s = tl.where(rot, tl.sin(ang), 0.0)[None, :]
-    return tl.reshape(tl.join(ev * c - od * s, ev * s + od * c), (BLOCK_H, BLOCK_D))
+    c = tl.cos(ang)[None, :]
+    s = tl.sin(ang)[None, :]
+    r = rot[None, :]
+    return tl.reshape(
+        tl.join(tl.where(r, ev * c - od * s, ev), tl.where(r, ev * s + od * c, od)), (BLOCK_H, BLOCK_D)
+    )
 
 
 @triton.jit

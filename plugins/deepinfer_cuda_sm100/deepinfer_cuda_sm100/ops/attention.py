@@ -67,6 +67,7 @@ class CudaAttentionOps(AttentionOps):
             Fusion.SPARSE_ATTENTION_UNROPE,
             Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
             Fusion.RMS_NORM_ROPE_STORE_KV,
+            Fusion.INDEX_QUERY,
         }
     )
     packed_kv = True
@@ -163,6 +164,20 @@ class CudaAttentionOps(AttentionOps):
                 kv_store.store_plain(pool, slots, values)
         else:
             kv_store.store_fp8(pool, slots, values, kv_format)
+
+    def index_query(self, q, weights, weight_scale, positions, inv_freq, key_format):
+        """``compose_index_query`` in one launch (``kv_store.index_query``: the rotation, the round trip through
+        the keys' format and the weights' scale) for the key formats the store kernel packs and for none: one
+        launch a V4.1 index query layer where there were four (rope, round trip, two torch); else the rope
+        launch, :meth:`kv_roundtrip`, and the weights in torch."""
+        d = q.shape[-1]
+        fits = key_format is None or (_codec(key_format) and kv_store.v41_store_kind(key_format, d))
+        if q.dim() == 3 and weights.dim() == 2 and fits and d & (d - 1) == 0:
+            return kv_store.index_query(q, weights, weight_scale, positions, inv_freq, key_format)
+        q = norm_rope.rope(q, positions, inv_freq)
+        if key_format is not None:
+            q = self.kv_roundtrip(q.reshape(-1, d), key_format).view(q.shape)
+        return q, weights.float() * weight_scale
 
     def kv_roundtrip(self, values, kv_format) -> torch.Tensor:
         """One launch (``kv_store.roundtrip_v41``) for the codecs the store kernel packs; others in torch."""
