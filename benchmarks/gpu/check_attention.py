@@ -128,7 +128,8 @@ def check_v41_one_launch(ops, inv_freq):
     """V4.1's steps in one launch, byte for byte against the launches they replace, at V4.1-Flash's index query
     (32 heads x 128) and head (512) widths: the index query rotated, round-tripped through the keys' FP4
     format and its weights scaled (``index_query``, 2.12) against rope + round trip + torch; the window KV row
-    normed, rotated and packed (``rms_norm_rope_store_kv``, 2.11) against norm-rope + store."""
+    normed, rotated and packed (``rms_norm_rope_store_kv``, 2.11) against norm-rope + store, and V4's into its
+    plain pool."""
     from deepinfer_core.models.deepseek_v41.kv_formats import kv_formats
     from deepinfer_cuda_sm100.kernels import kv_store, norm_rope
 
@@ -158,6 +159,15 @@ def check_v41_one_launch(ops, inv_freq):
                0.0 if torch.equal(one, two) else float("inf"), BOUND["f32"],
                bench(lambda: ops.rms_norm_rope_store_kv(x, nwt, 1e-6, pos, inv_freq, one, slots, fmts.window)),
                T * (HEAD_DIM * 2 + fmts.window.row_bytes))  # fmt: skip
+        # V4's plain (bf16) pool: normed, rotated and stored by one program a row
+        one = rnd(4 * T + 1, HEAD_DIM)
+        two = one.clone()
+        ops.rms_norm_rope_store_kv(x, nwt, 1e-6, pos, inv_freq, one, slots, None)
+        kv_store.store_plain(two, slots, rows)
+        record("rms_norm_rope_store_kv plain pool (one launch) vs norm-rope + store", f"T={T} D={HEAD_DIM}",
+               0.0 if torch.equal(one, two) else float("inf"), BOUND["f32"],
+               bench(lambda: ops.rms_norm_rope_store_kv(x, nwt, 1e-6, pos, inv_freq, one, slots, None)),
+               T * HEAD_DIM * 4)  # fmt: skip
 
 
 def check_compress_into(ref, nw, inv_freq):

@@ -213,3 +213,41 @@ def test_the_index_query_in_one_launch_equals_rope_roundtrip_and_the_weights(ops
     else:  # a bf16 rotation may differ from the reference's by a step, then so may a code: close, not equal
         assert rel_err(got_q.cpu(), ref_q) < 0.05
     assert not torch.equal(got_q.cpu(), q), "the rotation changes the query"
+
+
+@pytest.mark.parametrize("dtype, pool_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                               (torch.float32, torch.bfloat16)])  # fmt: skip
+def test_norm_rope_and_store_into_a_plain_pool_in_one_launch_equals_the_two(ops, gen, dtype, pool_dtype):
+    """``rms_norm_rope_store_kv`` into V4's plain pool: one program norms, rotates and stores each row (padding's
+    ``-1`` into the scratch row), byte for byte the norm-rope launch then the store, rounded to the rows' dtype
+    then the pool's as the two round; rows at other slots stay as they were; the reference's composition to a
+    rounding step."""
+    from deepinfer_core.ops.compose import compose_rms_norm_rope_store_kv
+    from deepinfer_cuda_sm100.kernels import kv_store, norm_rope
+
+    T, D, R = 6, 64, 16
+    x, w = rand(gen, T, D, dtype=dtype, scale=3.0), (rand(gen, D).abs() + 0.5).to(dtype)
+    pos = torch.randint(0, 70000, (T,), generator=gen)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, R, 2).float() / R)
+    pool = rand(gen, 20, D, dtype=pool_dtype)
+    slots = torch.randperm(19, generator=gen)[:T]
+    slots[-1] = -1  # a padding row: the scratch row
+    args = dev(x, w, pos, inv_freq, slots)
+    one, two, ref = dev(pool.clone()), dev(pool.clone()), pool.clone()
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(norm_rope, "_rms_norm_rope_kernel", Counting(norm_rope._rms_norm_rope_kernel, calls))
+        mp.setattr(kv_store, "_store_kernel", Counting(kv_store._store_kernel, calls))
+        ops.rms_norm_rope_store_kv(args[0], args[1], 1e-6, args[2], args[3], one, args[4], None)
+    assert len(calls) == 1
+    rows = norm_rope.rms_norm_rope(args[0][:, None], args[1], 1e-6, args[2], args[3])[:, 0]
+    kv_store.store_plain(two, args[4], rows)
+    assert torch.equal(one.cpu().view(torch.int8), two.cpu().view(torch.int8))
+    compose_rms_norm_rope_store_kv(
+        REF, x, w, 1e-6, pos, inv_freq, ref, slots, None, dense=reference_op("dense")
+    )
+    assert rel_err(one.cpu()[slots], ref[slots]) < BOUND[pool_dtype]
+    others = torch.ones(20, dtype=torch.bool)
+    others[slots] = False
+    assert torch.equal(one.cpu()[others], pool[others])
+    assert not torch.equal(one.cpu()[slots], pool[slots])

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels._common import pdl_enter
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, pool_slot
 
 
 @triton.jit
@@ -139,10 +139,12 @@ def rope_tile(x, pos, freq_ptr, D, R2, BLOCK_H: tl.constexpr, BLOCK_D: tl.conste
 
 @triton.jit
 def _rms_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, H, D, R2, stride_xt, stride_xh, stride_ot,
-                          stride_oh, eps, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr,
-                          PDL: tl.constexpr = False):  # fmt: skip
-    """Program ``t * H + h``: the row ``x[t, h]`` normed (rounded to the output dtype, as the separate ops
-    round) and rotated at ``pos[t]``."""
+                          stride_oh, eps, slots_ptr, S, HAS_W: tl.constexpr, BLOCK_D: tl.constexpr,
+                          SCATTER: tl.constexpr = False, PDL: tl.constexpr = False):  # fmt: skip
+    """Program ``t * H + h``: the row ``x[t, h]`` normed (rounded to ``x``'s dtype, as the separate ops round)
+    and rotated at ``pos[t]``. ``SCATTER`` (``H == 1``): stored at row ``slots[t]`` of a plain pool ``out``
+    of ``S`` rows (``-1``: its last, scratch row), in the pool's dtype as ``store_kv`` casts it
+    (``compose_rms_norm_rope_store_kv``)."""
     pdl_enter(PDL)
     row = tl.program_id(0)
     t = (row // H).to(tl.int64)
@@ -153,9 +155,13 @@ def _rms_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, freq_ptr, out_ptr, H, D, R2, st
     y = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps))
     if HAS_W:
         y = y * tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
-    y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
-    y = rope_row(y, tl.load(pos_ptr + t).to(tl.float32), freq_ptr, D, R2, BLOCK_D)
-    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, y.to(out_ptr.dtype.element_ty), mask=dm)
+    ty = x_ptr.dtype.element_ty
+    y = y.to(ty).to(tl.float32)
+    y = rope_row(y, tl.load(pos_ptr + t).to(tl.float32), freq_ptr, D, R2, BLOCK_D).to(ty)
+    o = t
+    if SCATTER:
+        o = pool_slot(slots_ptr, t, S)
+    tl.store(out_ptr + o * stride_ot + h * stride_oh + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 
 
 def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, positions: torch.Tensor,
@@ -170,7 +176,26 @@ def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor | None, eps: float, posi
     w = weight.contiguous() if weight is not None else x  # widened as the kernel loads it
     _rms_norm_rope_kernel[(T * H,)](
         x, w, positions.contiguous(), inv_freq.float().contiguous(), out, H, D, inv_freq.numel(),
-        x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps,
+        x.stride(0), x.stride(1), out.stride(0), out.stride(1), eps, positions, 0,
         HAS_W=weight is not None, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out
+
+
+def rms_norm_rope_store(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                        eps: float, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:  # fmt: skip
+    """``pool[slots] = rms_norm_rope(x[:, None], ...)[:, 0].to(pool.dtype)`` for a plain pool ``[S, D]`` (rows
+    contiguous) and ``x [T, D]``, one launch (``compose_rms_norm_rope_store_kv``; padding rows' slot ``-1`` is
+    the scratch row)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    T, D = x.shape
+    if T == 0:
+        return
+    cfg = dispatch.rows_config(D)
+    w = weight.contiguous() if weight is not None else x
+    _rms_norm_rope_kernel[(T,)](
+        x, w, positions.contiguous(), inv_freq.float().contiguous(), pool, 1, D, inv_freq.numel(),
+        x.stride(0), 0, pool.stride(0), 0, eps, slots.contiguous(), pool.shape[0],
+        HAS_W=weight is not None, BLOCK_D=cfg.block_d, SCATTER=True, num_warps=cfg.num_warps,
+        **dispatch.pdl_args(T),
+    )  # fmt: skip

@@ -137,10 +137,15 @@ class CudaAttentionOps(AttentionOps):
                                      unrope=(positions, inv_freq), rope_q=True, q_norm_eps=q_norm_eps)  # fmt: skip
 
     def rms_norm_rope_store_kv(self, x, weight, eps, positions, inv_freq, pool, slots, kv_format) -> None:
-        """``compose_rms_norm_rope_store_kv``: into a V4.1 packed pool in one launch (the norm, the rotation and the
-        pack of each row in one program); otherwise the norm-rope launch, then :meth:`store_kv`."""
+        """``compose_rms_norm_rope_store_kv``: into a V4.1 packed pool or a plain pool (V4's bf16 cache) in one
+        launch (the norm, the rotation and the pack or the store of each row in one program); otherwise (V4's
+        FP8 pools) the norm-rope launch, then :meth:`store_kv`."""
         if _codec(kv_format) and kv_store.v41_store_kind(kv_format, x.shape[-1]) and pool.dim() == 2:
             kv_store.norm_rope_store_v41(pool, slots, x, weight, eps, positions, inv_freq, kv_format)
+            return
+        plain = pool.dim() == 2 and pool.stride(-1) == 1 and x.dim() == 2 and pool.shape[1] == x.shape[1]
+        if kv_format is None and plain:
+            norm_rope.rms_norm_rope_store(pool, slots, x, weight, eps, positions, inv_freq)
             return
         rows = norm_rope.rms_norm_rope(x[:, None], weight, eps, positions, inv_freq)[:, 0]
         self.store_kv(pool, slots, rows, kv_format)
