@@ -18,7 +18,7 @@ args=(--batches 1 --ks 0 --tokens 16 --prompt 4096 --shared-prefix 4080)
 run() {  # tree tag timeout extra...
   local tree=$1 tag=$2 t=$3; shift 3
   mkdir -p "$OUT/$tag"; echo "== $tag $(date +%T)"
-  (cd "$tree" && PYTHONPATH=/tmp/site:.:plugins/deepinfer_cuda_sm100 timeout "$t" python3 benchmarks/gpu/v41_slice.py \
+  (cd "$tree" && PYTHONPATH=/tmp/site:.:plugins/deepinfer_cuda_sm100:plugins/deepinfer_spec_decode:plugins/deepinfer_structured timeout "$t" python3 benchmarks/gpu/v41_slice.py \
      "${args[@]}" "$@" --out "$OUT/$tag" > "$OUT/$tag/log.txt" 2>&1); echo "rc $?"
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["engine"]["rows"][0]; l=r.get("layers",{}); print({k: l.get(k) for k in ("graph_ms","head_ms","ms_per_layer","share")}, r["plain"])' "$OUT/$tag/v41_slice.json" || tail -5 "$OUT/$tag/log.txt"
 }
@@ -27,5 +27,5 @@ run "$OLD" old_1 200
 run . new_2 100
 run "$OLD" old_2 100
 echo "== greedy $(date +%T)"; mkdir -p "$OUT/greedy"
-PYTHONPATH=/tmp/site:.:plugins/deepinfer_cuda_sm100 timeout 150 python3 benchmarks/gpu/v4_slice.py --sections greedy \
+PYTHONPATH=/tmp/site:.:plugins/deepinfer_cuda_sm100:plugins/deepinfer_spec_decode:plugins/deepinfer_structured timeout 150 python3 benchmarks/gpu/v4_slice.py --sections greedy \
   --out "$OUT/greedy" > "$OUT/greedy/log.txt" 2>&1; echo "rc $?"; grep -i "greedy\|equal\|mismatch" "$OUT/greedy/log.txt" | tail -5

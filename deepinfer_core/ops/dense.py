@@ -102,6 +102,39 @@ class DenseOps(ABC):
         ``h.dtype``. Default: torch."""
         return per_row_tuple(lambda a, b, c: (engram_gate_rows(a, b, c, weight, eps),), h, key, value)[0]
 
+    def engram_hashes(
+        self,
+        ids: torch.Tensor,
+        slots: torch.Tensor,
+        pad_id: int,
+        multipliers: torch.Tensor,
+        primes: torch.Tensor,
+        offsets: torch.Tensor,
+    ) -> torch.Tensor:
+        """V4.1's Engram table rows for each token's n-grams (``deepseek_v41.engram``): the compressed ids at
+        ``p, p-1, ...`` are ``ids[slots[t]]`` (``ids [S, 1]`` int64, the look-back pool; ``slots [T, n]``,
+        ``-1`` before the sequence start; a dead id, ``-1``, blocks it and every older one); blocked ones read
+        ``pad_id``; per Engram layer ``l`` (``multipliers [L, n]`` int64), ``rolling = t_0 * m_0``, and for
+        ``k = 1..n-1``: ``rolling ^= t_k * m_k``, row ``rolling % primes[l, k-1, head] + offsets[l, (k-1) *
+        heads + head]`` -> ``[T, L, (n - 1) * heads]`` int64 (plugin API 2.13). Default: torch."""
+        return engram_hash_rows(
+            torch.where(slots >= 0, ids[slots.clamp(min=0), 0], -1), pad_id, multipliers, primes, offsets
+        )
+
+
+def engram_hash_rows(
+    history: torch.Tensor, pad_id: int, multipliers: torch.Tensor, primes: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """:meth:`DenseOps.engram_hashes` of the ids read already: ``history [T, n]`` (``-1`` dead)."""
+    blocked = (history < 0).cummax(dim=1).values  # an older slot of a blocked one is blocked too
+    tokens = torch.where(blocked, pad_id, history)
+    products = tokens[:, None, :] * multipliers[None]  # [T, layers, n]
+    rolling, cols = products[..., 0], []
+    for i in range(1, products.shape[-1]):
+        rolling = torch.bitwise_xor(rolling, products[..., i])
+        cols.append(rolling[..., None] % primes[None, :, i - 1])
+    return torch.cat(cols, dim=-1) + offsets[None]
+
 
 def per_row_tuple(fn, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``fn`` (returning a tuple) on each row ``x[t:t+1]`` alone, its outputs concatenated: the defaults

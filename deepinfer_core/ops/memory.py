@@ -46,6 +46,19 @@ class MemoryOps(ABC):
         The default indexes on the host (correct anywhere, waits for ``ids``)."""
         return table[ids.to(table.device)].to(self.device)
 
+    def host_rows_dequant(
+        self, codes: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, formats: tuple, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Rows ``ids`` of a block-scaled table, dequantised on the device: ``codes [rows, dim]`` and ``scales
+        [rows, dim / block]`` byte tables from :meth:`readable_host_copy` holding ``formats = (code dtype, scale
+        dtype, block)`` (V4.1's Engram tables: e4m3 codes, a ue8m0 scale per 32) -> ``[len(ids), dim]`` in
+        ``dtype``: ``code * scale`` in float32, then cast (plugin API 2.13). The default reads both with
+        :meth:`host_rows` and dequantises in torch; a platform may do it all in one read."""
+        code_dtype, scale_dtype, block = formats
+        c = self.host_rows(codes, ids).view(code_dtype).float()
+        s = self.host_rows(scales, ids).view(scale_dtype).float()
+        return (c.unflatten(-1, (-1, block)) * s.unsqueeze(-1)).flatten(-2).to(dtype)
+
     def capture_graph(self, fn: Callable[[], object]) -> Callable[[], object] | None:
         """Capture ``fn`` (which reads and writes only static buffers) as a replayable graph.
         Returns the replay callable, or ``None`` where the platform has no graphs (the default)."""

@@ -129,6 +129,26 @@ def _engram_gate(g):
     return (h, key, randn(g, 6, d), randn(g, n, d), 1e-20), {}
 
 
+def _engram_hashes(g):
+    """Seven tokens' 4-gram histories in a look-back pool of 12 ids: a history cut by the sequence's start
+    (``-1`` slots), one with a dead id (``-1`` in the pool: an image position) that blocks the older ones; two
+    Engram layers of 3 heads, V4.1-sized multipliers (products near ``2**63``) and primes."""
+    from deepinfer_core.models.deepseek_v41.config import EngramConfig
+    from deepinfer_core.models.deepseek_v41.engram import bucket_primes, multipliers
+
+    e = EngramConfig(layer_ids=(0, 3), num_embeddings=(0, 0), max_ngram_size=4, vocab_size=40, n_heads=3,
+                     head_dim=16, pad_id=2, compressed_vocab_size=500)  # fmt: skip
+    ids = torch.randint(0, 500, (12, 1), generator=g)
+    ids[5] = -1
+    slots = torch.randint(0, 12, (7, 4), generator=g)
+    slots[0, 2:] = -1
+    slots[1, 1] = 5
+    primes = torch.tensor(bucket_primes(e))
+    sizes = primes.flatten(1)
+    offsets = torch.cumsum(sizes, 1) - sizes
+    return (ids, slots, 2, multipliers(e), primes, offsets), {}
+
+
 CASES = [
     OpCase("dense", "linear", "plain", _linear(None), atol=1e-4, rtol=1e-4),
     OpCase("dense", "linear", "fp8_block_ragged", _linear("fp8", 200, 160), atol=1e-4, rtol=1e-4),
@@ -164,6 +184,7 @@ CASES = [
     OpCase("dense", "hc_mixes", "hc4_sinkhorn20", _hc_mixes, atol=1e-5, rtol=1e-4),
     OpCase("dense", "hc_collapse", "hc4", _hc_collapse),
     OpCase("dense", "engram_gate", "hc4_tiny_and_zero_rows", _engram_gate, atol=1e-5, rtol=1e-4),
+    OpCase("dense", "engram_hashes", "two_layers_start_and_dead_ids", _engram_hashes, atol=0.0, rtol=0.0),
     OpCase("dense", "swiglu_mlp", "clamped", _swiglu(False, 1.5), atol=1e-4, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "unclamped", _swiglu(False, 0.0), atol=1e-4, rtol=1e-4),
     OpCase("dense", "swiglu_mlp", "fp8_clamped", _swiglu(True, 1.5), atol=1e-4, rtol=1e-4),

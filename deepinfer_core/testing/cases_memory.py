@@ -170,6 +170,25 @@ def _needs_graphs(backends: Any) -> str | None:
     return "the platform does not capture graphs (MemoryOps.supports_graphs is False)"
 
 
+def _scaled_table(g: torch.Generator) -> tuple[tuple, dict]:
+    """An Engram-format table of 30 rows x 64 (e4m3 code bytes, NaN codes left out; a ue8m0 byte per 32, one of
+    them 0, i.e. ``2**-127``) and 9 row ids, repeats among them, into bf16."""
+    codes = torch.randint(0, 256, (30, 64), generator=g, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x38
+    scales = torch.randint(110, 140, (30, 2), generator=g, dtype=torch.uint8)
+    scales[3, 1] = 0
+    ids = torch.tensor([3, 0, 29, 3, 17, 8, 8, 21, 3])
+    return (codes, scales, ids, (torch.float8_e4m3fn, torch.float8_e8m0fnu, 32), torch.bfloat16), {}
+
+
+def _dequant_rows(backends: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The table made readable by the device, the rows read and dequantised there, brought back."""
+    codes, scales, ids, formats, dtype = args
+    memory = backends.memory
+    c, s = memory.readable_host_copy(codes), memory.readable_host_copy(scales)
+    return memory.host_rows_dequant(c, s, ids.to(memory.device), formats, dtype).cpu()
+
+
 def _exact(op: str, name: str, make, run) -> OpCase:
     return OpCase("memory", op, name, make, atol=0.0, rtol=0.0, run=run)
 
@@ -189,6 +208,7 @@ CASES = [
     OpCase(
         "memory", "available_kv_bytes", "sane_budgets", _budget_inputs, run=_budgets, compare=_sane_budgets
     ),
+    _exact("host_rows_dequant", "engram_e4m3_ue8m0", _scaled_table, _dequant_rows),
     OpCase(
         "memory",
         "capture_graph",

@@ -252,7 +252,18 @@ class Attention(Module):
         at = comp.entry_positions  # an entry rotates at its group's first position
         keys = flat(pools[f"{self.name}.indexer.keys"])
         self.indexer.store_keys(latent, at, self.freq, keys, comp.entry_slots, self.formats.keys, ops)
-        rotated = ops.dense.rope(latent[:, None], at, self.freq)[:, 0]
-        ops.attention.store_kv(
-            flat(pools[f"{self.name}.compressor.kv"]), comp.entry_slots, rotated, self.formats.compressed
-        )
+        pool, cmp = flat(pools[f"{self.name}.compressor.kv"]), self.compressor
+        if cmp.ratio == 1:  # every token an entry: its projection normed, rotated and stored in one step
+            ops.fused.rms_norm_rope_store_kv(
+                proj[0],
+                cmp.norm.value,
+                cmp.eps,
+                at,
+                self.freq,
+                pool,
+                comp.entry_slots,
+                self.formats.compressed,
+            )
+        else:
+            rotated = ops.dense.rope(latent[:, None], at, self.freq)[:, 0]
+            ops.attention.store_kv(pool, comp.entry_slots, rotated, self.formats.compressed)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from deepinfer_core.models.deepseek_v41.config import EngramConfig, ModelConfigError
+from deepinfer_core.ops.dense import engram_hash_rows
 
 SEED_STRIDE = 10007
 
@@ -156,11 +157,9 @@ class EngramHasher:
     def hash_ids(self, history: torch.Tensor) -> torch.Tensor:
         """``history [T, max_ngram_size]``: the compressed ids at ``p, p-1, ...`` (``-1`` before the start)
         -> ``[T, layers, (max_ngram_size - 1) * heads]`` int64 table rows."""
-        blocked = (history < 0).cummax(dim=1).values  # an older slot of a blocked one is blocked too
-        tokens = torch.where(blocked, self.pad_id, history)
-        products = tokens[:, None, :] * self.multipliers[None]  # [T, layers, n]
-        rolling, cols = products[..., 0], []
-        for i in range(1, products.shape[-1]):
-            rolling = torch.bitwise_xor(rolling, products[..., i])
-            cols.append(rolling[..., None] % self.primes[None, :, i - 1])
-        return torch.cat(cols, dim=-1) + self.offsets[None]
+        return engram_hash_rows(history, self.pad_id, self.multipliers, self.primes, self.offsets)
+
+    def rows(self, ids: torch.Tensor, slots: torch.Tensor, ops) -> torch.Tensor:
+        """:meth:`hash_ids` of the ids ``ids[slots]`` of the look-back pool (``ops.dense.engram_hashes``: one
+        launch on a platform that has it)."""
+        return ops.dense.engram_hashes(ids, slots, self.pad_id, self.multipliers, self.primes, self.offsets)

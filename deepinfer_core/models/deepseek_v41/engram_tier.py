@@ -31,6 +31,7 @@ import json
 import os
 import struct
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,12 +93,14 @@ class EngramTable:
         """Start reading rows ``ids [...]`` (on the table's device) in the background; returns at once. A table
         :meth:`in_step` is read by the device now (queued on its stream)."""
         flat = ids.reshape(-1)
-        if self.readable is not None:
+        if self.readable is not None:  # read and dequantised by the device, in the step, when waited for
             memory, codes, scales = self.readable
-            done: Future = Future()
-            rows = memory.host_rows(codes, flat).view(self.codes.dtype)
-            done.set_result((rows, memory.host_rows(scales, flat).view(self.scales.dtype), None))
-            return PendingRows(done, tuple(ids.shape))
+            formats = (self.codes.dtype, self.scales.dtype, BLOCK)
+            return PendingRows(
+                None,
+                tuple(ids.shape),
+                lambda dtype: memory.host_rows_dequant(codes, scales, flat, formats, dtype),
+            )
         ready = None
         if self.device.type == "cuda":
             host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
@@ -128,14 +131,19 @@ class EngramTable:
 
 @dataclass
 class PendingRows:
-    """Rows an :meth:`EngramTable.fetch` is reading."""
+    """Rows an :meth:`EngramTable.fetch` is reading (``future``), or, read in the step, the device read that
+    gives them (``read``: dtype -> rows)."""
 
-    future: Future
+    future: Future | None
     shape: tuple[int, ...]
+    read: Callable[[torch.dtype], torch.Tensor] | None = None
 
     def wait(self, dtype: torch.dtype) -> torch.Tensor:
         """The rows dequantised -> ``[*shape, dim]`` in ``dtype``; on a GPU the current stream waits for their
         copy (the host does not). Errors of the read are raised here."""
+        if self.read is not None:
+            rows = self.read(dtype)
+            return rows.reshape(*self.shape, -1)
         codes, scales, done = self.future.result()
         if done is not None:
             current = torch.cuda.current_stream(codes.device)

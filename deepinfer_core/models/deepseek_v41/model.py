@@ -379,8 +379,7 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
         if image_mask is not None:
             ids = torch.where(image_mask, -1, ids)
         self.backends.attention.store_kv(pool, plan.addr.token_slots, ids[:, None], None)
-        history = torch.where(plan.history >= 0, pool[plan.history.clamp(min=0), 0], -1)
-        hash_ids = self.hasher.hash_ids(history)
+        hash_ids = self.hasher.rows(pool, plan.history, self.backends)
         layers = sorted((b.engram for b in self.layers if b.engram is not None), key=lambda e: e.index)
         return EngramRows([e.fetch(hash_ids) for e in layers])
 

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -53,7 +53,7 @@ def v41_launches() -> dict:
     from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
     from deepinfer_core.ops.weights import ExpertWeights
     from deepinfer_cuda_sm100.kernels import act_quant, probs, sampling, sparse_attention
-    from deepinfer_cuda_sm100.kernels.host_rows import host_rows
+    from deepinfer_cuda_sm100.kernels.host_rows import host_rows, host_rows_dequant
     from deepinfer_cuda_sm100.ops.attention import CudaAttentionOps
     from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
     from deepinfer_cuda_sm100.ops.moe import CudaMoEOps
@@ -171,6 +171,16 @@ def v41_launches() -> dict:
             for width in (256, 8):  # an Engram table's codes and scales rows, read in the step
                 table = torch.randint(0, 256, (30, width), generator=g, dtype=torch.uint8)
                 host_rows(table, torch.randint(0, 30, (T * 4,), generator=g), torch.device("cpu"))
+            # read and dequantised in one launch (plugin API 2.13), and the step's n-gram hashes
+            codes = torch.randint(0, 120, (30, 256), generator=g, dtype=torch.uint8)
+            scales = torch.randint(120, 130, (30, 8), generator=g, dtype=torch.uint8)
+            for dt in (torch.bfloat16, torch.float32):
+                host_rows_dequant(
+                    codes, scales, torch.randint(0, 30, (T * 4,), generator=g), 32, dt, torch.device("cpu")
+                )
+            from deepinfer_core.testing.cases_dense import _engram_hashes
+
+            CudaDenseOps().engram_hashes(*_engram_hashes(g)[0])
         for V in (
             129280,
             300,
@@ -216,6 +226,8 @@ def v41_launches() -> dict:
         "_roundtrip_v41_kernel",
         "_norm_rope_pack_v41_kernel",
         "_index_query_kernel",
+        "_engram_hash_kernel",
+        "_host_rows_dequant_kernel",
         "_host_rows_kernel",
         "_act_quant_kernel",
         "_mx_gemm_kernel",

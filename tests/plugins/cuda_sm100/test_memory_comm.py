@@ -61,3 +61,44 @@ def test_host_rows_reads_a_host_table_s_rows_in_place(gen, width):
     got = host_rows.host_rows(readable, ids.to(DEVICE), DEVICE)
     assert got.device.type == DEVICE.type and torch.equal(got.cpu(), table[ids])
     assert host_rows.host_rows(readable, ids[:0].to(DEVICE), DEVICE).shape == (0, width)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_host_rows_dequant_reads_and_dequantises_in_one_launch(gen, dtype):
+    """``MemoryOps.host_rows_dequant`` on this plugin (V4.1's Engram rows, e4m3 codes with a ue8m0 byte per 32):
+    one launch reads a row's codes and scales in place and dequantises them, equal to the core's default (two
+    reads, then ``code * scale`` in float32 and the cast), bit for bit, every finite code included, and in float32
+    the scale byte 0 (``2**-127``)."""
+    from deepinfer_core.ops.memory import MemoryOps
+    from deepinfer_cuda_sm100.kernels import host_rows
+
+    from .cuda_sm100_helpers import DEVICE, Counting
+
+    codes = torch.arange(256, dtype=torch.uint8).repeat(1, 2).view(2, 256)  # every code, twice
+    codes = torch.cat([codes, torch.randint(0, 256, (38, 256), generator=gen, dtype=torch.uint8)])
+    codes[(codes & 0x7F) == 0x7F] = 0x38  # NaN codes left out (NaN != NaN)
+    scales = torch.randint(100, 150, (40, 8), generator=gen, dtype=torch.uint8)
+    if dtype == torch.float32:  # byte 0 is 2**-127: products are float32 subnormals, whose cast to bf16 the
+        scales[0, :] = 0  # interpreter (numpy) rounds otherwise than torch; float32 holds them exactly
+    ids = torch.tensor([0, 39, 1, 0, 17, 5])
+
+    class Plain(MemoryOps):  # the core's default over the same reads
+        device = DEVICE
+
+        def host_rows(self, table, i):
+            return host_rows.host_rows(table, i, DEVICE)
+
+        available_kv_bytes = allocate = pinned_host_buffer = synchronize = None
+
+    fmt = (torch.float8_e4m3fn, torch.float8_e8m0fnu, 32)
+    want = Plain().host_rows_dequant(codes, scales, ids.to(DEVICE), fmt, dtype)
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            host_rows, "_host_rows_dequant_kernel", Counting(host_rows._host_rows_dequant_kernel, calls)
+        )
+        got = host_rows.host_rows_dequant(codes, scales, ids.to(DEVICE), 32, dtype, DEVICE)
+    assert len(calls) == 1 and got.dtype == dtype and got.shape == (6, 256)
+    assert torch.equal(got.cpu().view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       want.cpu().view(torch.int16 if dtype == torch.bfloat16 else torch.int32))  # fmt: skip
+    assert torch.count_nonzero(got[0].float()) > 0 and got[1].abs().max() > 0

@@ -74,3 +74,53 @@ def engram_gate(h: torch.Tensor, key: torch.Tensor, value: torch.Tensor, weight:
         BLOCK_D=min(pow2(D, 16), 2048), num_warps=4, **dispatch.pdl_args(T),
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _engram_hash_kernel(
+    ids_ptr, slots_ptr, mult_ptr, primes_ptr, offsets_ptr, out_ptr, pad_id, L, J, stride_ids,
+    N: tl.constexpr, HEADS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    """Program ``t``: token ``t``'s Engram rows ``out[t] [L, J]`` (``J = (N - 1) * HEADS``). Its ``N`` history ids
+    are read from the look-back pool at ``slots[t]`` (``-1``: none); a dead id (``-1``) blocks it and every older
+    one (the pad id); column ``j`` of layer ``l`` is the rolling xor of ``id_k * mult[l, k]`` over ``k <= j //
+    HEADS + 1``, modulo ``primes[l, j]``, plus ``offsets[l, j]`` (all int64, as ``engram_hash_rows``)."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    lane_l = tl.arange(0, BLOCK_L)[:, None]
+    lane_j = tl.arange(0, BLOCK_J)[None, :]
+    m = (lane_l < L) & (lane_j < J)
+    upto = lane_j // HEADS + 1
+    acc = tl.zeros([BLOCK_L, BLOCK_J], dtype=tl.int64)
+    blocked = tl.zeros([1, 1], dtype=tl.int1)
+    for k in tl.static_range(N):
+        slot = tl.load(slots_ptr + t * N + k).to(tl.int64)
+        v = tl.load(ids_ptr + tl.maximum(slot, 0) * stride_ids).to(tl.int64)
+        v = tl.where(slot >= 0, v, -1)
+        blocked = blocked | (v < 0)
+        tok = tl.where(blocked, pad_id, v).to(tl.int64)
+        mult = tl.load(mult_ptr + lane_l * N + k, mask=lane_l < L, other=0)
+        acc = tl.where(k <= upto, acc ^ (tok * mult), acc)
+    p = tl.load(primes_ptr + lane_l * J + lane_j, mask=m, other=1)
+    r = acc % p
+    r = tl.where(r < 0, r + p, r)  # torch's remainder takes the divisor's sign
+    r += tl.load(offsets_ptr + lane_l * J + lane_j, mask=m, other=0)
+    tl.store(out_ptr + t * L * J + lane_l * J + lane_j, r, mask=m)
+
+
+def engram_hashes(ids: torch.Tensor, slots: torch.Tensor, pad_id: int, multipliers: torch.Tensor,
+                  primes: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """``DenseOps.engram_hashes`` in one launch: ``ids [S, 1]`` int64, ``slots [T, N]``, ``multipliers [L, N]``,
+    ``primes [L, N - 1, heads]``, ``offsets [L, (N - 1) * heads]`` (int64) -> ``[T, L, (N - 1) * heads]``."""
+    T, N = slots.shape
+    L, _, heads = primes.shape
+    J = (N - 1) * heads
+    out = torch.empty((T, L, J), dtype=torch.int64, device=slots.device)
+    if T == 0:
+        return out
+    _engram_hash_kernel[(T,)](
+        ids, slots.contiguous(), multipliers.contiguous(), primes.contiguous(), offsets.contiguous(), out, pad_id,
+        L, J, ids.stride(0), N=N, HEADS=heads, BLOCK_L=pow2(L), BLOCK_J=pow2(J), num_warps=1,
+        **dispatch.pdl_args(T),
+    )  # fmt: skip
+    return out

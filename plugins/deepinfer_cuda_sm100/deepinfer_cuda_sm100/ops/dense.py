@@ -188,6 +188,13 @@ class CudaDenseOps(DenseOps):
         """One launch (:mod:`deepinfer_cuda_sm100.kernels.engram`); the core's row arithmetic was ~10 torch launches."""
         return engram.engram_gate(h, key, value, weight, eps)
 
+    def engram_hashes(self, ids, slots, pad_id, multipliers, primes, offsets):
+        """One launch (``engram.engram_hashes``: the history read from the look-back pool, blocked, hashed); the
+        core's torch was ~18 launches a step."""
+        if ids.dim() == 2 and slots.dim() == 2 and primes.dim() == 3 and ids.dtype == torch.int64:
+            return engram.engram_hashes(ids, slots, pad_id, multipliers, primes, offsets)
+        return super().engram_hashes(ids, slots, pad_id, multipliers, primes, offsets)
+
     def hc_head(self, x, hc: HCParams):
         return mhc.hc_head(x, hc.fn, hc.base, hc.scale, hc.hc_eps, hc.norm_eps)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer_core.plugin_api import MemoryOps
-from deepinfer_cuda_sm100.kernels.host_rows import host_rows
+from deepinfer_cuda_sm100.kernels.host_rows import host_rows, host_rows_dequant
 
 
 def kv_budget(free: int, total: int, gpu_memory_utilization: float, model_bytes: int) -> int:
@@ -49,6 +49,18 @@ class CudaMemoryOps(MemoryOps):
 
     def host_rows(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return host_rows(table, ids, self.device)
+
+    def host_rows_dequant(self, codes, scales, ids, formats, dtype) -> torch.Tensor:
+        """One launch for V4.1's Engram format (e4m3 codes, ue8m0 bytes per power-of-two block): the codes and
+        scales read in place and dequantised (the default: two reads and four torch launches)."""
+        code_dtype, scale_dtype, block = formats
+        if (
+            code_dtype == torch.float8_e4m3fn
+            and scale_dtype == torch.float8_e8m0fnu
+            and codes.shape[1] % block == 0
+        ):
+            return host_rows_dequant(codes, scales, ids, block, dtype, self.device)
+        return super().host_rows_dequant(codes, scales, ids, formats, dtype)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
