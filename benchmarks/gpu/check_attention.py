@@ -110,6 +110,20 @@ def check_attention():
             record("indexer select kernel vs torch.topk", f"T={T} C={C} k={k}", 0.0 if same else float("inf"),
                    BOUND["f32"], bench(lambda: indexer.select_topk(sc, k)), T * C * 4,
                    note=f"torch.topk {bench(lambda: torch.topk(sc, k, dim=1, sorted=False)) * 1e3:.1f} us")  # fmt: skip
+            # the threshold by digit histograms (settings.radix_select), against the same torch.topk
+            active = settings.active()
+            settings.use(active.model_copy(update={"radix_select": True}))
+            mine = poisoned(lambda: indexer.select_topk(sc, k))
+            same = all(
+                torch.equal(
+                    sc[t, mine[t][mine[t] >= 0]].sort().values, val[t][val[t] > float("-inf")].sort().values
+                )
+                for t in range(T)
+            )
+            record("indexer select kernel, radix, vs torch.topk", f"T={T} C={C} k={k}",
+                   0.0 if same else float("inf"), BOUND["f32"], bench(lambda: indexer.select_topk(sc, k)), T * C * 4)  # fmt: skip
+            settings.use(active)
+    check_select_one_row()
     inv_freq = 1.0 / (10000 ** (torch.arange(0, ROPE_DIM, 2, device=DEV).float() / ROPE_DIM))
     nw = rnd(HEAD_DIM, dtype=F32)
     for E, L in zip(sizes(16, 2048, 64), (8, 8, 128) if not SMOKE else (8, 8, 16)):
@@ -122,6 +136,27 @@ def check_attention():
                bench(lambda: ops.compress(kv, score, nw, 1e-6, pos, inv_freq)), E * L * HEAD_DIM * 6 + E * HEAD_DIM * 2)  # fmt: skip
     check_compress_into(ref, nw, inv_freq)
     check_v41_one_launch(ops, inv_freq)
+
+
+def check_select_one_row():
+    """The select kernel at batch-1 decode (one row; the V4.1 slice's 4k context: a few thousand candidates),
+    bisection against digit histograms (``settings.radix_select``), graphed as in a step: the same scores as
+    ``torch.topk``."""
+    from deepinfer_cuda_sm100.kernels import indexer
+
+    active = settings.active()
+    for C in (2048, 4096) if not SMOKE else (96,):
+        sc = rnd(1, C, dtype=F32)
+        k = min(IDX_TOPK, C // 2)
+        want = torch.topk(sc, k, dim=1).values.sort().values
+        for radix in (False, True):
+            settings.use(active.model_copy(update={"radix_select": radix}))
+            got = poisoned(lambda: indexer.select_topk(sc, k))
+            same = torch.equal(sc[0, got[0]].sort().values, want[0])
+            record(f"indexer select kernel, one row, {'radix' if radix else 'bisection'}", f"C={C} k={k}",
+                   0.0 if same else float("inf"), BOUND["f32"], bench_graph(lambda: indexer.select_topk(sc, k)),
+                   C * 4)  # fmt: skip
+    settings.use(active)
 
 
 def check_v41_one_launch(ops, inv_freq):

@@ -195,10 +195,12 @@ def indexer_select(c: int) -> str:
 @dataclass(frozen=True)
 class SelectConfig:
     num_warps: int
+    #: the threshold by four digit histograms instead of 33 bisection counts (``settings.radix_select``)
+    radix: bool = False
 
 
 def select_config(c: int) -> SelectConfig:
-    return SelectConfig(4 if c <= 2048 else 8 if c <= 8192 else 16)
+    return SelectConfig(4 if c <= 2048 else 8 if c <= 8192 else 16, settings().radix_select)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,12 @@ class CudaSM100Settings(PlatformSettings):
         description="the sampler's probs on Triton kernels over chunks of every row, top-k and top-p by radix "
         "searches on the values' bits (kernels/probs.py); off: the torch sorts",
     )
+    radix_select: bool = Field(
+        False,
+        description="the indexer's top-k select kernel finds its threshold by four 8-bit digit histograms instead "
+        "of 33 bisection counts over the row (kernels/indexer.py); off until timed on a GPU (the H100 profile of "
+        "2026-12-06, RESULTS v33: 19.7 us a one-row select with bisection)",
+    )
     fp8_kv_scale_gather: bool = Field(
         False,
         description="V4's FP8 KV in the sparse-attention kernel: each channel gathers its group's scale instead of "

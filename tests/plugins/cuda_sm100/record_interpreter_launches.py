@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, and the select kernel's threshold by digit histograms: _topk_select_kernel RADIX, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -162,6 +162,10 @@ def v41_launches() -> dict:
                     act_quant.fp8_act_roundtrip(r(T, width, dt=dt))
                     act_quant.fp8_act_roundtrip(r(T * 6, width, dt=dt), row_w=torch.rand(T * 6, generator=g))
                     act_quant.fp8_act_codes(r(T, width, dt=dt))
+                # the select kernel's threshold by digit histograms (settings.radix_select)
+                with _arch("interpreter", radix_select=True):
+                    sel = CudaAttentionOps()
+                    sel.indexer_topk_slots(r(T, 8, 64, dt=dt), r(T, 8), keys, slots, 4, key_format=f.keys)
                 # V4's FP8 KV, scales gathered per channel
                 with _arch("interpreter", fp8_kv_scale_gather=True):
                     f8 = Fp8KVFormat(512, 64, dt)
@@ -253,6 +257,7 @@ def v41_launches() -> dict:
         or "UNROPE" in e["constexprs"]  # split-KV attention's combine (the MoE's has no such argument)
         or e["constexprs"].get("ROPE_Q") is True
         or e["constexprs"].get("SCATTER") is True
+        or e["constexprs"].get("RADIX") is True
     }
 
 

@@ -189,17 +189,31 @@ def test_compress_matches_reference(ops, gen, dtype):
     assert rel_err(got, ref) < BOUND[dtype]
 
 
+@pytest.mark.parametrize("radix", [False, True], ids=["bisection", "radix"])
 @pytest.mark.parametrize("C,k", [(300, 64), (37, 16), (1000, 512)])
-def test_topk_select_kernel_picks_what_torch_topk_picks(gen, C, k):
+def test_topk_select_kernel_picks_what_torch_topk_picks(gen, C, k, radix):
+    """The select kernel's threshold by bisection or by digit histograms (``settings.radix_select``): the same
+    scores as ``torch.topk`` (at ties, any columns), with heavy ties, fewer valid than ``k``, none valid, scores
+    that share their top digits (``1 + tiny``) and signed zeros."""
+    from deepinfer_cuda_sm100 import settings
     from deepinfer_cuda_sm100.kernels.indexer import select_topk
 
-    T = 6
+    T = 7
     s = torch.randn(T, C, generator=gen) * 3  # negative and positive scores
     s[1] = torch.randint(-3, 3, (C,), generator=gen).float()  # heavy ties at the threshold
     s[2, C // 3 :] = float("-inf")  # fewer valid than k for the smaller k
     s[3] = float("-inf")  # nothing valid
     s[4, ::2] = float("-inf")
-    got = select_topk(dev(s), min(k, C)).cpu()
+    s[5] = (
+        1.0 + torch.randint(0, 1 << 12, (C,), generator=gen).float() * 2**-23
+    )  # keys differ in low digits only
+    s[6, : C // 2], s[6, C // 2 :] = 0.0, -0.0
+    active = settings.active()
+    settings.use(settings.CudaSM100Settings(radix_select=radix))
+    try:
+        got = select_topk(dev(s), min(k, C)).cpu()
+    finally:
+        settings.use(active)
     val, idx = torch.topk(s, min(k, C), dim=1)
     for t in range(T):
         ref = idx[t][val[t] > float("-inf")]

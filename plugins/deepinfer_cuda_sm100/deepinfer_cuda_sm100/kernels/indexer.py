@@ -106,10 +106,12 @@ def key_pack(key_format, d: int) -> tuple[int, int, int] | None:
 @triton.jit
 def _topk_select_kernel(
     score_ptr, cand_ptr, out_ptr, C, K, stride_s, stride_c, stride_o, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-    SLOTS: tl.constexpr, PDL: tl.constexpr = False,
+    SLOTS: tl.constexpr, RADIX: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Row ``t``: the columns of its ``K`` largest finite scores (any order; ``SLOTS``: their ``cand`` slot ids),
-    then ``-1`` past the valid ones."""
+    then ``-1`` past the valid ones. The threshold, the ``K``-th largest key, by 33 bisection steps (each a
+    count over the row), or with ``RADIX`` by four 8-bit digit histograms (``tl.histogram``), most significant
+    first, each over the keys that share the digits found so far."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
@@ -119,12 +121,29 @@ def _topk_select_kernel(
     key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)  # larger float, larger integer
     # Largest threshold with at least K keys at or above it (the smallest valid key if fewer are valid).
     lo = tl.min(tl.where(valid, key, 1 << 40))
-    hi = tl.max(tl.where(valid, key, -(1 << 40)))
-    for _ in range(33):
-        mid = lo + (hi - lo + 1) // 2
-        enough = tl.sum((valid & (key >= mid)).to(tl.int32)) >= K
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid - 1)
+    if RADIX:
+        u = key + (1 << 31)  # the keys as unsigned 32-bit values, order kept
+        b = tl.arange(0, 256)
+        need = K
+        prefix = tl.zeros([], dtype=tl.int64)
+        for shift in tl.static_range(24, -1, -8):
+            if shift == 24:
+                active = valid
+            else:
+                active = valid & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
+            h = tl.histogram(((u >> shift) & 255).to(tl.int32), 256, mask=active)
+            at_or_above = tl.sum(h, 0) - tl.cumsum(h, 0) + h  # keys (of the active) with this digit or larger
+            digit = tl.max(tl.where(at_or_above >= need, b, 0))
+            need = need - tl.sum(tl.where(b > digit, h, 0), 0)
+            prefix = prefix | (digit.to(tl.int64) << shift)
+        lo = tl.where(tl.sum(valid.to(tl.int32)) > K, prefix - (1 << 31), lo)
+    else:
+        hi = tl.max(tl.where(valid, key, -(1 << 40)))
+        for _ in range(33):
+            mid = lo + (hi - lo + 1) // 2
+            enough = tl.sum((valid & (key >= mid)).to(tl.int32)) >= K
+            lo = tl.where(enough, mid, lo)
+            hi = tl.where(enough, hi, mid - 1)
     above = valid & (key > lo)
     tie = valid & (key == lo)
     n_above = tl.sum(above.to(tl.int32))
@@ -150,7 +169,8 @@ def select_topk(scores: torch.Tensor, k: int, cand_slots: torch.Tensor | None = 
         cand = cand_slots if cand_slots is not None else scores
         _topk_select_kernel[(T,)](
             scores, cand, out, C, k, scores.stride(0), cand.stride(0), out.stride(0), BLOCK_C=pow2(C, 16),
-            BLOCK_K=pow2(k, 16), SLOTS=cand_slots is not None, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
+            BLOCK_K=pow2(k, 16), SLOTS=cand_slots is not None, RADIX=cfg.radix, num_warps=cfg.num_warps,
+            **dispatch.pdl_args(T),
         )  # fmt: skip
     return out
 
