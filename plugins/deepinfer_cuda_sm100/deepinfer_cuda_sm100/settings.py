@@ -52,8 +52,8 @@ class CudaSM100Settings(PlatformSettings):
     radix_select: bool = Field(
         False,
         description="the indexer's top-k select kernel finds its threshold by four 8-bit digit histograms instead "
-        "of 33 bisection counts over the row (kernels/indexer.py); off until timed on a GPU (the H100 profile of "
-        "2026-12-06, RESULTS v33: 19.7 us a one-row select with bisection)",
+        "of 33 bisection counts over the row (kernels/indexer.py); off as measured on an H100 (2026-12-06, RESULTS v33: "
+        "a tie at one row, 2.4x slower batched, the V4.1 slice's batch-1 layer 0.242 -> 0.257 ms with it)",
     )
     fp8_kv_scale_gather: bool = Field(
         False,
