@@ -449,6 +449,18 @@ def check_hc_fused(ops, fn, base, scale):
                        bench_graph(separate), by)  # fmt: skip
             finally:
                 dispatch.hc_fused_config = fused_cfg
+            # what the Sinkhorn's 20 dependent iterations cost the launch pair (one iteration instead)
+            one = HCParams(fn, base, scale, 1, 1e-6, 1e-6)
+            sink = {"hc_pre_norm": lambda: ops.hc_pre_norm(x, one, w),
+                    "hc_post_pre": lambda: ops.hc_post_pre(y, x, post, comb, one, w)}[name]  # fmt: skip
+            record(
+                f"  {name}[graph] one Sinkhorn iteration",
+                f"{T}x{HC}x{HIDDEN}",
+                None,
+                None,
+                bench_graph(sink),
+                by,
+            )
     x = rnd(1, HC, HIDDEN)
     want = ops.hc_pre_norm(x, hc, w)
     default = fused_cfg(1, HC, HIDDEN, fn.shape[0])
