@@ -67,7 +67,7 @@ from deepinfer_core.ops.reference import reference_op  # noqa: E402
 from deepinfer_core.ops.sampling import SamplingTensors  # noqa: E402
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight  # noqa: E402
 from deepinfer_core.testing.kit import to_device  # noqa: E402
-from deepinfer_cuda_sm100 import dispatch  # noqa: E402
+from deepinfer_cuda_sm100 import dispatch, settings  # noqa: E402
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps  # noqa: E402
 from deepinfer_cuda_sm100.ops.moe import CudaMoEOps  # noqa: E402
 from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps  # noqa: E402
@@ -121,6 +121,7 @@ def check_dense():
         record("hc_post", f"{T}x{HC}x{HIDDEN}", err, BOUND["bf16"], bench(lambda: ops.hc_post(y, x, post, comb)),
                2 * T * HIDDEN * (1 + 2 * HC))  # fmt: skip
     check_hc_fused(ops, fn, base, scale)
+    check_v41_side_coeffs(ops, fn, base, scale)
     for fmt in ("fp8_block", "fp4_e2m1"):
         w = rand_qweight(fmt, HIDDEN, HIDDEN)
         wc = to_device(w, torch.device("cpu"))
@@ -476,6 +477,36 @@ def check_hc_fused(ops, fn, base, scale):
         record("hc_pre_norm[graph]", f"1x{HC}x{HIDDEN} {shape[0]} ch x {shape[1]}w, then {shape[2]} ch x {shape[3]}w",
                err, BOUND["bf16"], ms, 2 * x.numel() + 2 * HIDDEN + 4 * fn.numel(),
                note="default" if cfg == default else "")  # fmt: skip
+
+
+def check_v41_side_coeffs(ops, fn, base, scale):
+    """V4.1's site entry at one token (``hc_post_site_norm``: the collapse by the site before's ``pre``), graphed,
+    followed by a stand-in sublayer (a bf16 ``HIDDEN x HIDDEN`` matmul of its output), with the site's own
+    coefficients on a side stream (``settings.hc_side_coeffs``) against inside the collapse: the same bytes, and
+    the time of entry + sublayer both ways (the branch overlaps the sublayer)."""
+    w = rnd(HIDDEN, dtype=F32).abs() + 0.5
+    hc = HCParams(fn, base, scale, 20, 1e-6, 1e-6)
+    y, x = rnd(1, HIDDEN), rnd(1, HC, HIDDEN)
+    _, post, comb = ops.hc_pre(x, hc)
+    pre = torch.rand(1, HC, device=DEV, generator=G) + 0.25
+    sub = rnd(HIDDEN, HIDDEN, scale=HIDDEN**-0.5)
+
+    def step():
+        outs = ops.hc_post_site_norm(y, x, post, comb, hc, pre, w)
+        return (*outs, outs[1] @ sub)
+
+    active = settings.active()
+    got = {}
+    for side in (False, True, False, True):
+        settings.use(active.model_copy(update={"hc_side_coeffs": side}))
+        try:
+            outs = [o.clone() for o in poisoned(step)]
+            same = all(torch.equal(a, b) for a, b in zip(outs, got.setdefault(False, outs)))
+            record(f"v41 site entry + sublayer[graph], coefficients {'on a side stream' if side else 'in the collapse'}",
+                   f"1x{HC}x{HIDDEN}", 0.0 if same else float("inf"), BOUND["f32"], bench_graph(step),
+                   4 * x.numel() + 2 * y.numel() + 2 * sub.numel())  # fmt: skip
+        finally:
+            settings.use(active)
 
 
 def main() -> int:

@@ -5,6 +5,7 @@
 #   rm -rf .old && mkdir .old && git archive <commit> deepinfer_core plugins benchmarks | tar -x -C .old \
 #     --exclude='*.safetensors' --exclude='benchmarks/gpu/runs' && cp benchmarks/gpu/slice_model41.py .old/benchmarks/gpu/
 #   run (carry [".whl", ".old"]):  bash benchmarks/gpu/v41_ab.sh [.old]
+#   V41AB_X="DEEPINFER_CUDA_SM100__NAME=1": new, old, this tree with that setting (profiled), new, with it again
 # On a card under 100 GB (an H100) the slice routes over 256 experts (V41_SLICE_EXPERTS): a batch-1 step reads six
 # experts a layer either way. Logs and JSON land in $OUT/<tag>.
 set -u
@@ -22,6 +23,14 @@ run() {  # tree tag timeout extra...
      "${args[@]}" "$@" --out "$OUT/$tag" > "$OUT/$tag/log.txt" 2>&1); echo "rc $?"
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["engine"]["rows"][0]; l=r.get("layers",{}); print({k: l.get(k) for k in ("graph_ms","head_ms","ms_per_layer","share")}, r["plain"])' "$OUT/$tag/v41_slice.json" || tail -5 "$OUT/$tag/log.txt"
 }
+if [ -n "${V41AB_X:-}" ]; then  # a third arm: this tree with the settings in V41AB_X (e.g. DEEPINFER_CUDA_SM100__X=1)
+  run . new_1 280 --profile 1 --op-sites 1
+  run "$OLD" old_1 200
+  (export $V41AB_X; run . x_1 100 --profile 1)
+  run . new_2 100
+  (export $V41AB_X; run . x_2 100)
+  exit 0
+fi
 run . new_1 280 --profile 1 --op-sites 1
 run "$OLD" old_1 200
 run . new_2 100

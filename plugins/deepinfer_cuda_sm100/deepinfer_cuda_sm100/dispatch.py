@@ -302,6 +302,14 @@ def hc_fused_config(t: int, n: int, d: int, m: int) -> HcFusedConfig | None:
     return HcFusedConfig(_p2(d // 128, 16, 64), 4, _p2(d, 16, 512 // _p2(n)), 1)
 
 
+def hc_side_coeffs(device: torch.device) -> bool:
+    """V4.1's fused site entry (``PRE_IN``): its own coefficients (``pre``, ``post``, the Sinkhorn's ``comb``) by
+    ``mhc._hc_coeffs_kernel`` on a side stream instead of inside the collapse's first program, whose 20 dependent
+    Sinkhorn steps the collapse, and so the sublayer, otherwise waits for (``settings.hc_side_coeffs``). Under the
+    interpreter the two launches run in order (what the tests compare)."""
+    return settings().hc_side_coeffs and (device.type == "cuda" or arch() == "interpreter")
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     block_t: int

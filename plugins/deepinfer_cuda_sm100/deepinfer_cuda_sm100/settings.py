@@ -20,6 +20,12 @@ class CudaSM100Settings(PlatformSettings):
     hc_fused: bool = Field(
         True, description="a sublayer boundary's mHC in two launches at 1-2 tokens (dispatch.hc_fused_config)"
     )
+    hc_side_coeffs: bool = Field(
+        False,
+        description="V4.1's fused mHC site entry computes the site's own coefficients (the Sinkhorn among them) on "
+        "a side stream joined at the next mHC op, off the collapse's critical path (dispatch.hc_side_coeffs); off "
+        "until timed on a GPU",
+    )
     splitk_finish: bool = Field(
         False,
         description="split-K GEMMs finished by their last K slice instead of an epilogue launch (equal, slower)",
@@ -52,7 +58,7 @@ class CudaSM100Settings(PlatformSettings):
     radix_select: bool = Field(
         False,
         description="the indexer's top-k select kernel finds its threshold by four 8-bit digit histograms instead "
-        "of 33 bisection counts over the row (kernels/indexer.py); off as measured on an H100 (2026-12-06, RESULTS v33: "
+        "of bisection counts over the row (kernels/indexer.py); off as measured on an H100 (2026-12-06, RESULTS v33: "
         "a tie at one row, 2.4x slower batched, the V4.1 slice's batch-1 layer 0.242 -> 0.257 ms with it)",
     )
     fp8_kv_scale_gather: bool = Field(

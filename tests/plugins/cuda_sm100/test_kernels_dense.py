@@ -172,6 +172,47 @@ def test_v41_hc_site_norm_matches_reference(ops, gen, monkeypatch, dtype, post, 
     assert rel_err(own_pre, pre) > 10 * BOUND[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("post", [False, True], ids=["site", "post_site"])
+@pytest.mark.parametrize("T", [1, 2])
+def test_v41_site_coefficients_on_the_side_equal_the_collapse_computing_them(
+    ops, gen, monkeypatch, dtype, post, T
+):
+    """``settings.hc_side_coeffs``: the site's own ``pre``, ``post`` and ``comb`` by ``_hc_coeffs_kernel`` (on a side
+    stream on a GPU) and a collapse that skips them (``COEFFS`` off) give byte for byte what the collapse computing
+    them gives, in three launches; the next site reads them as its inputs."""
+    from deepinfer_cuda_sm100 import settings
+    from deepinfer_cuda_sm100.kernels import mhc
+
+    D = 200
+    y, res = rand(gen, T, D, dtype=dtype), rand(gen, T, 4, D, dtype=dtype)
+    post_in, comb_in = rand(gen, T, 4).sigmoid() * 2, rand(gen, T, 4, 4).softmax(-1)
+    _, fn, base, scale = _hc_inputs(gen, T=T, D=D, dtype=dtype)
+    pre, w = torch.rand(T, 4, generator=gen) + 0.25, rand(gen, D).abs() + 0.5
+    hc = HCParams(*dev(fn, base, scale), 20, 1e-6, 1e-6)
+
+    def entry_then_next():
+        if post:
+            h, x, own, p, c = ops.hc_post_site_norm(*dev(y, res, post_in, comb_in), hc, *dev(pre, w))
+        else:
+            h, (x, own, p, c) = dev(res), ops.hc_site_norm(dev(res), hc, *dev(pre, w))
+        nxt = ops.hc_post_site_norm(x, h, p, c, hc, own, dev(w))  # reads the coefficients as its inputs
+        return [t.cpu() for t in (x, own, p, c, *nxt)]
+
+    want = entry_then_next()
+    launches = _count_boundary_launches(monkeypatch)
+    monkeypatch.setattr(mhc, "_hc_coeffs_kernel", Counting(mhc._hc_coeffs_kernel, launches))
+    active = settings.active()
+    settings.use(settings.CudaSM100Settings(hc_side_coeffs=True))
+    try:
+        got = entry_then_next()
+    finally:
+        settings.use(active)
+    assert len(launches) == 6  # each entry: mix, coefficients, collapse
+    for g, r in zip(got, want, strict=True):
+        assert g.dtype == r.dtype and torch.equal(g, r) if INTERPRETED else rel_err(g, r) < 1e-6
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 def test_linear_f32_reads_bf16_activations(ops, gen, monkeypatch, rows):
     """The MoE router: bf16 activations and a float32 weight give the same floats as the cast then ``linear``

@@ -200,6 +200,7 @@ def _hc_coeffs_kernel(
 
 def hc_mixes(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_mixes`: two launches, all tokens at once."""
+    join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     f32 = {"dtype": torch.float32, "device": x.device}
@@ -234,6 +235,7 @@ def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, N, D, stride_xt, stride_xn, str
 
 def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_collapse`: one launch."""
+    join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     out = torch.empty((T, D), dtype=x.dtype, device=x.device)
@@ -249,6 +251,7 @@ def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 def hc_pre(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_pre`."""
+    join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     if T == 0:
@@ -259,6 +262,7 @@ def hc_pre(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: flo
 
 def hc_head(x, fn, base, scale, hc_eps: float, norm_eps: float) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_head`."""
+    join(x.device)
     x = x.contiguous()
     if x.shape[0] == 0:
         return x.new_empty((0, x.shape[2]))
@@ -293,6 +297,7 @@ def _hc_post_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, N, D, stride_yt
 
 def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_post`."""
+    join(residual.device)
     T, N, D = residual.shape
     out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     if T == 0:
@@ -357,7 +362,7 @@ def _hc_collapse_norm_kernel(
     h_ptr, part_ptr, sq_ptr, gram_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, post_ptr, comb_ptr, pre_in_ptr,
     pre_out_ptr, T, N, D, M, P, stride_ht, stride_hn, stride_ot, iters, inv_k, hc_eps, norm_eps,
     BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
-    PRE_IN: tl.constexpr = False, PDL: tl.constexpr = False,
+    PRE_IN: tl.constexpr = False, COEFFS: tl.constexpr = True, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Launch 2, over ``(token, channel block)``, as ``_hc_split_kernel`` (its first block also stores
     ``post`` and ``comb``), except that it writes the collapse already normed: ``sum_d c[d]^2`` of the collapse
@@ -365,7 +370,8 @@ def _hc_collapse_norm_kernel(
     square sum is of ``c`` before its rounding to ``h``'s dtype, which the separate ops would norm: exact in
     float32, a relative difference of order 1e-5 in the norm in bf16.) ``PRE_IN`` (V4.1's single pass): the
     collapse is by ``pre_in`` (the site before's), and the first block stores the site's own ``pre`` to
-    ``pre_out`` with ``post`` and ``comb``."""
+    ``pre_out`` with ``post`` and ``comb``, unless ``COEFFS`` is off (``_hc_coeffs_kernel`` computes them on a
+    side stream, :func:`_side_coeffs`)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     db = tl.program_id(1)
@@ -373,7 +379,7 @@ def _hc_collapse_norm_kernel(
     nm = n < N
     if PRE_IN:
         pre = tl.load(pre_in_ptr + t * N + n, mask=nm, other=0.0)
-        if db == 0:
+        if COEFFS and db == 0:
             own = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps,
                             BLOCK_N, BLOCK_P)  # fmt: skip
             tl.store(pre_out_ptr + t * N + n, own, mask=nm)
@@ -387,7 +393,7 @@ def _hc_collapse_norm_kernel(
     pre0 = tl.where(nm, pre, 0.0)
     ss = tl.sum(tl.sum(g * pre0[:, None] * pre0[None, :], axis=1), axis=0)
     rstd = 1.0 / tl.sqrt(ss / D + norm_eps)
-    if db == 0:
+    if COEFFS and db == 0:
         _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, P, iters, inv_k, hc_eps,
                    norm_eps, BLOCK_N, BLOCK_NN, BLOCK_P)  # fmt: skip
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -400,6 +406,75 @@ def _hc_collapse_norm_kernel(
     tl.store(out_ptr + t * stride_ot + d, (c * rstd * w).to(out_ptr.dtype.element_ty), mask=dm)
 
 
+#: per CUDA device, the event after which the coefficients :func:`_side_coeffs` last computed are written; every
+#: entry point of this module joins it first (:func:`join`), since those coefficients are read only by mHC ops
+_PENDING: dict[torch.device, torch.cuda.Event] = {}
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def join(device: torch.device) -> None:
+    """Make ``device``'s current stream wait for the side stream's pending coefficients, if any (in a CUDA graph
+    capture this is the branch's join)."""
+    if not _PENDING:
+        return
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    event = _PENDING.pop(device, None)
+    if event is not None:
+        torch.cuda.current_stream(device).wait_event(event)
+
+
+def _side_coeffs(
+    part, sq, scale, base, pre, post, comb, iters: int, inv_k: float, hc_eps: float, norm_eps: float
+):
+    """A V4.1 site's own ``pre``, ``post`` and ``comb`` (``_hc_coeffs_kernel``, the Sinkhorn's dependent steps
+    among them) on a side stream that forks after launch 1 and joins at the next mHC op, so the collapse, and the
+    sublayer after it, need not wait for them (``settings.hc_side_coeffs``). Under the interpreter: in order."""
+    T, N = pre.shape
+    args = (
+        part,
+        sq,
+        scale,
+        base,
+        pre,
+        post,
+        comb,
+        T,
+        N,
+        part.shape[2],
+        part.shape[0],
+        iters,
+        inv_k,
+        hc_eps,
+        norm_eps,
+    )
+    meta = {"BLOCK_N": pow2(N), "BLOCK_NN": pow2(N) ** 2, "BLOCK_S": pow2(part.shape[0]), "num_warps": 1}
+    dev = part.device
+    if dev.type != "cuda":
+        _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T))
+        return
+    main = torch.cuda.current_stream(dev)
+    side = _SIDE_STREAMS.get(dev)
+    if side is None:
+        side = _SIDE_STREAMS[dev] = torch.cuda.Stream(dev)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):  # (PDL: the fork's dependency on launch 1 stays a full one)
+        _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T))
+        event = torch.cuda.Event()
+        event.record(side)
+    for t in (
+        part,
+        sq,
+        scale,
+        base,
+        pre,
+        post,
+        comb,
+    ):  # the allocator must not hand these to the main stream early
+        t.record_stream(side)
+    _PENDING[dev] = event
+
+
 def _boundary(
     y, residual, post, comb, h, fn, base, scale, weight, iters: int, hc_eps: float, norm_eps: float, cfg,
     pre_in=None,
@@ -407,6 +482,7 @@ def _boundary(
     """The two launches; ``y is None``: ``h`` holds the input streams (``hc_pre_norm``), else they are written
     to it (``hc_post_pre``). -> ``(normed [T, D], post [T, N], comb [T, N, N])``; with ``pre_in`` (V4.1: the
     collapse by the site before's ``pre``) ``(normed, pre [T, N], post, comb)``, ``pre`` the site's own."""
+    join(h.device)
     T, N, D = h.shape
     M = fn.shape[0]
     P = triton.cdiv(D, cfg.block_d)
@@ -433,12 +509,18 @@ def _boundary(
     )  # fmt: skip
     pre_out = torch.empty((T, N), **f32) if pre_in is not None else post_out  # (not written without pre_in)
     pre_in = pre_in.float().contiguous() if pre_in is not None else None
+    scale, base = scale.float().contiguous(), base.float().contiguous()
+    side = pre_in is not None and dispatch.hc_side_coeffs(h.device)
+    if side:  # the site's own coefficients are read at the next site only: off the collapse's critical path
+        _side_coeffs(
+            part, sq, scale, base, pre_out, post_out, comb_out, iters, 1.0 / (N * D), hc_eps, norm_eps
+        )
     _hc_collapse_norm_kernel[(T, triton.cdiv(D, cfg.norm_block_d))](
-        h, part, sq, gram, scale.float().contiguous(), base.float().contiguous(), weight.contiguous(), out,
+        h, part, sq, gram, scale, base, weight.contiguous(), out,
         post_out, comb_out, pre_in if pre_in is not None else post_out, pre_out, T, N, D, M, P, h.stride(0),
         h.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps, norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN,
-        BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None, num_warps=cfg.norm_warps,
-        **dispatch.pdl_args(T),
+        BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None, COEFFS=not side,
+        num_warps=cfg.norm_warps, **dispatch.pdl_args(T),
     )  # fmt: skip
     if pre_in is not None:
         return out, pre_out, post_out, comb_out
