@@ -24,11 +24,12 @@ run() {  # tree tag timeout extra...
   python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["engine"]["rows"][0]; l=r.get("layers",{}); print({k: l.get(k) for k in ("graph_ms","head_ms","ms_per_layer","share")}, r["plain"])' "$OUT/$tag/v41_slice.json" || tail -5 "$OUT/$tag/log.txt"
 }
 if [ -n "${V41AB_X:-}" ]; then  # a third arm: this tree with the settings in V41AB_X (e.g. DEEPINFER_CUDA_SM100__X=1)
-  run . new_1 280 --profile 1 --op-sites 1
-  run "$OLD" old_1 200
-  (export $V41AB_X; run . x_1 100 --profile 1)
-  run . new_2 100
-  (export $V41AB_X; run . x_2 100)
+  run . new_1 280 --profile 1 --op-sites 1 --save-tokens
+  run "$OLD" old_1 200 --save-tokens
+  (export $V41AB_X; run . x_1 100 --profile 1 --save-tokens)
+  run . new_2 100 --save-tokens
+  (export $V41AB_X; run . x_2 100 --save-tokens)
+  python3 -c 'import json,sys; t=[json.load(open(f"{sys.argv[1]}/{k}/v41_slice.json")).get("tokens") for k in ("new_1","old_1","x_1","new_2","x_2")]; print("greedy tokens equal across the five runs:", all(x == t[0] for x in t), t[0] is not None)' "$OUT"
   exit 0
 fi
 run . new_1 280 --profile 1 --op-sites 1

@@ -70,14 +70,17 @@ def _pdl_args(arch_name: str, enabled: bool) -> dict:
 PDL_MAX_TOKENS = 16
 
 
-def pdl_args(tokens: int) -> dict:
+def pdl_args(tokens: int, forked: bool = False) -> dict:
     """Launch arguments for programmatic dependent launch (``_common.pdl_enter``) of a kernel over ``tokens``
     tokens (rows): on SM90+ with a Triton that has ``griddepcontrol`` (3.3+), unless ``settings.pdl`` is off; none
     under the interpreter, which cannot run the PTX. CUDA graphs capture the launches' programmatic edges
     (CUDA 12.3+). Only few-token kernels: H200 v10 runs 2 and 4, slice steps with PDL against without in the
     same run: batch 1 -8% and -3%, batch 16 +0.5%, 64 +4.4% and +3.5%, 256 +2.9% and +1.6%. The many-wave
-    kernels of large batches gain nothing from an earlier launch and lose a little."""
-    if tokens > PDL_MAX_TOKENS:
+    kernels of large batches gain nothing from an earlier launch and lose a little. ``forked``: the launch's
+    stream has just waited on another stream (a side branch's first kernel, or the first after its join), a wait
+    PDL's programmatic edge must not stand in for: none (the H100's first side-branch check, with PDL there, did
+    not give the same bytes; NOTES.md v34)."""
+    if tokens > PDL_MAX_TOKENS or forked:
         return {}
     return _pdl_args(arch(), settings().pdl)
 

@@ -82,7 +82,8 @@ def v41_launches() -> dict:
                         torch.rand(T, 4, 4, generator=g).softmax(-1),
                     )
                     dense.hc_post_site_norm(r(T, 128, dt=dt), x, post, comb, hc, pre, w_norm)
-                    with _arch("interpreter", hc_side_coeffs=True):  # the coefficients on a side stream (COEFFS)
+                    # the coefficients on a side stream (COEFFS off)
+                    with _arch("interpreter", hc_side_coeffs=True):
                         dense.hc_post_site_norm(r(T, 128, dt=dt), x, post, comb, hc, pre, w_norm)
                 w = quantize_fp8_block(r(96, 128) * 0.1, "ue8m0", block=32)
                 dense.linear(r(T, 128, dt=dt), w)

@@ -145,7 +145,7 @@ def _hc_split_kernel(
     tl.store(out_ptr + t * stride_ot + d, y.to(out_ptr.dtype.element_ty), mask=dm)
 
 
-def mixes_partials(x: torch.Tensor, fn: torch.Tensor):
+def mixes_partials(x: torch.Tensor, fn: torch.Tensor, forked: bool = False):
     """Launch 1: split-K partials ``part [S, T, M]`` and ``sq [S, T]``."""
     T, N, D = x.shape
     K, M = N * D, fn.shape[0]
@@ -158,14 +158,14 @@ def mixes_partials(x: torch.Tensor, fn: torch.Tensor):
     _hc_mixes_kernel[(triton.cdiv(T, cfg.block_t), n_split)](
         x, fn, part, sq, T, K, M, k_per_split, x.stride(0), fn.stride(0),
         BLOCK_T=cfg.block_t, BLOCK_K=cfg.block_k, BLOCK_M=pow2(M, 16), DOT=cfg.dot, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **dispatch.pdl_args(T),
+        num_stages=cfg.num_stages, **dispatch.pdl_args(T, forked),
     )  # fmt: skip
     return part, sq
 
 
-def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, head: bool):
+def _collapse(x, fn, base, scale, iters: int, hc_eps: float, norm_eps: float, head: bool, forked: bool):
     T, N, D = x.shape
-    part, sq = mixes_partials(x, fn)
+    part, sq = mixes_partials(x, fn, forked)
     dev = x.device
     out = torch.empty((T, D), dtype=x.dtype, device=dev)
     post = torch.empty((T, N), dtype=torch.float32, device=dev)
@@ -200,14 +200,14 @@ def _hc_coeffs_kernel(
 
 def hc_mixes(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_mixes`: two launches, all tokens at once."""
-    join(x.device)
+    forked = join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     f32 = {"dtype": torch.float32, "device": x.device}
     pre, post, comb = torch.empty((T, N), **f32), torch.empty((T, N), **f32), torch.empty((T, N, N), **f32)
     if T == 0:
         return pre, post, comb
-    part, sq = mixes_partials(x, fn)
+    part, sq = mixes_partials(x, fn, forked)
     _hc_coeffs_kernel[(T,)](
         part, sq, scale.float().contiguous(), base.float().contiguous(), pre, post, comb,
         T, N, fn.shape[0], part.shape[0], sinkhorn_iters, 1.0 / (N * D), hc_eps, norm_eps,
@@ -235,7 +235,7 @@ def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, N, D, stride_xt, stride_xn, str
 
 def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_collapse`: one launch."""
-    join(x.device)
+    forked = join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     out = torch.empty((T, D), dtype=x.dtype, device=x.device)
@@ -244,29 +244,29 @@ def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     cfg = dispatch.hc_split_config(T, N, D)
     _hc_collapse_kernel[(T, triton.cdiv(D, cfg.block_d))](
         x, pre.float().contiguous(), out, N, D, x.stride(0), x.stride(1), out.stride(0),
-        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
+        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(T, forked),
     )  # fmt: skip
     return out
 
 
 def hc_pre(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_pre`."""
-    join(x.device)
+    forked = join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     if T == 0:
         f32 = {"dtype": torch.float32, "device": x.device}
         return x.new_empty((0, D)), torch.empty((0, N), **f32), torch.empty((0, N, N), **f32)
-    return _collapse(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, head=False)
+    return _collapse(x, fn, base, scale, sinkhorn_iters, hc_eps, norm_eps, head=False, forked=forked)
 
 
 def hc_head(x, fn, base, scale, hc_eps: float, norm_eps: float) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_head`."""
-    join(x.device)
+    forked = join(x.device)
     x = x.contiguous()
     if x.shape[0] == 0:
         return x.new_empty((0, x.shape[2]))
-    return _collapse(x, fn, base, scale, 0, hc_eps, norm_eps, head=True)[0]
+    return _collapse(x, fn, base, scale, 0, hc_eps, norm_eps, head=True, forked=forked)[0]
 
 
 @triton.jit
@@ -297,7 +297,7 @@ def _hc_post_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, N, D, stride_yt
 
 def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_post`."""
-    join(residual.device)
+    forked = join(residual.device)
     T, N, D = residual.shape
     out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     if T == 0:
@@ -308,7 +308,7 @@ def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: t
     _hc_post_kernel[(T, triton.cdiv(D, cfg.block_d))](
         y, residual, post.float().contiguous(), comb.float().contiguous(), out, N, D,
         y.stride(0), residual.stride(0), residual.stride(1), out.stride(0), out.stride(1),
-        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(T),
+        BLOCK_N=pow2(N), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps, **dispatch.pdl_args(T, forked),
     )  # fmt: skip
     return out
 
@@ -406,22 +406,27 @@ def _hc_collapse_norm_kernel(
     tl.store(out_ptr + t * stride_ot + d, (c * rstd * w).to(out_ptr.dtype.element_ty), mask=dm)
 
 
-#: per CUDA device, the event after which the coefficients :func:`_side_coeffs` last computed are written; every
-#: entry point of this module joins it first (:func:`join`), since those coefficients are read only by mHC ops
-_PENDING: dict[torch.device, torch.cuda.Event] = {}
+#: per CUDA device, the event after which the coefficients :func:`_side_coeffs` last computed are written, whether
+#: it was recorded in a graph capture, and the tensors the side kernel reads and writes (held until the join, so the
+#: caching allocator cannot hand their memory to the main stream while it runs); every entry point of this module
+#: joins it first (:func:`join`), since those coefficients are read only by mHC ops
+_PENDING: dict[torch.device, tuple[torch.cuda.Event, bool, tuple]] = {}
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def join(device: torch.device) -> None:
+def join(device: torch.device) -> bool:
     """Make ``device``'s current stream wait for the side stream's pending coefficients, if any (in a CUDA graph
-    capture this is the branch's join)."""
+    capture this is the branch's join). -> whether it waited: then the next launch must not be a PDL one
+    (``dispatch.pdl_args(forked=True)``), whose programmatic edge could stand in for the wait."""
     if not _PENDING:
-        return
+        return False
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    event = _PENDING.pop(device, None)
-    if event is not None:
-        torch.cuda.current_stream(device).wait_event(event)
+    event, captured, _held = _PENDING.pop(device, (None, False, ()))
+    if event is None or (torch.cuda.is_current_stream_capturing() and not captured):
+        return False  # (an eager branch before a capture: ``torch.cuda.graph`` synchronises the device as it begins)
+    torch.cuda.current_stream(device).wait_event(event)
+    return True
 
 
 def _side_coeffs(
@@ -458,21 +463,15 @@ def _side_coeffs(
     if side is None:
         side = _SIDE_STREAMS[dev] = torch.cuda.Stream(dev)
     side.wait_stream(main)
-    with torch.cuda.stream(side):  # (PDL: the fork's dependency on launch 1 stays a full one)
-        _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T))
+    with torch.cuda.stream(side):
+        _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T, forked=True))
         event = torch.cuda.Event()
         event.record(side)
-    for t in (
-        part,
-        sq,
-        scale,
-        base,
-        pre,
-        post,
-        comb,
-    ):  # the allocator must not hand these to the main stream early
-        t.record_stream(side)
-    _PENDING[dev] = event
+    _PENDING[dev] = (
+        event,
+        torch.cuda.is_current_stream_capturing(),
+        (part, sq, scale, base, pre, post, comb),
+    )
 
 
 def _boundary(
@@ -482,7 +481,7 @@ def _boundary(
     """The two launches; ``y is None``: ``h`` holds the input streams (``hc_pre_norm``), else they are written
     to it (``hc_post_pre``). -> ``(normed [T, D], post [T, N], comb [T, N, N])``; with ``pre_in`` (V4.1: the
     collapse by the site before's ``pre``) ``(normed, pre [T, N], post, comb)``, ``pre`` the site's own."""
-    join(h.device)
+    forked = join(h.device)
     T, N, D = h.shape
     M = fn.shape[0]
     P = triton.cdiv(D, cfg.block_d)
@@ -505,7 +504,7 @@ def _boundary(
         y_, res, post_in, comb_in, h, fn, part, sq, gram,
         T, N, D, M, y_.stride(0), res.stride(0), res.stride(1), h.stride(0), h.stride(1), fn.stride(0),
         POST=y is not None, BLOCK_N=BN, BLOCK_M=pow2(M), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
-        **dispatch.pdl_args(T),
+        **dispatch.pdl_args(T, forked),
     )  # fmt: skip
     pre_out = torch.empty((T, N), **f32) if pre_in is not None else post_out  # (not written without pre_in)
     pre_in = pre_in.float().contiguous() if pre_in is not None else None

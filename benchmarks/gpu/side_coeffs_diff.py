@@ -1,0 +1,81 @@
+"""Which outputs of V4.1's fused site entry (``hc_post_site_norm``, one token, eager) change bits when the site's
+own coefficients run on the side (``settings.hc_side_coeffs``), at V4.1-Flash's width (4 streams x 5120, bf16) and
+at V4-Flash's (4 x 4096, what ``check.py`` compares): elements that differ and the largest difference, per output.
+Then a chain of 16 site entries as a decode step runs them (the first and every fourth without an exit to fold, the
+rest ``hc_post_site_norm``; a bf16 matmul of each entry's output as the sublayer between), eager: the last entry's
+outputs compared the same way.
+
+    python3 benchmarks/gpu/side_coeffs_diff.py
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer_core.ops.mhc import HCParams
+from deepinfer_cuda_sm100 import settings
+from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
+
+
+def main() -> None:
+    g = torch.Generator("cuda").manual_seed(0)
+    ops = CudaDenseOps()
+    names = ("h", "normed", "own pre", "post", "comb")
+    for d in (5120, 4096):
+        n = 4
+        r = lambda *s, sc=1.0: torch.randn(*s, generator=g, device="cuda") * sc  # noqa: E731
+        fn, base, scale = r((2 + n) * n, n * d, sc=0.02), r((2 + n) * n, sc=0.5), r(3).abs() + 0.5
+        hc = HCParams(fn, base, scale, 20, 1e-6, 1e-6)
+        for trial in range(4):
+            y, res = r(1, d).bfloat16(), r(1, n, d).bfloat16()
+            post, comb = (r(1, n).sigmoid() * 2), r(1, n, n).softmax(-1)
+            pre, w = torch.rand(1, n, device="cuda", generator=g) + 0.25, r(d).abs() + 0.5
+            outs = {}
+            for side in (False, True):
+                settings.use(settings.active().model_copy(update={"hc_side_coeffs": side}))
+                outs[side] = [o.clone() for o in ops.hc_post_site_norm(y, res, post, comb, hc, pre, w)]
+                torch.cuda.synchronize()
+            settings.use(settings.CudaSM100Settings())
+            diff = {
+                k: (int((a != b).sum()), float((a.float() - b.float()).abs().max()))
+                for k, a, b in zip(names, outs[False], outs[True], strict=True)
+            }
+            print(f"D={d} trial {trial}: (differing elements, largest difference) {diff}", flush=True)
+
+
+def chain() -> None:
+    g = torch.Generator("cuda").manual_seed(1)
+    ops, n, d = CudaDenseOps(), 4, 5120
+    r = lambda *s, sc=1.0: torch.randn(*s, generator=g, device="cuda") * sc  # noqa: E731
+    sites = [HCParams(r((2 + n) * n, n * d, sc=0.02), r((2 + n) * n, sc=0.5), r(3).abs() + 0.5, 20, 1e-6, 1e-6)
+             for _ in range(16)]  # fmt: skip
+    subs = [r(d, d, sc=d**-0.5).bfloat16() for _ in range(16)]
+    w = r(d).abs() + 0.5
+    x0 = r(1, d).bfloat16()
+    outs = {}
+    for side in (False, True):
+        settings.use(settings.active().model_copy(update={"hc_side_coeffs": side}))
+        h = x0[:, None, :].expand(-1, n, -1).contiguous()
+        pre = torch.zeros(1, n, device="cuda")
+        pre[:, 0] = 1.0
+        y = post = comb = None
+        for i in range(16):
+            if y is None or i % 4 == 0:
+                if y is not None:
+                    h = ops.hc_post(y, h, post, comb)
+                x, pre, post, comb = ops.hc_site_norm(h, sites[i], pre, w)
+            else:
+                h, x, pre, post, comb = ops.hc_post_site_norm(y, h, post, comb, sites[i], pre, w)
+            y = x @ subs[i]
+        outs[side] = [t.clone() for t in (ops.hc_post(y, h, post, comb), x, pre, post, comb)]
+        torch.cuda.synchronize()
+        settings.use(settings.CudaSM100Settings())
+    names = ("streams", "normed", "pre", "post", "comb")
+    diff = {k: (int((a != b).sum()), float((a.float() - b.float()).abs().max()))
+            for k, a, b in zip(names, outs[False], outs[True], strict=True)}  # fmt: skip
+    print(f"chain of 16 entries, D={d}: {diff}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+    chain()
