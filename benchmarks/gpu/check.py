@@ -491,12 +491,12 @@ def check_v41_side_coeffs(ops, fn, base, scale):
     pre = torch.rand(1, HC, device=DEV, generator=G) + 0.25
     sub = rnd(HIDDEN, HIDDEN, scale=HIDDEN**-0.5)
 
-    from deepinfer_cuda_sm100.kernels import mhc
+    from deepinfer_cuda_sm100.kernels import side_branch
 
     def step():
         outs = ops.hc_post_site_norm(y, x, post, comb, hc, pre, w)
         out = outs[1] @ sub
-        mhc.join(DEV)  # what the step's next mHC op does (a capture must end joined)
+        side_branch.join(DEV)  # what the step's next mHC op does (a capture must end joined)
         return (*outs, out)
 
     active = settings.active()

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_cuda_sm100 import dispatch
+from deepinfer_cuda_sm100.kernels import side_branch
 from deepinfer_cuda_sm100.kernels._common import pdl_enter, pow2
 
 
@@ -200,7 +201,7 @@ def _hc_coeffs_kernel(
 
 def hc_mixes(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_mixes`: two launches, all tokens at once."""
-    forked = join(x.device)
+    forked = side_branch.join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     f32 = {"dtype": torch.float32, "device": x.device}
@@ -235,7 +236,7 @@ def _hc_collapse_kernel(x_ptr, pre_ptr, out_ptr, N, D, stride_xt, stride_xn, str
 
 def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_collapse`: one launch."""
-    forked = join(x.device)
+    forked = side_branch.join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     out = torch.empty((T, D), dtype=x.dtype, device=x.device)
@@ -251,7 +252,7 @@ def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
 
 def hc_pre(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: float):
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_pre`."""
-    forked = join(x.device)
+    forked = side_branch.join(x.device)
     x = x.contiguous()
     T, N, D = x.shape
     if T == 0:
@@ -262,7 +263,7 @@ def hc_pre(x, fn, base, scale, sinkhorn_iters: int, hc_eps: float, norm_eps: flo
 
 def hc_head(x, fn, base, scale, hc_eps: float, norm_eps: float) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_head`."""
-    forked = join(x.device)
+    forked = side_branch.join(x.device)
     x = x.contiguous()
     if x.shape[0] == 0:
         return x.new_empty((0, x.shape[2]))
@@ -297,7 +298,7 @@ def _hc_post_kernel(y_ptr, res_ptr, post_ptr, comb_ptr, out_ptr, N, D, stride_yt
 
 def hc_post(y: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """See :meth:`deepinfer_core.ops.dense.DenseOps.hc_post`."""
-    forked = join(residual.device)
+    forked = side_branch.join(residual.device)
     T, N, D = residual.shape
     out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     if T == 0:
@@ -406,72 +407,24 @@ def _hc_collapse_norm_kernel(
     tl.store(out_ptr + t * stride_ot + d, (c * rstd * w).to(out_ptr.dtype.element_ty), mask=dm)
 
 
-#: per CUDA device, the event after which the coefficients :func:`_side_coeffs` last computed are written, whether
-#: it was recorded in a graph capture, and the tensors the side kernel reads and writes (held until the join, so the
-#: caching allocator cannot hand their memory to the main stream while it runs); every entry point of this module
-#: joins it first (:func:`join`), since those coefficients are read only by mHC ops
-_PENDING: dict[torch.device, tuple[torch.cuda.Event, bool, tuple]] = {}
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def join(device: torch.device) -> bool:
-    """Make ``device``'s current stream wait for the side stream's pending coefficients, if any (in a CUDA graph
-    capture this is the branch's join). -> whether it waited: then the next launch must not be a PDL one
-    (``dispatch.pdl_args(forked=True)``), whose programmatic edge could stand in for the wait."""
-    if not _PENDING:
-        return False
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    event, captured, _held = _PENDING.pop(device, (None, False, ()))
-    if event is None or (torch.cuda.is_current_stream_capturing() and not captured):
-        return False  # (an eager branch before a capture: ``torch.cuda.graph`` synchronises the device as it begins)
-    torch.cuda.current_stream(device).wait_event(event)
-    return True
-
-
 def _side_coeffs(
     part, sq, scale, base, pre, post, comb, iters: int, inv_k: float, hc_eps: float, norm_eps: float
 ):
     """A V4.1 site's own ``pre``, ``post`` and ``comb`` (``_hc_coeffs_kernel``, the Sinkhorn's dependent steps
-    among them) on a side stream that forks after launch 1 and joins at the next mHC op, so the collapse, and the
+    among them) on a side branch forked after launch 1 and joined at the next mHC op, so the collapse, and the
     sublayer after it, need not wait for them (``settings.hc_side_coeffs``). Under the interpreter: in order."""
     T, N = pre.shape
-    args = (
-        part,
-        sq,
-        scale,
-        base,
-        pre,
-        post,
-        comb,
-        T,
-        N,
-        part.shape[2],
-        part.shape[0],
-        iters,
-        inv_k,
-        hc_eps,
-        norm_eps,
-    )
+    held = (part, sq, scale, base, pre, post, comb)
+    args = (*held, T, N, part.shape[2], part.shape[0], iters, inv_k, hc_eps, norm_eps)
     meta = {"BLOCK_N": pow2(N), "BLOCK_NN": pow2(N) ** 2, "BLOCK_S": pow2(part.shape[0]), "num_warps": 1}
-    dev = part.device
-    if dev.type != "cuda":
+    if part.device.type != "cuda":
         _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T))
-        return
-    main = torch.cuda.current_stream(dev)
-    side = _SIDE_STREAMS.get(dev)
-    if side is None:
-        side = _SIDE_STREAMS[dev] = torch.cuda.Stream(dev)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T, forked=True))
-        event = torch.cuda.Event()
-        event.record(side)
-    _PENDING[dev] = (
-        event,
-        torch.cuda.is_current_stream_capturing(),
-        (part, sq, scale, base, pre, post, comb),
-    )
+    else:
+        side_branch.fork(
+            part.device,
+            lambda: _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T, forked=True)),
+            held,
+        )
 
 
 def _boundary(
@@ -481,7 +434,7 @@ def _boundary(
     """The two launches; ``y is None``: ``h`` holds the input streams (``hc_pre_norm``), else they are written
     to it (``hc_post_pre``). -> ``(normed [T, D], post [T, N], comb [T, N, N])``; with ``pre_in`` (V4.1: the
     collapse by the site before's ``pre``) ``(normed, pre [T, N], post, comb)``, ``pre`` the site's own."""
-    forked = join(h.device)
+    forked = side_branch.join(h.device)
     T, N, D = h.shape
     M = fn.shape[0]
     P = triton.cdiv(D, cfg.block_d)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from deepinfer_core.plugin_api import MemoryOps
-from deepinfer_cuda_sm100.kernels import mhc
+from deepinfer_cuda_sm100.kernels import side_branch
 from deepinfer_cuda_sm100.kernels.host_rows import host_rows, host_rows_dequant
 
 
@@ -89,13 +89,13 @@ class GraphPool:
         with torch.cuda.stream(stream):
             for _ in range(2):
                 fn()
-                mhc.join(self.device)  # a side branch left open would not be joined into the capture
+                side_branch.join(self.device)  # a side branch left open would not be joined into the capture
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._pool is None or not self._graphs:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             fn()
-            mhc.join(self.device)
+            side_branch.join(self.device)
         self._graphs.add(graph)
         return graph.replay
