@@ -67,7 +67,7 @@ def slice_llm(model, rt, args, **settings):
         environ={} if SMOKE else cuda_env(),
         backend="reference" if SMOKE else "cuda_sm100",
         kv_cache_memory_bytes=args.kv_bytes,
-        enforce_eager=SMOKE,
+        enforce_eager=SMOKE or getattr(args, "eager", False),
         device_plan=getattr(args, "device_plan", False),
         **settings,
     )
@@ -325,6 +325,12 @@ def main() -> None:
         action="store_true",
         help="EngineConfig.device_plan: static plans built inside the decode graphs (needs the Engram tables read "
         "in the step)",
+    )
+    ap.add_argument(
+        "--eager",
+        action="store_true",
+        help="EngineConfig.enforce_eager: no decode graphs (the layers' graph timings are then absent); the slice "
+        "fixes it, so DEEPINFER_ENFORCE_EAGER does not reach it",
     )
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU reference backend")
     args = ap.parse_args()
