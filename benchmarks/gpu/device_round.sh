@@ -49,8 +49,10 @@
 #                                    enghost  the V4 engine at batch 1, overlapped: cProfile and CUDA API calls per step
 #                                    v41ctx32k the V4.1 slice at batch 1/16, context 32k (shared prefix)
 #                                    sidediag V4.1's site coefficients on a side stream (hc_side_coeffs): side_coeffs_diff.py
-#                                             (one entry, then a chain of 16), then the slice's greedy tokens at batch 1
-#                                             (4k) with it off / on, graphed with PDL on and off, and eager
+#                                             (one entry, then a chain of 16); float32 greedy against DeepSeek's goldens
+#                                             one sequence at a time (the fused boundary's path), side on then off;
+#                                             then the slice's greedy tokens at batch 1 (4k), side off / on x PDL on / off
+#                                    sideeager the slice's tokens eager (v41_slice.py --eager), side off / on
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
 set -u
@@ -136,12 +138,15 @@ for part in "${@:-check slice gemm}"; do
                     --engine-tokens 128 --engine-host-profile --out "$OUT/enghost") ;;
       v41ctx32k) cmd=(timeout 150 python3 benchmarks/gpu/v41_slice.py --batches 1 16 --ks 0 --tokens 16 --prompt 32768
                       --shared-prefix 32752 --out "$OUT/v41ctx32k") ;;
-      sidediag) cmd=(bash -c 'timeout 120 python3 benchmarks/gpu/side_coeffs_diff.py; for cfg in "0 1" "1 1" "0 0" "1 0" \
-                     "0 1 --eager" "1 1 --eager"; do set -- $cfg; d="$0/side$1_pdl$2_$RANDOM"; DEEPINFER_CUDA_SM100__HC_SIDE_COEFFS=$1 \
+      sidediag) cmd=(bash -c '[ -n "${SIDE_RUNS:-}" ] || { timeout 120 python3 benchmarks/gpu/side_coeffs_diff.py; for v in 1 0; do \
+                     DEEPINFER_CUDA_SM100__HC_SIDE_COEFFS=$v timeout 100 python3 benchmarks/gpu/v41_greedy.py --configs flash_mini \
+                     --modes graphs --max-num-seqs 1 | sed "s/^/side=$v f32 /" | cut -c1-200; done; }; SIDE_RUNS=${SIDE_RUNS:-"0 1;1 1;0 0;1 0"}; \
+                     IFS=";"; for cfg in $SIDE_RUNS; do IFS=" "; set -- $cfg; d="$0/side$1_pdl$2_$RANDOM"; DEEPINFER_CUDA_SM100__HC_SIDE_COEFFS=$1 \
                      DEEPINFER_CUDA_SM100__PDL=$2 timeout 120 python3 benchmarks/gpu/v41_slice.py --batches 1 --ks 0 --tokens 16 \
                      --prompt 4096 --shared-prefix 4080 --save-tokens "${@:3}" --out "$d" > "$d.log" 2>&1; \
                      echo "side=$1 pdl=$2 ${*:3} rc $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(\"tokens\", d.get(\"tokens\"))" "$d/v41_slice.json"; \
                      done' "$OUT/sidediag") ;;
+      sideeager) cmd=(env SIDE_RUNS="0 1 --eager;1 1 --eager" bash benchmarks/gpu/device_round.sh sidediag) ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100
                         --deepinfer-extra-plugin deepinfer_cuda_sm100.plugin ${CONFORMANCE_K:+-k "$CONFORMANCE_K"}) ;;

@@ -12,7 +12,11 @@ thread they ran on and whether they went through the side-stream copy.
 ``--kv auto``: V4.1's trained FP8 / FP4 cache instead (the plugin's ``packed_kv`` path), on the prompts of up to
 96 tokens, against the reference's ``kvq_only`` goldens by that test's bounds (``QUANTIZED_BOUNDS``).
 
-    python3 benchmarks/gpu/v41_greedy.py [--out DIR]
+    python3 benchmarks/gpu/v41_greedy.py [--out DIR] [--max-num-seqs 1]
+
+``--max-num-seqs 1`` decodes one prompt at a time: decode steps of one token, where ``cuda_sm100`` runs each mHC
+boundary in its two fused launches (up to ``dispatch.HC_FUSED_MAX_TOKENS`` tokens); with all the prompts at once
+(the default) no decode step is that small.
 """
 
 from __future__ import annotations
@@ -56,11 +60,18 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "graphs"])
     ap.add_argument("--dspark", type=int, default=0, help="DSpark drafts a round (0: off)")
     ap.add_argument("--kv", default="unquantized", choices=["unquantized", "auto"])
+    ap.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="sequences decoded at once (1: every decode step one token, the fused 1-2 token mHC boundary's path; "
+        "by default all the prompts at once, which never takes it)",
+    )
     args = ap.parse_args()
     results = {}
     for mode, name in [(m, n) for m in args.modes for n in args.configs]:
         try:
-            results[f"{mode}/{name}"] = run(args.backend, name, mode, args.dspark, args.kv)
+            results[f"{mode}/{name}"] = run(args.backend, name, mode, args.dspark, args.kv, args.max_num_seqs)
         except Exception as e:  # noqa: BLE001 - a config that fails is reported, the others still run
             traceback.print_exc()
             results[f"{mode}/{name}"] = {"error": f"{type(e).__name__}: {e}"}
@@ -70,7 +81,9 @@ def main() -> None:
         (args.out / "v41_greedy.json").write_text(json.dumps(results, indent=1))
 
 
-def run(backend: str, name: str, mode: str, dspark: int = 0, kv: str = "unquantized") -> dict:
+def run(
+    backend: str, name: str, mode: str, dspark: int = 0, kv: str = "unquantized", max_num_seqs: int | None = None
+) -> dict:
     g, idx = prompts(name)
     if kv == "auto":
         idx = [i for i in idx if len(g[f"prompt.{i}.ids"]) <= QUANTIZED_MAX_LEN]
@@ -83,6 +96,7 @@ def run(backend: str, name: str, mode: str, dspark: int = 0, kv: str = "unquanti
         skip_tokenizer_init=True,  # token-id prompts: no transformers needed on the device
         enforce_eager=mode == "eager",
         speculative_config={"method": "dspark", "num_speculative_tokens": dspark} if dspark else None,
+        **({"max_num_seqs": max_num_seqs} if max_num_seqs else {}),
     )
     llm.engine.isolate_failures = False  # a failing step raises with its traceback instead of being retried
     READS.clear()
