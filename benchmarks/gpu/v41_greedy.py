@@ -82,7 +82,12 @@ def main() -> None:
 
 
 def run(
-    backend: str, name: str, mode: str, dspark: int = 0, kv: str = "unquantized", max_num_seqs: int | None = None
+    backend: str,
+    name: str,
+    mode: str,
+    dspark: int = 0,
+    kv: str = "unquantized",
+    max_num_seqs: int | None = None,
 ) -> dict:
     g, idx = prompts(name)
     if kv == "auto":
