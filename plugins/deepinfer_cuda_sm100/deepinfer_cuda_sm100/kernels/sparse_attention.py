@@ -36,14 +36,16 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, NOPE, NG, ROPE_ROW, ROPE_OFF,
              SCALE_ROW, SCALE_OFF, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_D: tl.constexpr):  # fmt: skip
+             BLOCK_D: tl.constexpr, OUT_T: tl.constexpr):  # fmt: skip
     """``[BLOCK_N, BLOCK_D]`` KV rows at ``slot``: plain rows, or packed FP8 rows (``pool_ptr`` the e4m3 view,
     ``rope_ptr`` the model-dtype view, ``scale_ptr`` the float32 view of the same bytes) decoded exactly as
     ``Fp8KVFormat.unpack``: ``code * scale`` for the first ``NOPE`` channels, the RoPE channels as stored.
     ``FP8 == 1``: the ``NG`` scales of a row are loaded once, as ``[BLOCK_N, BLOCK_D // GROUP]``, and broadcast
     per group through two reshapes. ``FP8 == 2`` (``dispatch.fp8_kv_mode``): each channel loads its group's
     scale (a gather whose ``GROUP`` neighbours read one word, as ``_load_packed`` reads V4.1's scales), no
-    reshape. The same products either way."""
+    reshape. The same products either way. In ``OUT_T`` (the dot's type): the products rounded to it, the RoPE
+    channels converted from the model dtype, so no float32 tile of the RoPE channels, nor of the merged row, is
+    held (the same values as merging in float32, then rounding: the model dtype widens exactly)."""
     m = valid[:, None] & dmask[None, :]
     if FP8:
         code = d < NOPE
@@ -65,9 +67,9 @@ def _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, 
             )
         r = tl.load(rope_ptr + slot[:, None] * ROPE_ROW + ROPE_OFF + (d - NOPE)[None, :],
                     mask=m & (~code)[None, :], other=0.0)  # fmt: skip
-        return tl.where(code[None, :], c, r.to(tl.float32))
+        return tl.where(code[None, :], c.to(OUT_T), r.to(OUT_T))
     else:
-        return tl.load(pool_ptr + slot[:, None] * stride_pool + d[None, :], mask=m, other=0.0)
+        return tl.load(pool_ptr + slot[:, None] * stride_pool + d[None, :], mask=m, other=0.0).to(OUT_T)
 
 
 @triton.jit
@@ -105,7 +107,7 @@ def _attend(q, pool_ptr, rope_ptr, scale_ptr, slots_ptr, start, end, stride_pool
             k = _load_packed(pool_ptr, rope_ptr, slot, valid, d, dmask, stride_pool, PACK, CODE_BYTES, SB)
         else:
             k = _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, NOPE, NG, ROPE_ROW,
-                         ROPE_OFF, SCALE_ROW, SCALE_OFF, FP8, GROUP, BLOCK_N, BLOCK_D)  # fmt: skip
+                         ROPE_OFF, SCALE_ROW, SCALE_OFF, FP8, GROUP, BLOCK_N, BLOCK_D, DOT_T)  # fmt: skip
         k = k.to(DOT_T)
         s = mma(q, tl.trans(k), None, DOT_T) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
