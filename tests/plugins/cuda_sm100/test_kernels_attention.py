@@ -7,7 +7,7 @@ import torch
 
 from deepinfer_core.ops.reference import reference_op
 
-from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err
+from .cuda_sm100_helpers import BOUND, DEVICE, INTERPRETED, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 REF = reference_op("attention")
@@ -316,6 +316,30 @@ def test_fp8_kv_scales_gathered_give_the_reshaped_result_bit_for_bit(gen, D, rop
     assert torch.equal(outs[0], outs[1])
     ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.05, fmt)
     assert rel_err(outs[1], ref) < BOUND[torch.float32]
+
+
+@pytest.mark.skipif(
+    not INTERPRETED, reason="bit for bit needs the same tiles for both pools (the interpreter's)"
+)
+@pytest.mark.parametrize("D, rope", [(80, 16), (576, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_kv_attention_is_the_plain_pool_of_its_unpacked_rows(gen, D, rope, dtype):
+    """The kernel's FP8 read builds each key tile as ``Fp8KVFormat.unpack`` then the dot's cast would: the output
+    over a packed pool is, byte for byte, the output over a plain pool holding the unpacked rows (the same tiles
+    under the interpreter), on a partial channel tile and on V4's 448 + 64 rows."""
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
+
+    T, H = 3, 16
+    fmt = Fp8KVFormat(D, rope, dtype)
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv, cmp = fmt.pack(_spread(gen, 50, D).to(dtype)), fmt.pack(_spread(gen, 20, D).to(dtype))
+    kv_slots, cmp_slots = _slots(gen, T, 29, 50), _slots(gen, T, 11, 20)
+    sinks = rand(gen, H)
+    packed = sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt).cpu()
+    plain = sparse_attention(*dev(q, fmt.unpack(kv), kv_slots, fmt.unpack(cmp), cmp_slots, sinks), 0.05).cpu()
+    assert packed.dtype == plain.dtype == dtype
+    assert torch.equal(packed, plain)
 
 
 def test_fp8_kv_store_rounds_ties_to_even_like_torch():
