@@ -2,8 +2,8 @@
 own coefficients run on the side (``settings.hc_side_coeffs``), at V4.1-Flash's width (4 streams x 5120, bf16) and
 at V4-Flash's (4 x 4096, what ``check.py`` compares): elements that differ and the largest difference, per output.
 Then a chain of 16 site entries as a decode step runs them (the first and every fourth without an exit to fold, the
-rest ``hc_post_site_norm``; a bf16 matmul of each entry's output as the sublayer between), eager: the last entry's
-outputs compared the same way.
+rest ``hc_post_site_norm``; a bf16 matmul of each entry's output as the sublayer between), eager, with the side
+stream off / on and PDL on / off: the last entry's outputs of each against side off with PDL on.
 
     python3 benchmarks/gpu/side_coeffs_diff.py
 """
@@ -53,8 +53,8 @@ def chain() -> None:
     w = r(d).abs() + 0.5
     x0 = r(1, d).bfloat16()
     outs = {}
-    for side in (False, True):
-        settings.use(settings.active().model_copy(update={"hc_side_coeffs": side}))
+    for side, pdl in ((False, True), (True, True), (False, False), (True, False)):
+        settings.use(settings.active().model_copy(update={"hc_side_coeffs": side, "pdl": pdl}))
         h = x0[:, None, :].expand(-1, n, -1).contiguous()
         pre = torch.zeros(1, n, device="cuda")
         pre[:, 0] = 1.0
@@ -67,13 +67,14 @@ def chain() -> None:
             else:
                 h, x, pre, post, comb = ops.hc_post_site_norm(y, h, post, comb, sites[i], pre, w)
             y = x @ subs[i]
-        outs[side] = [t.clone() for t in (ops.hc_post(y, h, post, comb), x, pre, post, comb)]
+        outs[side, pdl] = [t.clone() for t in (ops.hc_post(y, h, post, comb), x, pre, post, comb)]
         torch.cuda.synchronize()
         settings.use(settings.CudaSM100Settings())
     names = ("streams", "normed", "pre", "post", "comb")
-    diff = {k: (int((a != b).sum()), float((a.float() - b.float()).abs().max()))
-            for k, a, b in zip(names, outs[False], outs[True], strict=True)}  # fmt: skip
-    print(f"chain of 16 entries, D={d}: {diff}", flush=True)
+    for key in ((True, True), (False, False), (True, False)):  # each against side off, PDL on (the defaults)
+        diff = {k: (int((a != b).sum()), float((a.float() - b.float()).abs().max()))
+                for k, a, b in zip(names, outs[False, True], outs[key], strict=True)}  # fmt: skip
+        print(f"chain of 16 entries, D={d}, side {key[0]}, PDL {key[1]}: {diff}", flush=True)
 
 
 if __name__ == "__main__":
