@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    from deepinfer_cuda_sm100.kernels.sparse_attention import _load_kv
+except ImportError:  # no Triton: needs_triton skips every test here
+    triton = tl = _load_kv = None
 
 from deepinfer_core.ops.reference import reference_op
 
@@ -340,6 +350,54 @@ def test_fp8_kv_attention_is_the_plain_pool_of_its_unpacked_rows(gen, D, rope, d
     plain = sparse_attention(*dev(q, fmt.unpack(kv), kv_slots, fmt.unpack(cmp), cmp_slots, sinks), 0.05).cpu()
     assert packed.dtype == plain.dtype == dtype
     assert torch.equal(packed, plain)
+
+
+@functools.cache
+def _load_kv_probe():
+    """A kernel that stores the ``[BLOCK_N, BLOCK_D]`` key tile ``_load_kv`` builds."""
+    return triton.jit(_probe_source)
+
+
+def _probe_source(pool_ptr, rope_ptr, scale_ptr, slots_ptr, out_ptr, N, D, stride_pool, NOPE, NG, ROPE_ROW, ROPE_OFF,
+                  SCALE_ROW, SCALE_OFF, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, OUT_T: tl.constexpr):  # fmt: skip
+    n = tl.arange(0, BLOCK_N)
+    slot = tl.load(slots_ptr + n, mask=n < N, other=-1)
+    d = tl.arange(0, BLOCK_D)
+    k = _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, slot >= 0, d, d < D, stride_pool, NOPE, NG, ROPE_ROW,
+                 ROPE_OFF, SCALE_ROW, SCALE_OFF, FP8, GROUP, BLOCK_N, BLOCK_D, OUT_T)  # fmt: skip
+    tl.store(out_ptr + n[:, None] * D + d[None, :], k, mask=(n < N)[:, None] & (d < D)[None, :])
+
+
+@pytest.mark.parametrize("gather", [False, True], ids=["scales_reshaped", "scales_gathered"])
+@pytest.mark.parametrize("D, rope", [(80, 16), (576, 64)])
+@pytest.mark.parametrize("out", ["bf16", "f32"])
+def test_fp8_kv_tile_in_the_dots_type_is_the_unpacked_rows(gen, D, rope, gather, out):
+    """The FP8 key tile as the attention kernel builds it (``_load_kv``) in bf16, the dot's type on a GPU (the
+    interpreter's attention dots run in float32, so the attention tests above never take this route): the codes
+    times their scales, rounded to bf16, merged with the RoPE channels in bf16, are ``Fp8KVFormat.unpack``'s rows
+    exactly; in float32 too. Scales down to about 2**-100 (an all-zero row, tiny groups); empty slots read zero."""
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100.kernels.sparse_attention import _views
+
+    fmt = Fp8KVFormat(D, rope, torch.bfloat16)
+    x = _spread(gen, 12, D)
+    x[3] = 0.0  # an all-zero row: the smallest scale
+    x[5, : D - rope] *= 2.0**-90  # tiny groups: scales near 2**-100
+    pool = fmt.pack(x.to(torch.bfloat16))
+    slots = torch.tensor([0, 1, 2, 3, 4, 5, -1, 6, 7, 8, 9, 10, 11, -1, 2, 5])
+    dtype = torch.bfloat16 if out == "bf16" else torch.float32
+    got = torch.zeros(16, D, dtype=dtype)
+    rs = fmt.rope_dtype.itemsize
+    layout = (fmt.nope, fmt.num_scales, fmt.row_bytes // rs, fmt.rope_offset // rs, fmt.row_bytes // 4,
+              fmt.scale_offset // 4)  # fmt: skip
+    pool_d, got_d, slots_d = dev(pool, got, slots)
+    _load_kv_probe()[(1,)](*_views(pool_d, fmt), slots_d, got_d, 16, D, pool.stride(0), *layout, FP8=2 if gather else 1,
+                GROUP=64, BLOCK_N=16, BLOCK_D=triton.next_power_of_2(D),
+                OUT_T=tl.bfloat16 if out == "bf16" else tl.float32)  # fmt: skip
+    rows = fmt.unpack(pool).to(dtype)
+    want = torch.where((slots >= 0)[:, None], rows[slots.clamp(min=0)], torch.zeros((), dtype=dtype))
+    assert torch.equal(got_d.cpu(), want)
 
 
 def test_fp8_kv_store_rounds_ties_to_even_like_torch():
