@@ -412,19 +412,14 @@ def _side_coeffs(
 ):
     """A V4.1 site's own ``pre``, ``post`` and ``comb`` (``_hc_coeffs_kernel``, the Sinkhorn's dependent steps
     among them) on a side branch forked after launch 1 and joined at the next mHC op, so the collapse, and the
-    sublayer after it, need not wait for them (``settings.hc_side_coeffs``). Under the interpreter: in order."""
+    sublayer after it, need not wait for them (``settings.hc_side_coeffs``)."""
     T, N = pre.shape
     held = (part, sq, scale, base, pre, post, comb)
     args = (*held, T, N, part.shape[2], part.shape[0], iters, inv_k, hc_eps, norm_eps)
     meta = {"BLOCK_N": pow2(N), "BLOCK_NN": pow2(N) ** 2, "BLOCK_S": pow2(part.shape[0]), "num_warps": 1}
-    if part.device.type != "cuda":
-        _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T))
-    else:
-        side_branch.fork(
-            part.device,
-            lambda: _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T, forked=True)),
-            held,
-        )
+    side_branch.fork(
+        part.device, lambda: _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T, forked=True)), held
+    )
 
 
 def _boundary(
@@ -462,15 +457,14 @@ def _boundary(
     pre_out = torch.empty((T, N), **f32) if pre_in is not None else post_out  # (not written without pre_in)
     pre_in = pre_in.float().contiguous() if pre_in is not None else None
     scale, base = scale.float().contiguous(), base.float().contiguous()
+    inv_k = 1.0 / (N * D)
     side = pre_in is not None and dispatch.hc_side_coeffs(h.device)
     if side:  # the site's own coefficients are read at the next site only: off the collapse's critical path
-        _side_coeffs(
-            part, sq, scale, base, pre_out, post_out, comb_out, iters, 1.0 / (N * D), hc_eps, norm_eps
-        )
+        _side_coeffs(part, sq, scale, base, pre_out, post_out, comb_out, iters, inv_k, hc_eps, norm_eps)
     _hc_collapse_norm_kernel[(T, triton.cdiv(D, cfg.norm_block_d))](
         h, part, sq, gram, scale, base, weight.contiguous(), out,
         post_out, comb_out, pre_in if pre_in is not None else post_out, pre_out, T, N, D, M, P, h.stride(0),
-        h.stride(1), out.stride(0), iters, 1.0 / (N * D), hc_eps, norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN,
+        h.stride(1), out.stride(0), iters, inv_k, hc_eps, norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN,
         BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None, COEFFS=not side,
         num_warps=cfg.norm_warps, **dispatch.pdl_args(T),
     )  # fmt: skip

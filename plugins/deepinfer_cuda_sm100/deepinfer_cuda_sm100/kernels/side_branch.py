@@ -20,7 +20,11 @@ _STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def fork(device: torch.device, launch: Callable[[], None], held: tuple[torch.Tensor, ...]) -> None:
-    """Run ``launch`` on ``device``'s side stream after the work queued on the current stream so far."""
+    """Run ``launch`` on ``device``'s side stream after the work queued on the current stream so far; on a device
+    without streams (the interpreter's CPU tensors), now, in order."""
+    if device.type != "cuda":
+        launch()
+        return
     join(device)  # one branch at a time
     main = torch.cuda.current_stream(device)
     side = _STREAMS.get(device)
