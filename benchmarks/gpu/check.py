@@ -44,7 +44,6 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     WINDOW,
     G,
     bench,
-    bench_graph,
     ceilings,
     poisoned,
     record,
@@ -55,26 +54,23 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     torch,
     triton,
 )
-from check_fusions import check_dense_fusions
+from check_fusions import check_dense_fusions, check_hc_fused, check_v41_side_coeffs
 from check_probs import check_probs  # noqa: F401 - a section, called by name
 from cuda_settings import use_env_settings
 
 from deepinfer_core.ops import draws  # noqa: E402
-from deepinfer_core.ops.compose import compose_hc_post_pre, compose_hc_pre_norm  # noqa: E402
 from deepinfer_core.ops.mhc import HCParams  # noqa: E402
 from deepinfer_core.ops.quant_formats import dequant  # noqa: E402
 from deepinfer_core.ops.reference import reference_op  # noqa: E402
 from deepinfer_core.ops.sampling import SamplingTensors  # noqa: E402
 from deepinfer_core.ops.weights import ExpertWeights, QuantizedWeight  # noqa: E402
 from deepinfer_core.testing.kit import to_device  # noqa: E402
-from deepinfer_cuda_sm100 import dispatch, settings  # noqa: E402
+from deepinfer_cuda_sm100 import dispatch  # noqa: E402
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps  # noqa: E402
 from deepinfer_cuda_sm100.ops.moe import CudaMoEOps  # noqa: E402
 from deepinfer_cuda_sm100.ops.sampling import CudaSamplingOps  # noqa: E402
 
 # ----------------------------------------------------------------------------- dense
-
-REPEATS = 200 if not SMOKE else 3  # calls of a last-arriver kernel compared bitwise
 
 
 def check_dense():
@@ -410,107 +406,6 @@ def sweep():
         dispatch.gemm_config = orig_g
         ew = None
         torch.cuda.empty_cache()
-
-
-def check_hc_fused(ops, fn, base, scale):
-    """A sublayer boundary's mHC as decode runs it (one and two tokens, in a graph): ``hc_pre_norm`` and
-    ``hc_post_pre`` in two launches (``mhc._hc_boundary_mix_kernel``, ``mhc._hc_collapse_norm_kernel``)
-    against the reference, against the four launches they replace (timed side by side), and against
-    themselves over ``REPEATS`` calls, bitwise. Then launch shapes."""
-    from deepinfer_cuda_sm100.kernels import mhc
-
-    ref = reference_op("dense")
-    w = rnd(HIDDEN, dtype=F32).abs() + 0.5
-    mix = (fn, base, scale, 20, 1e-6, 1e-6)
-    hc = HCParams(*mix)
-    fused_cfg = dispatch.hc_fused_config
-    for T in (1, 2):
-        x, y = rnd(T, HC, HIDDEN), rnd(T, HIDDEN)
-        _, post, comb = ops.hc_pre(x, hc)
-        cases = {
-            "hc_pre_norm": (lambda: ops.hc_pre_norm(x, hc, w), lambda: compose_hc_pre_norm(ref, x, hc, w),
-                            lambda: ops.rms_norm(ops.hc_pre(x, hc)[0], w, 1e-6), 2 * x.numel()),
-            "hc_post_pre": (lambda: ops.hc_post_pre(y, x, post, comb, hc, w),
-                            lambda: compose_hc_post_pre(ref, y, x, post, comb, hc, w),
-                            lambda: ops.rms_norm(ops.hc_pre(ops.hc_post(y, x, post, comb), hc)[0], w, 1e-6),
-                            4 * x.numel() + 2 * y.numel()),
-        }  # fmt: skip
-        for name, (fused, reference, separate, act_bytes) in cases.items():
-            assert fused_cfg(T, HC, HIDDEN, fn.shape[0]) is not None, "the fused launches are off"
-            outs = poisoned(fused)
-            err = max(rel_err(a, b) for a, b in zip(outs, reference()))
-            first = [o.clone() for o in outs]
-            same = sum(all(torch.equal(a, b) for a, b in zip(fused(), first)) for _ in range(REPEATS))
-            by = act_bytes + 2 * T * HIDDEN + 4 * fn.numel()
-            record(f"{name}[graph]", f"{T}x{HC}x{HIDDEN} two launches", err if same == REPEATS else float("inf"),
-                   BOUND["bf16"], bench_graph(fused), by, note=f"{same}/{REPEATS} equal")  # fmt: skip
-            dispatch.hc_fused_config = lambda *a: None
-            try:
-                record(f"  {name}[graph] separate launches", f"{T}x{HC}x{HIDDEN}", None, None,
-                       bench_graph(separate), by)  # fmt: skip
-            finally:
-                dispatch.hc_fused_config = fused_cfg
-            # what the Sinkhorn's 20 dependent iterations cost the launch pair (one iteration instead)
-            one = HCParams(fn, base, scale, 1, 1e-6, 1e-6)
-            sink = {"hc_pre_norm": lambda: ops.hc_pre_norm(x, one, w),
-                    "hc_post_pre": lambda: ops.hc_post_pre(y, x, post, comb, one, w)}[name]  # fmt: skip
-            record(
-                f"  {name}[graph] one Sinkhorn iteration",
-                f"{T}x{HC}x{HIDDEN}",
-                None,
-                None,
-                bench_graph(sink),
-                by,
-            )
-    x = rnd(1, HC, HIDDEN)
-    want = ops.hc_pre_norm(x, hc, w)
-    default = fused_cfg(1, HC, HIDDEN, fn.shape[0])
-    for shape in ((32, 4, 128, 1), (16, 4, 128, 1), (64, 4, 128, 1), (32, 4, 256, 1), (32, 2, 128, 1)):
-        cfg = dispatch.HcFusedConfig(*shape) if not SMOKE else default
-        dispatch.hc_fused_config = lambda *a: cfg
-        try:
-            outs = poisoned(lambda: mhc.hc_pre_norm(x, *mix, w))
-            err = max(rel_err(a, b) for a, b in zip(outs, want))
-            ms = bench_graph(lambda: mhc.hc_pre_norm(x, *mix, w))
-        finally:
-            dispatch.hc_fused_config = fused_cfg
-        record("hc_pre_norm[graph]", f"1x{HC}x{HIDDEN} {shape[0]} ch x {shape[1]}w, then {shape[2]} ch x {shape[3]}w",
-               err, BOUND["bf16"], ms, 2 * x.numel() + 2 * HIDDEN + 4 * fn.numel(),
-               note="default" if cfg == default else "")  # fmt: skip
-
-
-def check_v41_side_coeffs(ops, fn, base, scale):
-    """V4.1's site entry at one token (``hc_post_site_norm``: the collapse by the site before's ``pre``), graphed,
-    followed by a stand-in sublayer (a bf16 ``HIDDEN x HIDDEN`` matmul of its output), with the site's own
-    coefficients on a side stream (``settings.hc_side_coeffs``) against inside the collapse: the same bytes, and
-    the time of entry + sublayer both ways (the branch overlaps the sublayer)."""
-    w = rnd(HIDDEN, dtype=F32).abs() + 0.5
-    hc = HCParams(fn, base, scale, 20, 1e-6, 1e-6)
-    y, x = rnd(1, HIDDEN), rnd(1, HC, HIDDEN)
-    _, post, comb = ops.hc_pre(x, hc)
-    pre = torch.rand(1, HC, device=DEV, generator=G) + 0.25
-    sub = rnd(HIDDEN, HIDDEN, scale=HIDDEN**-0.5)
-
-    from deepinfer_cuda_sm100.kernels import side_branch
-
-    def step():
-        outs = ops.hc_post_site_norm(y, x, post, comb, hc, pre, w)
-        out = outs[1] @ sub
-        side_branch.join(DEV)  # what the step's next mHC op does (a capture must end joined)
-        return (*outs, out)
-
-    active = settings.active()
-    got = {}
-    for side in (False, True, False, True):
-        settings.use(active.model_copy(update={"hc_side_coeffs": side}))
-        try:
-            outs = [o.clone() for o in poisoned(step)]
-            same = all(torch.equal(a, b) for a, b in zip(outs, got.setdefault(False, outs)))
-            record(f"v41 site entry + sublayer[graph], coefficients {'on a side stream' if side else 'in the collapse'}",
-                   f"1x{HC}x{HIDDEN}", 0.0 if same else float("inf"), BOUND["f32"], bench_graph(step),
-                   4 * x.numel() + 2 * y.numel() + 2 * sub.numel())  # fmt: skip
-        finally:
-            settings.use(active)
 
 
 def main() -> int:
