@@ -53,3 +53,14 @@ class Counting:
     def __getitem__(self, grid):
         self.launches.append(grid)
         return self.kernel[grid]
+
+
+def slot_lists(gen: torch.Generator, T: int, K: int, S: int, pad_frac: float = 0.3) -> torch.Tensor:
+    """``[T, K]`` slot ids below ``S``, about ``pad_frac`` of them ``-1`` (padding)."""
+    s = torch.randint(0, S, (T, K), generator=gen)
+    return torch.where(torch.rand(T, K, generator=gen) < pad_frac, -1, s)
+
+
+def spread_rows(gen: torch.Generator, n: int, d: int) -> torch.Tensor:
+    """Rows whose channels differ in size by up to 2**14, so every scale group gets its own scale."""
+    return rand(gen, n, d) * 2.0 ** torch.randint(-7, 7, (1, d), generator=gen).float()

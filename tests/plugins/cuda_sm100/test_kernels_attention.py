@@ -1,23 +1,14 @@
-"""Attention kernels (sparse attention with sinks, indexer scoring + top-k, compressor) vs the reference."""
+"""Attention kernels (sparse attention with sinks, indexer scoring + top-k, compressor) vs the reference. V4's FP8
+KV cache: ``test_kernels_fp8_kv.py``."""
 
 from __future__ import annotations
-
-import functools
 
 import pytest
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    from deepinfer_cuda_sm100.kernels.sparse_attention import _load_kv
-except ImportError:  # no Triton: needs_triton skips every test here
-    triton = tl = _load_kv = None
-
 from deepinfer_core.ops.reference import reference_op
 
-from .cuda_sm100_helpers import BOUND, DEVICE, INTERPRETED, dev, needs_triton, rand, rel_err
+from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err, slot_lists, spread_rows
 
 pytestmark = needs_triton
 REF = reference_op("attention")
@@ -30,21 +21,16 @@ def ops():
     return CudaAttentionOps()
 
 
-def _slots(gen, T, K, S, pad_frac=0.3):
-    s = torch.randint(0, S, (T, K), generator=gen)
-    return torch.where(torch.rand(T, K, generator=gen) < pad_frac, -1, s)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_cmp", [True, False])
 def test_sparse_attention_matches_reference(ops, gen, dtype, with_cmp):
     T, H, D = 5, 20, 48  # 20 heads: a partial head block; D=48: a partial channel tile
     q = rand(gen, T, H, D, dtype=dtype)
     kv = rand(gen, 70, D, dtype=dtype)
-    kv_slots = _slots(gen, T, 37, 70)
+    kv_slots = slot_lists(gen, T, 37, 70)
     kv_slots[2] = -1  # a row whose window is all padding still sees the compressed slots
     cmp = rand(gen, 30, D, dtype=dtype) if with_cmp else None
-    cmp_slots = _slots(gen, T, 19, 30) if with_cmp else None
+    cmp_slots = slot_lists(gen, T, 19, 30) if with_cmp else None
     sinks = rand(gen, H)
     got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.2)
     ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.2)
@@ -66,10 +52,10 @@ def test_split_kv_attention_matches_reference(gen, splits, fp8):
     T, H, D = 3, 20, 80
     fmt = Fp8KVFormat(D, 16, torch.float32) if fp8 else None
     q = rand(gen, T, H, D)
-    kv, cmp = _spread(gen, 70, D), _spread(gen, 30, D)
+    kv, cmp = spread_rows(gen, 70, D), spread_rows(gen, 30, D)
     if fmt is not None:
         kv, cmp = fmt.pack(kv), fmt.pack(cmp)
-    kv_slots, cmp_slots = _slots(gen, T, 37, 70), _slots(gen, T, 19, 30)
+    kv_slots, cmp_slots = slot_lists(gen, T, 37, 70), slot_lists(gen, T, 19, 30)
     kv_slots[1], cmp_slots[1] = -1, -1
     kv_slots[2, :20] = -1
     sinks = rand(gen, H)
@@ -88,8 +74,8 @@ def test_split_kv_combine_over_several_blocks_of_chunks(gen):
 
     T, H, D, splits = 2, 3, 264, 37
     q = rand(gen, T, H, D)
-    kv, cmp = _spread(gen, 700, D), _spread(gen, 90, D)
-    kv_slots, cmp_slots = _slots(gen, T, 520, 700), _slots(gen, T, 70, 90)
+    kv, cmp = spread_rows(gen, 700, D), spread_rows(gen, 90, D)
+    kv_slots, cmp_slots = slot_lists(gen, T, 520, 700), slot_lists(gen, T, 70, 90)
     kv_slots[1, 100:300] = -1
     sinks = rand(gen, H)
     got = sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, splits=splits).cpu()
@@ -100,7 +86,7 @@ def test_split_kv_combine_over_several_blocks_of_chunks(gen):
 def test_sparse_attention_row_without_slots_is_zero(ops, gen):
     q = rand(gen, 3, 4, 16)
     kv = rand(gen, 10, 16)
-    slots = _slots(gen, 3, 8, 10, pad_frac=0.0)
+    slots = slot_lists(gen, 3, 8, 10, pad_frac=0.0)
     slots[1] = -1
     got = ops.sparse_attention(*dev(q, kv, slots, None, None, rand(gen, 4)), 0.25)
     assert torch.equal(got[1].cpu(), torch.zeros(4, 16))
@@ -110,7 +96,7 @@ def test_sparse_attention_row_without_slots_is_zero(ops, gen):
 def test_sink_takes_probability_mass(ops, gen):
     """A huge sink leaves almost no mass for the values; a very negative one changes nothing."""
     q, kv = rand(gen, 2, 4, 16), rand(gen, 10, 16)
-    slots = _slots(gen, 2, 6, 10, pad_frac=0.0)
+    slots = slot_lists(gen, 2, 6, 10, pad_frac=0.0)
     big = ops.sparse_attention(*dev(q, kv, slots, None, None, torch.full((4,), 60.0)), 0.25)
     assert big.abs().max() < 1e-6
     none = ops.sparse_attention(*dev(q, kv, slots, None, None, torch.full((4,), -1e4)), 0.25)
@@ -124,7 +110,7 @@ def test_indexer_topk_selects_the_best_scores(ops, gen, dtype):
     q = rand(gen, T, Hi, Di, dtype=dtype)
     w = rand(gen, T, Hi).abs()
     keys = rand(gen, S, Di, dtype=dtype)
-    cand = _slots(gen, T, C, S, pad_frac=0.2)
+    cand = slot_lists(gen, T, C, S, pad_frac=0.2)
     cand[3, 5:] = -1  # fewer valid candidates than topk: the rest must be -1
     got = ops.indexer_topk(*dev(q, w, keys, cand), 16).cpu()
     ref = REF.indexer_topk(q, w, keys, cand, 16)
@@ -150,7 +136,7 @@ def test_indexer_select_returns_the_slots_of_indexer_topk(ops, gen, monkeypatch,
     T, Hi, Di, C, S = 4, 8, 32, 90, 120
     q, keys = rand(gen, T, Hi, Di, dtype=torch.bfloat16), rand(gen, S, Di, dtype=torch.bfloat16)
     w = rand(gen, T, Hi, dtype=torch.bfloat16)  # signed: the scale and the relu both matter
-    cand = _slots(gen, T, C, S, pad_frac=0.2)
+    cand = slot_lists(gen, T, C, S, pad_frac=0.2)
     cand[3, 5:] = -1
     q, w, keys, cand = dev(q, w, keys, cand)
     got = ops.indexer_select(q, w, 0.0625, keys, cand, 16)
@@ -175,7 +161,7 @@ def test_indexer_topk_slots_are_the_slots_of_indexer_topk_in_order(ops, gen, mon
     fmt = PackedKV(PackedFormat("e2m1", "ue8m0", 32, (Di,)), torch.float32) if packed else None
     keys = fmt.pack(keys) if packed else keys
     w = rand(gen, T, Hi).abs()
-    cand = _slots(gen, T, C, S, pad_frac=0.2)
+    cand = slot_lists(gen, T, C, S, pad_frac=0.2)
     cand[3, 5:] = -1
     q, w, keys, cand = dev(q, w, keys, cand)
     got = ops.indexer_topk_slots(q, w, keys, cand, 16, key_format=fmt)
@@ -255,168 +241,6 @@ def test_plain_kv_store_matches_the_reference(ops, gen, pool_dtype, dtype, d):
         )  # rows no slot names: untouched
     else:
         assert torch.equal(pool.cpu(), want)
-
-
-# ------------------------------------------------------------------ FP8 KV cache
-
-
-def _spread(gen, n, d):
-    """Rows whose channels differ in size by up to 2**14, so every scale group gets its own scale."""
-    return rand(gen, n, d) * 2.0 ** torch.randint(-7, 7, (1, d), generator=gen).float()
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dims", [(512, 64), (48, 16), (32, 8)])
-def test_fp8_kv_store_writes_the_reference_bytes(gen, dtype, dims):
-    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
-    from deepinfer_cuda_sm100.kernels.kv_store import store_fp8
-
-    fmt = Fp8KVFormat(*dims, dtype)
-    x = _spread(gen, 9, dims[0]).to(dtype)
-    x[3, :7] = 0.0  # an all-small row start: the scale comes from the rest of its group
-    slots = torch.tensor([11, 0, 5, 7, 2, -1, 9, 3, 13])  # -1: the last (scratch) slot, as torch indexes it
-    pool = torch.zeros(16, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
-    store_fp8(pool, *dev(slots, x), fmt)
-    want = torch.zeros(16, fmt.row_bytes, dtype=torch.uint8)
-    want[slots] = fmt.pack(x)
-    assert torch.equal(pool.cpu(), want)
-
-
-@pytest.mark.parametrize("gather", [False, True], ids=["scales_reshaped", "scales_gathered"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sparse_attention_reads_fp8_pools(ops, gen, dtype, gather):
-    """Both ways the kernel scales the codes (``dispatch.fp8_kv_mode``) read the reference's values."""
-    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
-    from deepinfer_cuda_sm100 import dispatch, settings
-
-    settings.use(settings.CudaSM100Settings(fp8_kv_scale_gather=gather))
-    assert dispatch.fp8_kv_mode() == (2 if gather else 1)
-    T, H, D = 5, 20, 80  # nope 64 + RoPE 16; D=80: a partial channel tile
-    fmt = Fp8KVFormat(D, 16, dtype)
-    q = rand(gen, T, H, D, dtype=dtype)
-    kv, cmp = fmt.pack(_spread(gen, 70, D)), fmt.pack(_spread(gen, 30, D))
-    kv_slots, cmp_slots = _slots(gen, T, 37, 70), _slots(gen, T, 19, 30)
-    sinks = rand(gen, H)
-    got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt)
-    ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.05, fmt)
-    assert got.dtype == dtype
-    assert rel_err(got, ref) < BOUND[dtype]
-    plain = REF.sparse_attention(q, fmt.unpack(kv), kv_slots, fmt.unpack(cmp), cmp_slots, sinks, 0.05)
-    assert torch.equal(ref, plain)  # the packed read is the unpacked values, nothing else
-
-
-@pytest.mark.parametrize("D, rope", [(80, 16), (576, 64)])
-def test_fp8_kv_scales_gathered_give_the_reshaped_result_bit_for_bit(gen, D, rope):
-    """The gathered scales multiply the same code by the same scale as the reshaped ones: equal outputs, on a
-    partial channel tile and on V4's 448 + 64 rows (seven groups of 64 in a 1,024-wide tile)."""
-    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
-    from deepinfer_cuda_sm100 import settings
-    from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
-
-    T, H = 3, 16
-    fmt = Fp8KVFormat(D, rope, torch.float32)
-    q = rand(gen, T, H, D)
-    kv, cmp = fmt.pack(_spread(gen, 50, D)), fmt.pack(_spread(gen, 20, D))
-    kv_slots, cmp_slots = _slots(gen, T, 29, 50), _slots(gen, T, 11, 20)
-    sinks = rand(gen, H)
-    outs = []
-    for gather in (False, True):
-        settings.use(settings.CudaSM100Settings(fp8_kv_scale_gather=gather))
-        outs.append(sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt).cpu())
-    assert torch.equal(outs[0], outs[1])
-    ref = REF.sparse_attention(q, kv, kv_slots, cmp, cmp_slots, sinks, 0.05, fmt)
-    assert rel_err(outs[1], ref) < BOUND[torch.float32]
-
-
-@pytest.mark.skipif(
-    not INTERPRETED, reason="bit for bit needs the same tiles for both pools (the interpreter's)"
-)
-@pytest.mark.parametrize("D, rope", [(80, 16), (576, 64)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fp8_kv_attention_is_the_plain_pool_of_its_unpacked_rows(gen, D, rope, dtype):
-    """The kernel's FP8 read builds each key tile as ``Fp8KVFormat.unpack`` then the dot's cast would: the output
-    over a packed pool is, byte for byte, the output over a plain pool holding the unpacked rows (the same tiles
-    under the interpreter), on a partial channel tile and on V4's 448 + 64 rows."""
-    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
-    from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
-
-    T, H = 3, 16
-    fmt = Fp8KVFormat(D, rope, dtype)
-    q = rand(gen, T, H, D, dtype=dtype)
-    kv, cmp = fmt.pack(_spread(gen, 50, D).to(dtype)), fmt.pack(_spread(gen, 20, D).to(dtype))
-    kv_slots, cmp_slots = _slots(gen, T, 29, 50), _slots(gen, T, 11, 20)
-    sinks = rand(gen, H)
-    packed = sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt).cpu()
-    plain = sparse_attention(*dev(q, fmt.unpack(kv), kv_slots, fmt.unpack(cmp), cmp_slots, sinks), 0.05).cpu()
-    assert packed.dtype == plain.dtype == dtype
-    assert torch.equal(packed, plain)
-
-
-@functools.cache
-def _load_kv_probe():
-    """A kernel that stores the ``[BLOCK_N, BLOCK_D]`` key tile ``_load_kv`` builds."""
-    return triton.jit(_probe_source)
-
-
-def _probe_source(pool_ptr, rope_ptr, scale_ptr, slots_ptr, out_ptr, N, D, stride_pool, NOPE, NG, ROPE_ROW, ROPE_OFF,
-                  SCALE_ROW, SCALE_OFF, FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, OUT_T: tl.constexpr):  # fmt: skip
-    n = tl.arange(0, BLOCK_N)
-    slot = tl.load(slots_ptr + n, mask=n < N, other=-1)
-    d = tl.arange(0, BLOCK_D)
-    k = _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, slot >= 0, d, d < D, stride_pool, NOPE, NG, ROPE_ROW,
-                 ROPE_OFF, SCALE_ROW, SCALE_OFF, FP8, GROUP, BLOCK_N, BLOCK_D, OUT_T)  # fmt: skip
-    tl.store(out_ptr + n[:, None] * D + d[None, :], k, mask=(n < N)[:, None] & (d < D)[None, :])
-
-
-@pytest.mark.parametrize("gather", [False, True], ids=["scales_reshaped", "scales_gathered"])
-@pytest.mark.parametrize("D, rope", [(80, 16), (576, 64)])
-@pytest.mark.parametrize("out", ["bf16", "f32"])
-def test_fp8_kv_tile_in_the_dots_type_is_the_unpacked_rows(gen, D, rope, gather, out):
-    """The FP8 key tile as the attention kernel builds it (``_load_kv``) in bf16, the dot's type on a GPU (the
-    interpreter's attention dots run in float32, so the attention tests above never take this route): the codes
-    times their scales, rounded to bf16, merged with the RoPE channels in bf16, are ``Fp8KVFormat.unpack``'s rows
-    exactly; in float32 too. Scales down to about 2**-100 (an all-zero row, tiny groups); empty slots read zero."""
-    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
-    from deepinfer_cuda_sm100.kernels.sparse_attention import _views
-
-    fmt = Fp8KVFormat(D, rope, torch.bfloat16)
-    x = _spread(gen, 12, D)
-    x[3] = 0.0  # an all-zero row: the smallest scale
-    x[5, : D - rope] *= 2.0**-90  # tiny groups: scales near 2**-100
-    pool = fmt.pack(x.to(torch.bfloat16))
-    slots = torch.tensor([0, 1, 2, 3, 4, 5, -1, 6, 7, 8, 9, 10, 11, -1, 2, 5])
-    dtype = torch.bfloat16 if out == "bf16" else torch.float32
-    got = torch.zeros(16, D, dtype=dtype)
-    rs = fmt.rope_dtype.itemsize
-    layout = (fmt.nope, fmt.num_scales, fmt.row_bytes // rs, fmt.rope_offset // rs, fmt.row_bytes // 4,
-              fmt.scale_offset // 4)  # fmt: skip
-    pool_d, got_d, slots_d = dev(pool, got, slots)
-    _load_kv_probe()[(1,)](*_views(pool_d, fmt), slots_d, got_d, 16, D, pool.stride(0), *layout, FP8=2 if gather else 1,
-                GROUP=64, BLOCK_N=16, BLOCK_D=triton.next_power_of_2(D),
-                OUT_T=tl.bfloat16 if out == "bf16" else tl.float32)  # fmt: skip
-    rows = fmt.unpack(pool).to(dtype)
-    want = torch.where((slots >= 0)[:, None], rows[slots.clamp(min=0)], torch.zeros((), dtype=dtype))
-    assert torch.equal(got_d.cpu(), want)
-
-
-def test_fp8_kv_store_rounds_ties_to_even_like_torch():
-    """Every midpoint between neighbouring e4m3 values (normal and subnormal), both signs, with a group
-    amax of 448 (scale 1): the kernel's float32 rounding must pick torch's even neighbour each time."""
-    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
-    from deepinfer_cuda_sm100.kernels.kv_store import store_fp8
-
-    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
-    mids = (grid[1:] + grid[:-1]) / 2
-    vals = torch.cat([mids, -mids, grid, -grid])
-    rows = -(-vals.numel() // 63)
-    body = torch.zeros(rows * 63)
-    body[: vals.numel()] = vals
-    x = torch.cat([torch.full((rows, 1), 448.0), body.view(rows, 63)], dim=1)
-    fmt = Fp8KVFormat(64, 0, torch.float32)
-    pool = torch.zeros(rows, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
-    store_fp8(pool, *dev(torch.arange(rows), x), fmt)
-    assert torch.equal(pool.cpu(), fmt.pack(x))
 
 
 # ------------------------------------------------------------------ compressor from the state pool
@@ -514,7 +338,7 @@ def test_indexer_scores_equal_the_reference_without_a_host_sync(ops, gen, packed
     q, w = rand(gen, T, H, D), rand(gen, T, H).abs()
     keys = rand(gen, S, D)
     pool = fmt.pack(keys) if packed else keys
-    cand = _slots(gen, T, C, S)
+    cand = slot_lists(gen, T, C, S)
     cand[1] = -1  # a row without candidates
     got = ops.indexer_scores(*dev(q, w, pool, cand), key_format=fmt)
     ref = REF.indexer_scores(q, w, pool, cand, key_format=fmt)
@@ -542,7 +366,7 @@ def test_sparse_attention_reads_v41_packed_pools(ops, gen, dtype, block):
     q = rand(gen, T, H, D, dtype=dtype)
     kv = f.window.pack(rand(gen, 70, D, dtype=dtype, scale=2.0))
     cmp = (f.window if block else f.compressed).pack(rand(gen, 30, D, dtype=dtype, scale=2.0))
-    kv_slots, cmp_slots = _slots(gen, T, 37, 70), _slots(gen, T, 19, 30)
+    kv_slots, cmp_slots = slot_lists(gen, T, 37, 70), slot_lists(gen, T, 19, 30)
     kv_slots[2] = -1
     sinks = rand(gen, H)
     got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, kv_format=f.window,
@@ -580,7 +404,7 @@ def test_indexer_topk_reads_v41_fp4_keys(ops, gen, k):
     T, H, D, S, C = 6, 8, 64, 40, 23
     q, w = rand(gen, T, H, D), rand(gen, T, H)
     pool = f.keys.pack(rand(gen, S, D))
-    cand = _slots(gen, T, C, S)
+    cand = slot_lists(gen, T, C, S)
     cand[1] = -1
     got = ops.indexer_topk(*dev(q, w, pool, cand), k, key_format=f.keys).cpu()
     ref = REF.indexer_topk(q, w, pool, cand, k, key_format=f.keys)
@@ -607,7 +431,7 @@ def test_sparse_attention_decodes_v41_entries_in_the_kernel(ops, gen, monkeypatc
     T, H, D = 4, 12, 64
     q = rand(gen, T, H, D)
     kv, cmp = f.window.pack(rand(gen, 50, D, scale=2.0)), cf.pack(rand(gen, 30, D, scale=2.0))
-    kv_slots, cmp_slots = _slots(gen, T, 21, 50), _slots(gen, T, 13, 30)
+    kv_slots, cmp_slots = slot_lists(gen, T, 21, 50), slot_lists(gen, T, 13, 30)
     sinks = rand(gen, H)
     want = REF.sparse_attention(q, f.window.unpack(kv), kv_slots, cf.unpack(cmp), cmp_slots, sinks, 0.1)
     got = sa.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, splits=split,
@@ -657,7 +481,7 @@ def test_a_prefill_chunk_unpacks_each_distinct_packed_entry_once(ops, gen, monke
         f.window.pack(rand(gen, 40, D, dtype=dtype, scale=2.0)),
         cf.pack(rand(gen, 25, D, dtype=dtype, scale=2.0)),
     )
-    kv_slots, cmp_slots = _slots(gen, T, 16, 40), _slots(gen, T, 11, 25)  # many repeats across rows
+    kv_slots, cmp_slots = slot_lists(gen, T, 16, 40), slot_lists(gen, T, 11, 25)  # many repeats across rows
     kv_slots[3] = -1
     kv_slots[kv_slots == 0], cmp_slots[cmp_slots == 0] = (
         1,
@@ -707,8 +531,8 @@ def test_a_prefill_chunk_unpacks_each_distinct_v4_fp8_entry_once(ops, gen, monke
     T, H, D = 9, 20, 80  # nope 64 + RoPE 16
     fmt = Fp8KVFormat(D, 16, dtype)
     q = rand(gen, T, H, D, dtype=dtype)
-    kv, cmp = fmt.pack(_spread(gen, 40, D)), fmt.pack(_spread(gen, 25, D))
-    kv_slots, cmp_slots = _slots(gen, T, 16, 40), _slots(gen, T, 11, 25)  # many repeats across rows
+    kv, cmp = fmt.pack(spread_rows(gen, 40, D)), fmt.pack(spread_rows(gen, 25, D))
+    kv_slots, cmp_slots = slot_lists(gen, T, 16, 40), slot_lists(gen, T, 11, 25)  # many repeats across rows
     kv_slots[kv_slots == 0] = 1  # no live read of row 0: a pad must not unpack it
     cmp_slots[cmp_slots == 0] = 1
     kv_slots[3] = -1
@@ -743,7 +567,7 @@ def test_other_packed_codecs_are_unpacked_for_the_kernel(ops, gen, monkeypatch):
     T, H, D = 4, 12, 64
     q, sinks = rand(gen, T, H, D), rand(gen, H)
     kv, cmp = fmt.pack(rand(gen, 50, D)), fmt.pack(rand(gen, 30, D))
-    kv_slots, cmp_slots = _slots(gen, T, 21, 50), _slots(gen, T, 13, 30)
+    kv_slots, cmp_slots = slot_lists(gen, T, 21, 50), slot_lists(gen, T, 13, 30)
     got = ops.sparse_attention(
         *dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.1, kv_format=fmt, cmp_format=fmt
     )
@@ -771,7 +595,7 @@ def test_fp4_index_keys_are_decoded_in_the_scoring_kernel(ops, gen, monkeypatch,
     T, H, S, C = 5, 8, 40, 29
     q, w = rand(gen, T, H, D), rand(gen, T, H)
     pool = fmt.pack(rand(gen, S, D, scale=3.0))
-    cand = _slots(gen, T, C, S)
+    cand = slot_lists(gen, T, C, S)
     got = ops.indexer_scores(*dev(q, w, pool, cand), key_format=fmt).cpu()
     ref = REF.indexer_scores(q, w, pool, cand, key_format=fmt)
     assert launches == ([1] if codec == "v41_keys" else [])
@@ -794,7 +618,7 @@ def test_a_prefill_chunk_scores_each_distinct_index_key_unpacked_once(ops, gen, 
     T, H, D, S, C = 9, 8, 64, 40, 29
     q, w = rand(gen, T, H, D, dtype=dtype), rand(gen, T, H)
     pool = fmt.pack(rand(gen, S, D, dtype=dtype, scale=3.0))
-    cand = _slots(gen, T, C, S)  # many repeats across rows, and -1 pads
+    cand = slot_lists(gen, T, C, S)  # many repeats across rows, and -1 pads
     cand[2] = -1
     cand[cand == 0] = 1  # no live read of row 0: a pad must not unpack it
     in_kernel = ops.indexer_scores(*dev(q, w, pool, cand), key_format=fmt).cpu()
