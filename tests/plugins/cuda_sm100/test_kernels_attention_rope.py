@@ -9,8 +9,8 @@ import torch
 
 from deepinfer_core.ops.reference import reference_op
 
-from .cuda_sm100_helpers import BOUND, Counting, dev, needs_triton, rand, rel_err
-from .test_kernels_attention import REF, _slots, _v41_formats
+from .cuda_sm100_helpers import BOUND, Counting, dev, needs_triton, rand, rel_err, slot_lists
+from .test_kernels_attention import REF, _v41_formats
 
 pytestmark = needs_triton
 
@@ -44,7 +44,7 @@ def _inputs(gen, pool, dtype):
         kv, cmp = f.window.pack(kv), f.compressed.pack(cmp)
         fmt = {"kv_format": f.window, "cmp_format": f.compressed}
         pack = {"kv_pack": sa.packed_layout(f.window, D), "cmp_pack": sa.packed_layout(f.compressed, D)}
-    host = (q, kv, _slots(gen, T, 21, 50), cmp, _slots(gen, T, 13, 30), rand(gen, H))
+    host = (q, kv, slot_lists(gen, T, 21, 50), cmp, slot_lists(gen, T, 13, 30), rand(gen, H))
     pos = torch.randint(0, 70000, (T,), generator=gen)
     inv_freq = 1.0 / 10000 ** (torch.arange(0, R, 2).float() / R)
     p, fr = dev(pos, inv_freq)
