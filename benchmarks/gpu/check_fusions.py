@@ -125,8 +125,9 @@ def check_hc_fused(ops, fn, base, scale):
 def check_v41_side_coeffs(ops, fn, base, scale):
     """V4.1's site entry at one token (``hc_post_site_norm``: the collapse by the site before's ``pre``), graphed,
     followed by a stand-in sublayer (a bf16 ``HIDDEN x HIDDEN`` matmul of its output), with the site's own
-    coefficients on a side stream (``settings.hc_side_coeffs``) against inside the collapse: the same bytes, and
-    the time of entry + sublayer both ways (the branch overlaps the sublayer)."""
+    coefficients on a side stream (``settings.hc_side_coeffs``) against after the collapse on the current stream
+    (the same kernel): the same bytes, and the time of entry + sublayer both ways (the branch overlaps the
+    sublayer)."""
     w = rnd(HIDDEN, dtype=F32).abs() + 0.5
     hc = HCParams(fn, base, scale, 20, 1e-6, 1e-6)
     y, x = rnd(1, HIDDEN), rnd(1, HC, HIDDEN)
@@ -149,7 +150,7 @@ def check_v41_side_coeffs(ops, fn, base, scale):
         try:
             outs = [o.clone() for o in poisoned(step)]
             same = all(torch.equal(a, b) for a, b in zip(outs, got.setdefault(False, outs)))
-            record(f"v41 site entry + sublayer[graph], coefficients {'on a side stream' if side else 'in the collapse'}",
+            record(f"v41 site entry + sublayer[graph], coefficients {'on a side stream' if side else 'in line'}",
                    f"1x{HC}x{HIDDEN}", 0.0 if same else float("inf"), BOUND["f32"], bench_graph(step),
                    4 * x.numel() + 2 * y.numel() + 2 * sub.numel())  # fmt: skip
         finally:

@@ -3,17 +3,23 @@ own coefficients run on the side (``settings.hc_side_coeffs``), at V4.1-Flash's 
 at V4-Flash's (4 x 4096, what ``check.py`` compares): elements that differ and the largest difference, per output.
 Then a chain of 16 site entries as a decode step runs them (the first and every fourth without an exit to fold, the
 rest ``hc_post_site_norm``; a bf16 matmul of each entry's output as the sublayer between), eager, with the side
-stream off / on and PDL on / off: the last entry's outputs of each against side off with PDL on.
+stream off / on and PDL on / off: the last entry's outputs of each against side off with PDL on. Then
+``entries``: the same chain with side off, on, and on with the branch launched in place on the main stream
+(``side_branch.fork`` as on a CPU: the same kernels, no second stream), each entry's outputs against side off's,
+the first entry and output that differs (a race shows as on != inline; the kernels' own bits as inline != off).
 
-    python3 benchmarks/gpu/side_coeffs_diff.py
+    python3 benchmarks/gpu/side_coeffs_diff.py [main] [chain] [entries]
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
 from deepinfer_core.ops.mhc import HCParams
 from deepinfer_cuda_sm100 import settings
+from deepinfer_cuda_sm100.kernels import side_branch
 from deepinfer_cuda_sm100.ops.dense import CudaDenseOps
 
 
@@ -77,6 +83,54 @@ def chain() -> None:
         print(f"chain of 16 entries, D={d}, side {key[0]}, PDL {key[1]}: {diff}", flush=True)
 
 
+def _chain_entries(ops, sites, subs, w, x0, n):
+    h = x0[:, None, :].expand(-1, n, -1).contiguous()
+    pre = torch.zeros(1, n, device="cuda")
+    pre[:, 0] = 1.0
+    y = post = comb = None
+    seen = []
+    for i in range(len(sites)):
+        if y is None or i % 4 == 0:
+            if y is not None:
+                h = ops.hc_post(y, h, post, comb)
+            x, pre, post, comb = ops.hc_site_norm(h, sites[i], pre, w)
+        else:
+            h, x, pre, post, comb = ops.hc_post_site_norm(y, h, post, comb, sites[i], pre, w)
+        y = x @ subs[i]
+        side_branch.join(x.device)  # (read them only after the branch: what the next entry does first)
+        seen.append([t.clone() for t in (h, x, pre, post, comb)])
+    torch.cuda.synchronize()
+    return seen
+
+
+def entries() -> None:
+    g = torch.Generator("cuda").manual_seed(1)
+    ops, n, d = CudaDenseOps(), 4, 5120
+    r = lambda *s, sc=1.0: torch.randn(*s, generator=g, device="cuda") * sc  # noqa: E731
+    sites = [HCParams(r((2 + n) * n, n * d, sc=0.02), r((2 + n) * n, sc=0.5), r(3).abs() + 0.5, 20, 1e-6, 1e-6)
+             for _ in range(16)]  # fmt: skip
+    subs = [r(d, d, sc=d**-0.5).bfloat16() for _ in range(16)]
+    w, x0 = r(d).abs() + 0.5, r(1, d).bfloat16()
+    fork = side_branch.fork
+    runs = {}
+    for arm in ("off", "side", "inline", "side again"):
+        settings.use(settings.active().model_copy(update={"hc_side_coeffs": arm != "off"}))
+        if arm == "inline":
+            side_branch.fork = lambda device, launch, held: launch()
+        try:
+            runs[arm] = _chain_entries(ops, sites, subs, w, x0, n)
+        finally:
+            side_branch.fork = fork
+            settings.use(settings.CudaSM100Settings())
+    names = ("streams", "normed", "pre", "post", "comb")
+    for a, b in (("off", "side"), ("off", "inline"), ("side", "inline"), ("side", "side again")):
+        first = next(((i, k, int((u != v).sum()), float((u.float() - v.float()).abs().max()))
+                      for i, (ea, eb) in enumerate(zip(runs[a], runs[b], strict=True))
+                      for k, u, v in zip(names, ea, eb, strict=True) if not torch.equal(u, v)), None)  # fmt: skip
+        print(f"entries {a} vs {b}: first difference (entry, output, elements, largest) {first}", flush=True)
+
+
 if __name__ == "__main__":
-    main()
-    chain()
+    parts = sys.argv[1:] or ["main", "chain", "entries"]
+    for part in parts:
+        {"main": main, "chain": chain, "entries": entries}[part]()

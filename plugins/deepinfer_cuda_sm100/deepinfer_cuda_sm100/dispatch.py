@@ -307,9 +307,9 @@ def hc_fused_config(t: int, n: int, d: int, m: int) -> HcFusedConfig | None:
 
 def hc_side_coeffs(device: torch.device) -> bool:
     """V4.1's fused site entry (``PRE_IN``): its own coefficients (``pre``, ``post``, the Sinkhorn's ``comb``) by
-    ``mhc._hc_coeffs_kernel`` on a side stream instead of inside the collapse's first program, whose 20 dependent
-    Sinkhorn steps the collapse, and so the sublayer, otherwise waits for (``settings.hc_side_coeffs``). Under the
-    interpreter the two launches run in order (what the tests compare)."""
+    ``mhc._hc_coeffs_kernel`` on a side stream beside the collapse instead of after it on the current stream, whose
+    next launch (the sublayer's) then waits for the 20 dependent Sinkhorn steps (``settings.hc_side_coeffs``). The
+    same kernel either way, so the same bits. Under the interpreter the launches run in order."""
     return settings().hc_side_coeffs and (device.type == "cuda" or arch() == "interpreter")
 
 

@@ -45,13 +45,14 @@ def dev(*xs):
 
 
 class Counting:
-    """Stands in for a ``@triton.jit`` kernel: records each launch's grid, then launches the real one."""
+    """Stands in for a ``@triton.jit`` kernel: records each launch's grid (or ``tag``, to tell kernels apart in one
+    list), then launches the real one."""
 
-    def __init__(self, kernel, launches: list):
-        self.kernel, self.launches = kernel, launches
+    def __init__(self, kernel, launches: list, tag: str | None = None):
+        self.kernel, self.launches, self.tag = kernel, launches, tag
 
     def __getitem__(self, grid):
-        self.launches.append(grid)
+        self.launches.append(grid if self.tag is None else self.tag)
         return self.kernel[grid]
 
 

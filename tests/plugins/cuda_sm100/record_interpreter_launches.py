@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, and the select kernel's threshold by digit histograms: _topk_select_kernel RADIX, and V4.1's site coefficients on a side stream: _hc_collapse_norm_kernel COEFFS=False, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, and the select kernel's threshold by digit histograms: _topk_select_kernel RADIX, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -82,7 +82,7 @@ def v41_launches() -> dict:
                         torch.rand(T, 4, 4, generator=g).softmax(-1),
                     )
                     dense.hc_post_site_norm(r(T, 128, dt=dt), x, post, comb, hc, pre, w_norm)
-                    # the coefficients on a side stream (COEFFS off)
+                    # the coefficients on a side stream (forked before the collapse)
                     with _arch("interpreter", hc_side_coeffs=True):
                         dense.hc_post_site_norm(r(T, 128, dt=dt), x, post, comb, hc, pre, w_norm)
                 w = quantize_fp8_block(r(96, 128) * 0.1, "ue8m0", block=32)
@@ -261,7 +261,6 @@ def v41_launches() -> dict:
         or e["constexprs"].get("ROPE_Q") is True
         or e["constexprs"].get("SCATTER") is True
         or e["constexprs"].get("RADIX") is True
-        or e["constexprs"].get("COEFFS") is False
     }
 
 

@@ -21,7 +21,9 @@ launch 1 and ``_hc_coeffs_kernel`` (one program per token: ``pre``, ``post`` and
 At decode (up to ``dispatch.HC_FUSED_MAX_TOKENS`` tokens) a sublayer boundary, ``hc_post`` then the next
 ``hc_pre`` and its RMSNorm, is two launches instead of four: ``_hc_boundary_mix_kernel`` (``hc_post``'s work
 inside the mixes' split over channels, plus the streams' Gram partials) and ``_hc_collapse_norm_kernel``
-(the split kernel's work, its collapse normed through the Gram matrix).
+(the split kernel's work, its collapse normed through the Gram matrix). V4.1's site entry there collapses by the
+site before's ``pre`` and adds ``_hc_coeffs_kernel`` for its own coefficients, after the collapse or beside it on a
+side stream (``settings.hc_side_coeffs``).
 """
 
 from __future__ import annotations
@@ -361,18 +363,17 @@ def _hc_boundary_mix_kernel(
 @triton.jit
 def _hc_collapse_norm_kernel(
     h_ptr, part_ptr, sq_ptr, gram_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, post_ptr, comb_ptr, pre_in_ptr,
-    pre_out_ptr, T, N, D, M, P, stride_ht, stride_hn, stride_ot, iters, inv_k, hc_eps, norm_eps,
+    T, N, D, M, P, stride_ht, stride_hn, stride_ot, iters, inv_k, hc_eps, norm_eps,
     BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
-    PRE_IN: tl.constexpr = False, COEFFS: tl.constexpr = True, PDL: tl.constexpr = False,
+    PRE_IN: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Launch 2, over ``(token, channel block)``, as ``_hc_split_kernel`` (its first block also stores
     ``post`` and ``comb``), except that it writes the collapse already normed: ``sum_d c[d]^2`` of the collapse
     ``c = pre . h`` is ``pre^T G pre``, from launch 1's Gram partials, so no program needs the whole row. (The
     square sum is of ``c`` before its rounding to ``h``'s dtype, which the separate ops would norm: exact in
     float32, a relative difference of order 1e-5 in the norm in bf16.) ``PRE_IN`` (V4.1's single pass): the
-    collapse is by ``pre_in`` (the site before's), and the first block stores the site's own ``pre`` to
-    ``pre_out`` with ``post`` and ``comb``, unless ``COEFFS`` is off (``_hc_coeffs_kernel`` computes them on a
-    side stream, :func:`_side_coeffs`)."""
+    collapse is by ``pre_in`` (the site before's), and the site's own ``pre``, ``post`` and ``comb`` are left to
+    ``_hc_coeffs_kernel`` (:func:`_site_coeffs`)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     db = tl.program_id(1)
@@ -380,10 +381,6 @@ def _hc_collapse_norm_kernel(
     nm = n < N
     if PRE_IN:
         pre = tl.load(pre_in_ptr + t * N + n, mask=nm, other=0.0)
-        if COEFFS and db == 0:
-            own = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps,
-                            BLOCK_N, BLOCK_P)  # fmt: skip
-            tl.store(pre_out_ptr + t * N + n, own, mask=nm)
     else:
         pre = _pre_gate(part_ptr, sq_ptr, scale_ptr, base_ptr, t, T, N, M, P, inv_k, hc_eps, norm_eps, BLOCK_N,
                         BLOCK_P)  # fmt: skip
@@ -394,7 +391,7 @@ def _hc_collapse_norm_kernel(
     pre0 = tl.where(nm, pre, 0.0)
     ss = tl.sum(tl.sum(g * pre0[:, None] * pre0[None, :], axis=1), axis=0)
     rstd = 1.0 / tl.sqrt(ss / D + norm_eps)
-    if COEFFS and db == 0:
+    if not PRE_IN and db == 0:
         _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, P, iters, inv_k, hc_eps,
                    norm_eps, BLOCK_N, BLOCK_NN, BLOCK_P)  # fmt: skip
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -407,16 +404,32 @@ def _hc_collapse_norm_kernel(
     tl.store(out_ptr + t * stride_ot + d, (c * rstd * w).to(out_ptr.dtype.element_ty), mask=dm)
 
 
-def _side_coeffs(
-    part, sq, scale, base, pre, post, comb, iters: int, inv_k: float, hc_eps: float, norm_eps: float
+def _site_coeffs(
+    part,
+    sq,
+    scale,
+    base,
+    pre,
+    post,
+    comb,
+    iters: int,
+    inv_k: float,
+    hc_eps: float,
+    norm_eps: float,
+    side: bool,
 ):
     """A V4.1 site's own ``pre``, ``post`` and ``comb`` (``_hc_coeffs_kernel``, the Sinkhorn's dependent steps
-    among them) on a side branch forked after launch 1 and joined at the next mHC op, so the collapse, and the
-    sublayer after it, need not wait for them (``settings.hc_side_coeffs``)."""
+    among them), read at the next site only. ``side``: on a side branch forked after launch 1 and joined at the
+    next mHC op, so the collapse, and the sublayer after it, need not wait for them (``settings.hc_side_coeffs``);
+    else in line after the collapse. One kernel either way, so the two give the same bits (inside the collapse,
+    the same arithmetic compiled in another context gave others: NOTES.md v35)."""
     T, N = pre.shape
     held = (part, sq, scale, base, pre, post, comb)
     args = (*held, T, N, part.shape[2], part.shape[0], iters, inv_k, hc_eps, norm_eps)
     meta = {"BLOCK_N": pow2(N), "BLOCK_NN": pow2(N) ** 2, "BLOCK_S": pow2(part.shape[0]), "num_warps": 1}
+    if not side:
+        _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T))
+        return
     side_branch.fork(
         part.device, lambda: _hc_coeffs_kernel[(T,)](*args, **meta, **dispatch.pdl_args(T, forked=True)), held
     )
@@ -458,17 +471,21 @@ def _boundary(
     pre_in = pre_in.float().contiguous() if pre_in is not None else None
     scale, base = scale.float().contiguous(), base.float().contiguous()
     inv_k = 1.0 / (N * D)
+    # V4.1: the site's own coefficients are read at the next site only, so off the collapse's critical path
+    coeffs = (part, sq, scale, base, pre_out, post_out, comb_out, iters, inv_k, hc_eps, norm_eps)
     side = pre_in is not None and dispatch.hc_side_coeffs(h.device)
-    if side:  # the site's own coefficients are read at the next site only: off the collapse's critical path
-        _side_coeffs(part, sq, scale, base, pre_out, post_out, comb_out, iters, inv_k, hc_eps, norm_eps)
+    if side:
+        _site_coeffs(*coeffs, side=True)
     _hc_collapse_norm_kernel[(T, triton.cdiv(D, cfg.norm_block_d))](
         h, part, sq, gram, scale, base, weight.contiguous(), out,
-        post_out, comb_out, pre_in if pre_in is not None else post_out, pre_out, T, N, D, M, P, h.stride(0),
+        post_out, comb_out, pre_in if pre_in is not None else post_out, T, N, D, M, P, h.stride(0),
         h.stride(1), out.stride(0), iters, inv_k, hc_eps, norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN,
-        BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None, COEFFS=not side,
-        num_warps=cfg.norm_warps, **dispatch.pdl_args(T),
+        BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None, num_warps=cfg.norm_warps,
+        **dispatch.pdl_args(T),
     )  # fmt: skip
     if pre_in is not None:
+        if not side:
+            _site_coeffs(*coeffs, side=False)
         return out, pre_out, post_out, comb_out
     return out, post_out, comb_out
 
