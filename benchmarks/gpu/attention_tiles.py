@@ -33,7 +33,7 @@ HEADS, HEAD_DIM, ROPE = (64, 512, 64) if not SMOKE else (4, 64, 16)
 WINDOW, TOPK = (128, 512) if not SMOKE else (16, 24)
 #: (block_h, block_n, num_warps, num_stages): the dispatched ones first, then the spill-free and smaller ones
 TILES = [(32, 64, 8, 2), (32, 32, 8, 2), (16, 16, 8, 2), (16, 32, 8, 2), (16, 16, 4, 2), (32, 16, 8, 2),
-         (16, 32, 4, 2), (16, 16, 8, 1)]  # fmt: skip
+         (16, 32, 4, 2), (16, 16, 8, 1), (64, 32, 8, 1), (32, 64, 8, 1), (64, 16, 8, 1), (64, 32, 8, 2)]  # fmt: skip
 
 
 def pools(kind: str, S: int):
@@ -60,7 +60,7 @@ def main() -> None:
     rows = []
     for kind in ("bf16", "fp8", "v41"):
         kv, cmp, kf, cf, kb, cb = pools(kind, S)
-        for T in (1, 16, 64) if not SMOKE else (1, 3):
+        for T in (1, 16, 64, 256) if not SMOKE else (1, 3):
             q = rnd(T, HEADS, HEAD_DIM)
             kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
             cmp_slots = torch.randint(0, S // 4, (T, TOPK), device=DEV, generator=G)

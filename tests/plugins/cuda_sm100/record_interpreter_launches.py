@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, and the select kernel's threshold by digit histograms: _topk_select_kernel RADIX, none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel, and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, and the select kernel's threshold by digit histograms: _topk_select_kernel RADIX, and the 64-head attention tiles over V4's FP8 rows and V4.1's packed entries (dispatch's tables, DOT_T as a GPU launches them), none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -175,6 +175,20 @@ def v41_launches() -> dict:
                     kv8, cmp8 = f8.pack(r(40, 512, dt=dt)), f8.pack(r(20, 512, dt=dt))
                     q8 = r(T, 8, 512, dt=dt)
                     attn.sparse_attention(q8, kv8, slots, cmp8, slots, r(8), 0.1, kv_format=f8)
+            # the sparse-attention tiles the GPU's tables pick for V4's FP8 rows and V4.1's packed entries at
+            # 64 heads of 512 (dispatch.attention_config: every head in one program), one chunk, PDL off (the
+            # interpreter has no griddepcontrol)
+            with _arch("sm90", pdl=False):
+                bf = torch.bfloat16
+                f8, fv = Fp8KVFormat(512, 64, bf), kv_formats("auto", 512, 128, bf)
+                q64, s64 = r(2, 64, 512, dt=bf), torch.randint(0, 20, (2, 40), generator=g)
+                sparse_attention.sparse_attention(q64, f8.pack(r(20, 512, dt=bf)), s64, f8.pack(r(20, 512, dt=bf)),
+                                                  s64, r(64), 0.1, f8, splits=1)  # fmt: skip
+                sparse_attention.sparse_attention(
+                    q64, fv.window.pack(r(20, 512, dt=bf)), s64, fv.compressed.pack(r(20, 512, dt=bf)), s64, r(64),
+                    0.1, splits=1, kv_pack=sparse_attention.packed_layout(fv.window, 512),
+                    cmp_pack=sparse_attention.packed_layout(fv.compressed, 512),
+                )  # fmt: skip
             for width in (256, 8):  # an Engram table's codes and scales rows, read in the step
                 table = torch.randint(0, 256, (30, width), generator=g, dtype=torch.uint8)
                 host_rows(table, torch.randint(0, 30, (T * 4,), generator=g), torch.device("cpu"))
@@ -248,7 +262,7 @@ def v41_launches() -> dict:
         "_cut_kernel",
     )
     return {
-        k: dict(e, source="interpreter")
+        k: _as_on_a_gpu(dict(e, source="interpreter"))
         for k, e in store.items()
         if e["kernel"] in keep
         or e["constexprs"].get("SB") == 32
@@ -260,8 +274,21 @@ def v41_launches() -> dict:
         or "UNROPE" in e["constexprs"]  # split-KV attention's combine (the MoE's has no such argument)
         or e["constexprs"].get("ROPE_Q") is True
         or e["constexprs"].get("SCATTER") is True
+        or (e["kernel"] == "_sparse_attn_kernel" and e["constexprs"].get("BLOCK_H") == 64)
         or e["constexprs"].get("RADIX") is True
     }
+
+
+def _as_on_a_gpu(e: dict) -> dict:
+    """The 64-head attention tiles over bf16 queries with the bf16 dot a GPU launches them with (``dot_dtype``
+    gives the interpreter float32 operands, whose tiles no GPU launch has at 64 heads of 512)."""
+    if (
+        e["kernel"] == "_sparse_attn_kernel"
+        and e["constexprs"].get("BLOCK_H") == 64
+        and e["signature"]["q_ptr"] == "*bf16"
+    ):
+        e = dict(e, constexprs=dict(e["constexprs"], DOT_T={"repr": "bf16"}))
+    return e
 
 
 def main() -> None:

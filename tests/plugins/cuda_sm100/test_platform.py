@@ -165,12 +165,15 @@ def test_fused_mhc_boundary_for_few_tokens(monkeypatch):
 
 def test_one_query_row_takes_the_small_decode_tile(monkeypatch):
     """Batch-1 decode (one row, split-KV) runs 16 heads x 32 slots a program, 8 warps, over every pool; from two
-    rows the tiles by pool stay (H100 sweep, RESULTS v31)."""
+    rows the tiles by pool (H100 sweeps, RESULTS v31 and v35): plain rows 32 heads x 64 slots; V4's FP8 rows and
+    V4.1's packed entries every head of the token (up to 64) x 32 slots, which decodes each tile once."""
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
-    for fp8 in (False, True):
-        assert dispatch.attention_config(1, 64, 512, 640, fp8=fp8) == dispatch.AttentionConfig(16, 32, 8, 2)
+    for kind in ({}, {"fp8": True}, {"packed": True}):
+        assert dispatch.attention_config(1, 64, 512, 640, **kind) == dispatch.AttentionConfig(16, 32, 8, 2)
     assert dispatch.attention_config(16, 64, 512, 640) == dispatch.AttentionConfig(32, 64, 8, 2)
-    assert dispatch.attention_config(16, 64, 512, 640, fp8=True) == dispatch.AttentionConfig(32, 32, 8, 2)
+    assert dispatch.attention_config(16, 64, 512, 640, fp8=True) == dispatch.AttentionConfig(64, 32, 8, 2)
+    assert dispatch.attention_config(16, 64, 512, 640, packed=True) == dispatch.AttentionConfig(64, 32, 8, 1)
+    assert dispatch.attention_config(16, 32, 512, 640, fp8=True).block_h == 32  # fewer heads: no wider tile
 
 
 def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):

@@ -313,7 +313,7 @@ def sparse_attention(
     cmp_pack = (cmp_pack or (0, 0, 1)) if has_cmp else kv_pack
     n_kv, n_cmp = kv_slots.shape[1], cmp_slots.shape[1] if has_cmp else 0
     packed = kv_pack[0] > 0 or cmp_pack[0] > 0
-    cfg = dispatch.attention_config(T, H, D, n_kv + n_cmp, fp8=fmt is not None or packed)
+    cfg = dispatch.attention_config(T, H, D, n_kv + n_cmp, fp8=fmt is not None, packed=packed)
     hb = triton.cdiv(H, cfg.block_h)
     splits = dispatch.attention_splits(T * hb, n_kv + n_cmp, cfg.block_n) if splits is None else splits
     chunk = triton.cdiv(triton.cdiv(n_kv + n_cmp, max(splits, 1)), cfg.block_n) * cfg.block_n
