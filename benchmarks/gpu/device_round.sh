@@ -106,7 +106,8 @@ for part in "${@:-check slice gemm}"; do
       engine) cmd=(timeout 560 python3 benchmarks/gpu/v4_slice.py --sections greedy engine --batches 1 16 64 256
                    --engine-prompt 64 --engine-tokens 128 --out "$OUT/engine") ;;
       v41tests) cmd=(timeout 170 python3 -m pytest -q -p no:cacheprovider tests/plugins/cuda_sm100/test_kernels_attention.py
-                     tests/plugins/cuda_sm100/test_kernels_fp8_kv.py tests/plugins/cuda_sm100/test_kernels_dense.py) ;;
+                     tests/plugins/cuda_sm100/test_kernels_fp8_kv.py tests/plugins/cuda_sm100/test_kernels_v41_packed.py
+                     tests/plugins/cuda_sm100/test_kernels_dense.py) ;;
       v41auto) cmd=(timeout 150 python3 benchmarks/gpu/v41_greedy.py --configs reindex_r2 --kv auto --modes eager graphs
                     --dspark 3 --out "$OUT/v41auto") ;;
       v41slice) cmd=(timeout "${V41SLICE_TIMEOUT:-300}" python3 benchmarks/gpu/v41_slice.py ${V41SLICE_ARGS:---batches 1 --ks 5 --tokens 32}

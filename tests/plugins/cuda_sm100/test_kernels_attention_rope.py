@@ -10,7 +10,7 @@ import torch
 from deepinfer_core.ops.reference import reference_op
 
 from .cuda_sm100_helpers import BOUND, Counting, dev, needs_triton, rand, rel_err, slot_lists
-from .test_kernels_attention import REF, _v41_formats
+from .test_kernels_v41_packed import REF, _v41_formats
 
 pytestmark = needs_triton
 

@@ -194,3 +194,54 @@ def test_fp8_kv_store_rounds_ties_to_even_like_torch():
     pool = torch.zeros(rows, fmt.row_bytes, dtype=torch.uint8, device=DEVICE)
     store_fp8(pool, *dev(torch.arange(rows), x), fmt)
     assert torch.equal(pool.cpu(), fmt.pack(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_cmp", [True, False])
+def test_a_prefill_chunk_unpacks_each_distinct_v4_fp8_entry_once(ops, gen, monkeypatch, dtype, with_cmp):
+    """V4's FP8 pools take the same route as V4.1's codecs in a prefill chunk (from
+    ``dispatch.UNPACK_DISTINCT_ROWS`` rows; lowered here): each distinct entry unpacked once into the model dtype,
+    then the plain kernel (no in-kernel decoding); the attention equals the reference's over the FP8 pools. Below
+    the threshold (a decode step) the kernel still decodes in registers."""
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+    from deepinfer_cuda_sm100.ops import attention as att
+
+    calls, formats = [], []
+    real_distinct, real_kernel = att._distinct_unpacked, sa.sparse_attention
+
+    def distinct(pool, slots, fmt):
+        rows, new = real_distinct(pool, slots, fmt)
+        calls.append((rows, new))
+        return rows, new
+
+    def kernel(*a, **kw):
+        formats.append((a[7] if len(a) > 7 else kw.get("kv_format"), a[1].dtype))
+        return real_kernel(*a, **kw)
+
+    monkeypatch.setattr(att, "_distinct_unpacked", distinct)
+    monkeypatch.setattr(sa, "sparse_attention", kernel)
+    T, H, D = 9, 20, 80  # nope 64 + RoPE 16
+    fmt = Fp8KVFormat(D, 16, dtype)
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv, cmp = fmt.pack(spread_rows(gen, 40, D)), fmt.pack(spread_rows(gen, 25, D))
+    kv_slots, cmp_slots = slot_lists(gen, T, 16, 40), slot_lists(gen, T, 11, 25)  # many repeats across rows
+    kv_slots[kv_slots == 0] = 1  # no live read of row 0: a pad must not unpack it
+    cmp_slots[cmp_slots == 0] = 1
+    kv_slots[3] = -1
+    sinks = rand(gen, H)
+    cmp_args = (cmp, cmp_slots) if with_cmp else (None, None)
+    ref = REF.sparse_attention(q, kv, kv_slots, *cmp_args, sinks, 0.05, fmt)
+    for threshold, route in ((T + 1, [(fmt, torch.uint8)]), (4, [(None, dtype)])):
+        monkeypatch.setattr(dispatch, "UNPACK_DISTINCT_ROWS", threshold)
+        calls.clear(), formats.clear()
+        got = ops.sparse_attention(*dev(q, kv, kv_slots, *cmp_args, sinks), 0.05, fmt)
+        assert formats == route  # in-kernel decoding below the threshold, the plain kernel from it on
+        assert rel_err(got, ref) < BOUND[dtype]
+    assert len(calls) == (2 if with_cmp else 1)
+    for (rows, new), packed, old in zip(calls, (kv, cmp), (kv_slots, cmp_slots)):
+        live = old >= 0
+        assert rows.dtype == dtype and rows.shape[0] == len(set(old[live].tolist()))  # each entry once
+        assert torch.equal(new.cpu() >= 0, live)
+        assert torch.equal(rows.cpu()[new.cpu()[live]], fmt.unpack(packed[old[live]]))
