@@ -57,10 +57,10 @@ def check_dense_fusions(ops, ref, w1, w3, w2) -> None:
 
 def check_hc_fused(ops, fn, base, scale):
     """A sublayer boundary's mHC as decode runs it (one and two tokens, in a graph): ``hc_pre_norm`` and
-    ``hc_post_pre`` in two launches (``mhc._hc_boundary_mix_kernel``, ``mhc._hc_collapse_norm_kernel``)
+    ``hc_post_pre`` in two launches (``mhc_boundary._hc_boundary_mix_kernel``, ``_hc_collapse_norm_kernel``)
     against the reference, against the four launches they replace (timed side by side), and against
     themselves over ``REPEATS`` calls, bitwise. Then launch shapes."""
-    from deepinfer_cuda_sm100.kernels import mhc
+    from deepinfer_cuda_sm100.kernels import mhc_boundary
 
     ref = reference_op("dense")
     w = rnd(HIDDEN, dtype=F32).abs() + 0.5
@@ -112,9 +112,9 @@ def check_hc_fused(ops, fn, base, scale):
         cfg = dispatch.HcFusedConfig(*shape) if not SMOKE else default
         dispatch.hc_fused_config = lambda *a: cfg
         try:
-            outs = poisoned(lambda: mhc.hc_pre_norm(x, *mix, w))
+            outs = poisoned(lambda: mhc_boundary.hc_pre_norm(x, *mix, w))
             err = max(rel_err(a, b) for a, b in zip(outs, want))
-            ms = bench_graph(lambda: mhc.hc_pre_norm(x, *mix, w))
+            ms = bench_graph(lambda: mhc_boundary.hc_pre_norm(x, *mix, w))
         finally:
             dispatch.hc_fused_config = fused_cfg
         record("hc_pre_norm[graph]", f"1x{HC}x{HIDDEN} {shape[0]} ch x {shape[1]}w, then {shape[2]} ch x {shape[3]}w",

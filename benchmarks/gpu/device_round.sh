@@ -53,6 +53,8 @@
 #                                             one sequence at a time (the fused boundary's path), side on then off;
 #                                             then the slice's greedy tokens at batch 1 (4k), side off / on x PDL on / off
 #                                    sideeager the slice's tokens eager (v41_slice.py --eager), side off / on
+#                                    fp8var   V4's FP8 KV attention loop with each part of the tile's decode taken out
+#                                             (fp8_kv_variants.py, T = 64 and 16: where the FP8 decode loses)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
 set -u
@@ -148,6 +150,7 @@ for part in "${@:-check slice gemm}"; do
                      echo "side=$1 pdl=$2 ${*:3} rc $?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(\"tokens\", d.get(\"tokens\"))" "$d/v41_slice.json"; \
                      done' "$OUT/sidediag") ;;
       sideeager) cmd=(env SIDE_RUNS="0 1 --eager;1 1 --eager" bash benchmarks/gpu/device_round.sh sidediag) ;;
+      fp8var) cmd=(timeout 300 python3 benchmarks/gpu/fp8_kv_variants.py --tokens 64 16 --out "$OUT/fp8var") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100
                         --deepinfer-extra-plugin deepinfer_cuda_sm100.plugin ${CONFORMANCE_K:+-k "$CONFORMANCE_K"}) ;;

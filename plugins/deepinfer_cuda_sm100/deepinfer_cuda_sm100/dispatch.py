@@ -291,8 +291,8 @@ HC_FUSED_MAX_TOKENS = 2
 
 
 def hc_fused_config(t: int, n: int, d: int, m: int) -> HcFusedConfig | None:
-    """``hc_pre_norm`` / ``hc_post_pre`` in two launches (``mhc._hc_boundary_mix_kernel`` then
-    ``mhc._hc_collapse_norm_kernel``), or ``None``: the separate ``hc_post``, ``hc_pre`` (two launches) and
+    """``hc_pre_norm`` / ``hc_post_pre`` in two launches (``mhc_boundary._hc_boundary_mix_kernel`` then
+    ``_hc_collapse_norm_kernel``), or ``None``: the separate ``hc_post``, ``hc_pre`` (two launches) and
     ``rms_norm``. At decode each launch is a link of latency in the chain (v12 run 4, one token: 2.0 + 3.9 +
     5.7 + 2.4 us a boundary, against ~0.4 us of bytes). Launch 1 does ``hc_post``'s work inside the mixes'
     split over channels (32 channels of every stream a program: ~128 programs a token); launch 2 is the split

@@ -90,11 +90,11 @@ def test_hc_post_matches_reference(ops, gen, dtype):
 
 
 def _count_boundary_launches(monkeypatch) -> list:
-    from deepinfer_cuda_sm100.kernels import mhc
+    from deepinfer_cuda_sm100.kernels import mhc_boundary
 
     launches = []
     for name in ("_hc_boundary_mix_kernel", "_hc_collapse_norm_kernel"):
-        monkeypatch.setattr(mhc, name, Counting(getattr(mhc, name), launches))
+        monkeypatch.setattr(mhc_boundary, name, Counting(getattr(mhc_boundary, name), launches))
     return launches
 
 
@@ -183,7 +183,7 @@ def test_v41_site_coefficients_on_the_side_stream_are_the_bytes_in_line(
     the current stream gives, on a GPU too (the coefficients inside the collapse differed there in the last bit:
     NOTES.md v35); the next site reads them as its inputs. Each entry is three launches in either order."""
     from deepinfer_cuda_sm100 import settings
-    from deepinfer_cuda_sm100.kernels import mhc
+    from deepinfer_cuda_sm100.kernels import mhc, mhc_boundary
 
     D = 200
     y, res = rand(gen, T, D, dtype=dtype), rand(gen, T, 4, D, dtype=dtype)
@@ -192,9 +192,9 @@ def test_v41_site_coefficients_on_the_side_stream_are_the_bytes_in_line(
     pre, w = torch.rand(T, 4, generator=gen) + 0.25, rand(gen, D).abs() + 0.5
     hc = HCParams(*dev(fn, base, scale), 20, 1e-6, 1e-6)
     order = []
-    for tag, name in (("mix", "_hc_boundary_mix_kernel"), ("coeffs", "_hc_coeffs_kernel"),
-                      ("collapse", "_hc_collapse_norm_kernel")):  # fmt: skip
-        monkeypatch.setattr(mhc, name, Counting(getattr(mhc, name), order, tag))
+    for tag, module, name in (("mix", mhc_boundary, "_hc_boundary_mix_kernel"), ("coeffs", mhc, "_hc_coeffs_kernel"),
+                              ("collapse", mhc_boundary, "_hc_collapse_norm_kernel")):  # fmt: skip
+        monkeypatch.setattr(module, name, Counting(getattr(module, name), order, tag))
 
     def entry_then_next(side: bool):
         active = settings.active()

@@ -30,7 +30,7 @@ from deepinfer_core.plugin_api import (
     compose_rms_norm_rope,
 )
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels import act_quant, engram, mhc, mx_gemm, norm_rope
+from deepinfer_cuda_sm100.kernels import act_quant, engram, mhc, mhc_boundary, mx_gemm, norm_rope
 from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
 from deepinfer_cuda_sm100.ops._tables import ScheduleCache, TableCache
 
@@ -150,7 +150,7 @@ class CudaDenseOps(DenseOps):
 
     def hc_pre_norm(self, x, hc: HCParams, weight):
         """Two launches up to ``dispatch.HC_FUSED_MAX_TOKENS`` tokens, else ``hc_pre`` and ``rms_norm``."""
-        fused = mhc.hc_pre_norm(
+        fused = mhc_boundary.hc_pre_norm(
             x, hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps, weight
         )
         return fused if fused is not None else compose_hc_pre_norm(self, x, hc, weight)
@@ -158,20 +158,20 @@ class CudaDenseOps(DenseOps):
     def hc_post_pre(self, y, residual, post, comb, hc: HCParams, weight):
         """Two launches where :meth:`hc_pre_norm` has them, else ``hc_post``, ``hc_pre`` and ``rms_norm``."""
         mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps, weight)
-        fused = mhc.hc_post_pre(y, residual, post, comb, *mix)
+        fused = mhc_boundary.hc_post_pre(y, residual, post, comb, *mix)
         return fused if fused is not None else compose_hc_post_pre(self, y, residual, post, comb, hc, weight)
 
     def hc_site_norm(self, x, hc: HCParams, pre, weight):
         """V4.1's site entry in two launches where :meth:`hc_pre_norm` has them, else ``hc_mixes``, ``hc_collapse``
         and ``rms_norm`` (four)."""
         mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps)
-        fused = mhc.hc_pre_norm(x, *mix, weight, pre)
+        fused = mhc_boundary.hc_pre_norm(x, *mix, weight, pre)
         return fused if fused is not None else compose_hc_site_norm(self, x, hc, pre, weight)
 
     def hc_post_site_norm(self, y, residual, post, comb, hc: HCParams, pre, weight):
         """A V4.1 sublayer's exit and the next site's entry in two launches where :meth:`hc_site_norm` has them."""
         mix = (hc.fn, hc.base, hc.scale, hc.sinkhorn_iters, hc.hc_eps, hc.norm_eps)
-        fused = mhc.hc_post_pre(y, residual, post, comb, *mix, weight, pre)
+        fused = mhc_boundary.hc_post_pre(y, residual, post, comb, *mix, weight, pre)
         if fused is not None:
             return fused
         return compose_hc_post_site_norm(self, y, residual, post, comb, hc, pre, weight)
