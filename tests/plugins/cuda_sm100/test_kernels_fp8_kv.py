@@ -245,3 +245,40 @@ def test_a_prefill_chunk_unpacks_each_distinct_v4_fp8_entry_once(ops, gen, monke
         assert rows.dtype == dtype and rows.shape[0] == len(set(old[live].tolist()))  # each entry once
         assert torch.equal(new.cpu() >= 0, live)
         assert torch.equal(rows.cpu()[new.cpu()[live]], fmt.unpack(packed[old[live]]))
+
+
+def _as_on_sm90(monkeypatch):
+    """Dispatch as on an H100 (its attention tiles and split-KV counts; PDL off, which the interpreter lacks), the
+    dots still in float32 as the interpreter needs them."""
+    from deepinfer_cuda_sm100 import dispatch, settings
+
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
+    active = settings.active()
+    settings.use(settings.CudaSM100Settings(pdl=False))
+    return lambda: settings.use(active)
+
+
+@pytest.mark.parametrize("T", [2, 3])
+def test_fp8_attention_with_every_head_in_one_program_matches_reference(ops, gen, monkeypatch, T):
+    """The tile a GPU dispatches for V4's FP8 rows from two query rows on: all 64 heads of 512 channels a program,
+    32 slots a tile, split-KV into chunks and their combine, against the reference in float32 over the unpacked
+    rows (the bf16 reference's own roundings are 1e-2 of these rows)."""
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100 import dispatch
+
+    restore = _as_on_sm90(monkeypatch)
+    try:
+        H, D = 64, 512
+        assert dispatch.attention_config(T, H, D, 96, fp8=True) == dispatch.AttentionConfig(64, 32, 8, 2)
+        fmt = Fp8KVFormat(D, 64, torch.bfloat16)
+        q = rand(gen, T, H, D, dtype=torch.bfloat16)
+        kv, cmp = fmt.pack(spread_rows(gen, 50, D)), fmt.pack(spread_rows(gen, 30, D))
+        kv_slots, cmp_slots = slot_lists(gen, T, 64, 50), slot_lists(gen, T, 32, 30)
+        sinks = rand(gen, H)
+        got = ops.sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt)
+    finally:
+        restore()
+    ref = REF.sparse_attention(q.float(), fmt.unpack(kv).float(), kv_slots, fmt.unpack(cmp).float(), cmp_slots, sinks,
+                               0.05)  # fmt: skip
+    assert rel_err(got, ref) < BOUND[torch.bfloat16]

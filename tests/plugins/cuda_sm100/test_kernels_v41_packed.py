@@ -9,7 +9,7 @@ import torch
 
 from deepinfer_core.ops.reference import reference_op
 
-from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err, slot_lists
+from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err, slot_lists, spread_rows
 
 pytestmark = needs_triton
 REF = reference_op("attention")
@@ -330,3 +330,29 @@ def test_v41_store_kernel_packs_edge_values_as_the_codec(ops, gen, monkeypatch, 
         REF.store_kv(pool, slots, values, fmt)
         assert torch.equal(got.cpu(), pool), fmt.fmt.name
     assert launches == [f.window, f.compressed, f.keys]
+
+
+def test_v41_packed_attention_with_every_head_in_one_program_matches_reference(ops, gen, monkeypatch):
+    """The tile a GPU dispatches for V4.1's packed entries from two query rows on: all 64 heads of 512 channels a
+    program, 32 slots a tile, one stage, split-KV into chunks and their combine, against the reference in float32
+    over the unpacked entries."""
+    from deepinfer_cuda_sm100 import dispatch
+
+    from .test_kernels_fp8_kv import _as_on_sm90
+
+    restore = _as_on_sm90(monkeypatch)
+    try:
+        T, H, D = 2, 64, 512
+        assert dispatch.attention_config(T, H, D, 96, packed=True) == dispatch.AttentionConfig(64, 32, 8, 1)
+        f = _v41_formats(torch.bfloat16, D, 128)
+        q = rand(gen, T, H, D, dtype=torch.bfloat16)
+        kv, cmp = f.window.pack(spread_rows(gen, 50, D)), f.compressed.pack(spread_rows(gen, 30, D))
+        kv_slots, cmp_slots = slot_lists(gen, T, 64, 50), slot_lists(gen, T, 32, 30)
+        sinks = rand(gen, H)
+        args = (q, kv, kv_slots, cmp, cmp_slots, sinks)
+        got = ops.sparse_attention(*dev(*args), 0.05, kv_format=f.window, cmp_format=f.compressed)
+    finally:
+        restore()
+    ref = REF.sparse_attention(q.float(), f.window.unpack(kv).float(), kv_slots, f.compressed.unpack(cmp).float(),
+                               cmp_slots, sinks, 0.05)  # fmt: skip
+    assert rel_err(got, ref) < BOUND[torch.bfloat16]
