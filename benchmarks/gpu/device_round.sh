@@ -55,6 +55,8 @@
 #                                    sideeager the slice's tokens eager (v41_slice.py --eager), side off / on
 #                                    fp8var   V4's FP8 KV attention loop with each part of the tile's decode taken out
 #                                             (fp8_kv_variants.py, T = 64 and 16: where the FP8 decode loses)
+#                                    v41var   the same for V4.1's packed entries (v41_kv_variants.py: the window's e4m3 and
+#                                             the compressed e2m1 entries, T = 64 and 16)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
 set -u
@@ -151,6 +153,7 @@ for part in "${@:-check slice gemm}"; do
                      done' "$OUT/sidediag") ;;
       sideeager) cmd=(env SIDE_RUNS="0 1 --eager;1 1 --eager" bash benchmarks/gpu/device_round.sh sidediag) ;;
       fp8var) cmd=(timeout 300 python3 benchmarks/gpu/fp8_kv_variants.py --tokens 64 16 --out "$OUT/fp8var") ;;
+      v41var) cmd=(timeout 300 python3 benchmarks/gpu/v41_kv_variants.py --tokens 64 16 --out "$OUT/v41var") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100
                         --deepinfer-extra-plugin deepinfer_cuda_sm100.plugin ${CONFORMANCE_K:+-k "$CONFORMANCE_K"}) ;;
