@@ -15,6 +15,9 @@ Modes 1, 3 and 4 are checked against mode 0 (largest difference); each is timed 
 V4.1's window format (e4m3 codes, ue8m0 scales per 32) and its compressed format (e2m1 codes, e4m3 scales per 16).
 
     python3 benchmarks/gpu/v41_kv_variants.py [--tokens 64] [--out DIR]
+
+On the CPU, ``TRITON_INTERPRET=1 ... v41_kv_variants.py --cpu-check`` runs every mode at tiny shapes (16 heads, 16
+slots a tile) and prints each one's largest difference from mode 0 (0 for modes 1, 3 and 4: the same bytes).
 """
 
 from __future__ import annotations
@@ -115,12 +118,35 @@ def pools(device: str, S: int, gen: torch.Generator):
     return out
 
 
+def cpu_check() -> None:
+    g = torch.Generator().manual_seed(0)
+    H, D, S, T, n = 16, 512, 64, 2, 40
+    for name, (packed, plain, (pack, code_bytes, sb)) in pools("cpu", S, g).items():
+        q = torch.randn(T, H, D, generator=g).bfloat16()
+        slots = torch.randint(0, S, (T, n), generator=g, dtype=torch.int32)
+        slots[:, -5:] = -1
+        outs = {}
+        for mode in range(5):
+            out = outs[mode] = torch.full((T, H, D), float("nan"))
+            _variant_kernel[(T, 1)](
+                q, plain, packed, packed.view(torch.float8_e4m3fn), slots, out, n, H, plain.stride(0),
+                packed.stride(0), D**-0.5 * 1.4426950408889634, MODE=mode, PACK=pack, CODE_BYTES=code_bytes, SB=sb,
+                BLOCK_H=H, BLOCK_N=16, BLOCK_D=D,
+            )  # fmt: skip
+            print(name, "mode", mode, "largest difference from mode 0:", float((out - outs[0]).abs().max()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[64])
     ap.add_argument("--slots", type=int, default=640)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--cpu-check", action="store_true", help="tiny shapes under TRITON_INTERPRET=1 (see above)"
+    )
     args = ap.parse_args()
+    if args.cpu_check:
+        return cpu_check()
     g = torch.Generator("cuda").manual_seed(0)
     H, D, S = 64, 512, 8192
     results = []
