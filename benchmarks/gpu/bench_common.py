@@ -62,6 +62,27 @@ def make_llm(path: str, backend: str, **kw):
     return LLM.from_engine(LLMEngine.from_config(config, rt))
 
 
+def time_variant(row: dict, launch, out: torch.Tensor, outs: dict, checked: bool) -> dict:
+    """One kernel variant of the ``*_variants.py`` scripts: ``row`` with its time (``do_bench``, us), its largest
+    difference from mode 0's output when ``checked``, or the error that kept it from compiling (a tile that does not
+    fit is a finding); printed as a JSON line."""
+    import json
+
+    import triton
+
+    try:
+        launch()
+        torch.cuda.synchronize()
+        row["us"] = triton.testing.do_bench(launch, warmup=20, rep=100) * 1e3
+        outs.setdefault(row["mode"], out)
+        if checked and 0 in outs:
+            row["max_diff_vs_plain"] = float((out - outs[0]).abs().max())
+    except Exception as e:  # noqa: BLE001 - reported per variant
+        row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from bench_common import time_variant
 
 from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
 from deepinfer_cuda_sm100.kernels.sparse_attention import _load_kv
@@ -158,17 +159,7 @@ def main() -> None:
                     )  # fmt: skip
 
                 row = {"T": T, "mode": mode, "tile": [bh, bn, warps, stages]}
-                try:
-                    launch()
-                    torch.cuda.synchronize()
-                    row["us"] = triton.testing.do_bench(launch, warmup=20, rep=100) * 1e3
-                    outs.setdefault(mode, out)
-                    if mode in (1, 5, 6) and 0 in outs:
-                        row["max_diff_vs_plain"] = float((out - outs[0]).abs().max())
-                except Exception as e:  # noqa: BLE001 - a tile that does not fit is a finding
-                    row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
-                print(json.dumps(row), flush=True)
-                results.append(row)
+                results.append(time_variant(row, launch, out, outs, checked=mode in (1, 5, 6)))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "fp8_kv_variants.json").write_text(json.dumps(results, indent=1) + "\n")

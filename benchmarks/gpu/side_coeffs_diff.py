@@ -49,41 +49,18 @@ def main() -> None:
             print(f"D={d} trial {trial}: (differing elements, largest difference) {diff}", flush=True)
 
 
-def chain() -> None:
+def _chain_case(n: int = 4, d: int = 5120):
+    """The chain's 16 sites, stand-in sublayers, norm weight and first token (seed 1)."""
     g = torch.Generator("cuda").manual_seed(1)
-    ops, n, d = CudaDenseOps(), 4, 5120
     r = lambda *s, sc=1.0: torch.randn(*s, generator=g, device="cuda") * sc  # noqa: E731
     sites = [HCParams(r((2 + n) * n, n * d, sc=0.02), r((2 + n) * n, sc=0.5), r(3).abs() + 0.5, 20, 1e-6, 1e-6)
              for _ in range(16)]  # fmt: skip
     subs = [r(d, d, sc=d**-0.5).bfloat16() for _ in range(16)]
-    w = r(d).abs() + 0.5
-    x0 = r(1, d).bfloat16()
-    outs = {}
-    for side, pdl in ((False, True), (True, True), (False, False), (True, False)):
-        settings.use(settings.active().model_copy(update={"hc_side_coeffs": side, "pdl": pdl}))
-        h = x0[:, None, :].expand(-1, n, -1).contiguous()
-        pre = torch.zeros(1, n, device="cuda")
-        pre[:, 0] = 1.0
-        y = post = comb = None
-        for i in range(16):
-            if y is None or i % 4 == 0:
-                if y is not None:
-                    h = ops.hc_post(y, h, post, comb)
-                x, pre, post, comb = ops.hc_site_norm(h, sites[i], pre, w)
-            else:
-                h, x, pre, post, comb = ops.hc_post_site_norm(y, h, post, comb, sites[i], pre, w)
-            y = x @ subs[i]
-        outs[side, pdl] = [t.clone() for t in (ops.hc_post(y, h, post, comb), x, pre, post, comb)]
-        torch.cuda.synchronize()
-        settings.use(settings.CudaSM100Settings())
-    names = ("streams", "normed", "pre", "post", "comb")
-    for key in ((True, True), (False, False), (True, False)):  # each against side off, PDL on (the defaults)
-        diff = {k: (int((a != b).sum()), float((a.float() - b.float()).abs().max()))
-                for k, a, b in zip(names, outs[False, True], outs[key], strict=True)}  # fmt: skip
-        print(f"chain of 16 entries, D={d}, side {key[0]}, PDL {key[1]}: {diff}", flush=True)
+    return sites, subs, r(d).abs() + 0.5, r(1, d).bfloat16()
 
 
-def _chain_entries(ops, sites, subs, w, x0, n):
+def _chain_entries(ops, sites, subs, w, x0, n=4):
+    """Each entry's ``(streams, normed, pre, post, comb)``, and the streams after the last sublayer's exit."""
     h = x0[:, None, :].expand(-1, n, -1).contiguous()
     pre = torch.zeros(1, n, device="cuda")
     pre[:, 0] = 1.0
@@ -99,18 +76,32 @@ def _chain_entries(ops, sites, subs, w, x0, n):
         y = x @ subs[i]
         side_branch.join(x.device)  # (read them only after the branch: what the next entry does first)
         seen.append([t.clone() for t in (h, x, pre, post, comb)])
+    last = ops.hc_post(y, h, post, comb).clone()
     torch.cuda.synchronize()
-    return seen
+    return seen, last
+
+
+NAMES = ("streams", "normed", "pre", "post", "comb")
+
+
+def chain() -> None:
+    ops, case = CudaDenseOps(), _chain_case()
+    outs = {}
+    for side, pdl in ((False, True), (True, True), (False, False), (True, False)):
+        settings.use(settings.active().model_copy(update={"hc_side_coeffs": side, "pdl": pdl}))
+        try:
+            seen, last = _chain_entries(ops, *case)
+        finally:
+            settings.use(settings.CudaSM100Settings())
+        outs[side, pdl] = [last, *seen[-1][1:]]
+    for key in ((True, True), (False, False), (True, False)):  # each against side off, PDL on (the defaults)
+        diff = {k: (int((a != b).sum()), float((a.float() - b.float()).abs().max()))
+                for k, a, b in zip(NAMES, outs[False, True], outs[key], strict=True)}  # fmt: skip
+        print(f"chain of 16 entries, D=5120, side {key[0]}, PDL {key[1]}: {diff}", flush=True)
 
 
 def entries() -> None:
-    g = torch.Generator("cuda").manual_seed(1)
-    ops, n, d = CudaDenseOps(), 4, 5120
-    r = lambda *s, sc=1.0: torch.randn(*s, generator=g, device="cuda") * sc  # noqa: E731
-    sites = [HCParams(r((2 + n) * n, n * d, sc=0.02), r((2 + n) * n, sc=0.5), r(3).abs() + 0.5, 20, 1e-6, 1e-6)
-             for _ in range(16)]  # fmt: skip
-    subs = [r(d, d, sc=d**-0.5).bfloat16() for _ in range(16)]
-    w, x0 = r(d).abs() + 0.5, r(1, d).bfloat16()
+    ops, case = CudaDenseOps(), _chain_case()
     fork = side_branch.fork
     runs = {}
     for arm in ("off", "side", "inline", "side again"):
@@ -118,15 +109,14 @@ def entries() -> None:
         if arm == "inline":
             side_branch.fork = lambda device, launch, held: launch()
         try:
-            runs[arm] = _chain_entries(ops, sites, subs, w, x0, n)
+            runs[arm] = _chain_entries(ops, *case)[0]
         finally:
             side_branch.fork = fork
             settings.use(settings.CudaSM100Settings())
-    names = ("streams", "normed", "pre", "post", "comb")
     for a, b in (("off", "side"), ("off", "inline"), ("side", "inline"), ("side", "side again")):
         first = next(((i, k, int((u != v).sum()), float((u.float() - v.float()).abs().max()))
                       for i, (ea, eb) in enumerate(zip(runs[a], runs[b], strict=True))
-                      for k, u, v in zip(names, ea, eb, strict=True) if not torch.equal(u, v)), None)  # fmt: skip
+                      for k, u, v in zip(NAMES, ea, eb, strict=True) if not torch.equal(u, v)), None)  # fmt: skip
         print(f"entries {a} vs {b}: first difference (entry, output, elements, largest) {first}", flush=True)
 
 
