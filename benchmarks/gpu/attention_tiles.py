@@ -48,29 +48,48 @@ def pools(kind: str, S: int):
     return w.pack(kv), c.pack(cmp), w, c, w.row_bytes, c.row_bytes
 
 
+def floor_splits(programs: int, n_slots: int, block_n: int) -> int:
+    """:func:`dispatch.attention_splits` with the chunks rounded down (whole waves: ``SMs // programs``)."""
+    if 2 * programs > dispatch.num_sms():
+        return 1
+    return max(1, min(-(-n_slots // block_n), dispatch.num_sms() // programs))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument(
+        "--tiles", nargs="*", default=[], help="bh,bn,warps,stages: only these tiles (default: all)"
+    )
+    ap.add_argument("--tokens", type=int, nargs="*", default=[1, 16, 64, 256])
+    ap.add_argument(
+        "--split-rules", nargs="+", default=["ceil"], choices=["ceil", "floor"],
+        help="split-KV chunks: dispatch's cdiv(SMs, programs) (ceil) and/or SMs // programs (floor)",
+    )  # fmt: skip
     args = ap.parse_args()
+    tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles] or TILES
     ops, ref = CudaAttentionOps(), reference_op("attention")
     S = 1 << 18 if not SMOKE else 256
     sinks = rnd(HEADS, dtype=F32)
-    real = dispatch.attention_config
+    real, real_splits = dispatch.attention_config, dispatch.attention_splits
     rows = []
     for kind in ("bf16", "fp8", "v41"):
         kv, cmp, kf, cf, kb, cb = pools(kind, S)
-        for T in (1, 16, 64, 256) if not SMOKE else (1, 3):
+        for T in args.tokens if not SMOKE else (1, 3):
             q = rnd(T, HEADS, HEAD_DIM)
             kv_slots = torch.randint(0, S, (T, WINDOW), device=DEV, generator=G)
             cmp_slots = torch.randint(0, S // 4, (T, TOPK), device=DEV, generator=G)
             a = (q, kv, kv_slots, cmp, cmp_slots, sinks, HEAD_DIM**-0.5)
             fmt = {"kv_format": kf, "cmp_format": cf}
             want = ref.sparse_attention(*a, **fmt)
-            dispatched = real(T, HEADS, HEAD_DIM, WINDOW + TOPK, fp8=kf is not None)
-            for bh, bn, w, st in TILES:
+            dispatched = real(T, HEADS, HEAD_DIM, WINDOW + TOPK, fp8=kind == "fp8", packed=kind == "v41")
+            for (bh, bn, w, st), rule in ((t, r) for t in tiles for r in args.split_rules):
                 tile = dispatch.AttentionConfig(bh, bn, w, st)
                 dispatch.attention_config = lambda *x, tile=tile, **k: tile
+                if rule == "floor":
+                    dispatch.attention_splits = floor_splits
+                splits = dispatch.attention_splits(T * -(-HEADS // bh), WINDOW + TOPK, bn)
                 try:
                     err = rel_err(ops.sparse_attention(*a, **fmt), want)
                     us = bench_graph(lambda a=a, fmt=fmt: ops.sparse_attention(*a, **fmt)) * 1e3
@@ -78,9 +97,10 @@ def main() -> None:
                     err, us = None, None
                     print(f"{kind} T={T} {tile}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                 finally:
-                    dispatch.attention_config = real
+                    dispatch.attention_config, dispatch.attention_splits = real, real_splits
                 row = {"pool": kind, "T": T, "tile": [bh, bn, w, st], "dispatched": replace(tile) == dispatched,
-                       "rel_err": err, "us": us, "bytes": T * (WINDOW * kb + TOPK * cb)}  # fmt: skip
+                       "split_rule": rule, "splits": splits, "rel_err": err, "us": us,
+                       "bytes": T * (WINDOW * kb + TOPK * cb)}  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)

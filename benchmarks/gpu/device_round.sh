@@ -59,6 +59,11 @@
 #                                             the compressed e2m1 entries, T = 64 and 16)
 #                                    abhc     the slice at batch 1/2 twice each way, alternating: fused mHC
 #                                             boundary off, on (the first on run profiled)
+#                                    splitwave the 64-head attention tiles (and bf16's 32 x 64) with split-KV chunks
+#                                             rounded up (dispatch) and down (whole waves), T = 16 / 64 / 256
+#                                    probsprof each launch of the sampler's probs at 1 / 64 / 256 rows, PDL off then on
+#                                    attndisp the dispatched attention tiles (and bf16's old 32 x 64), split as dispatched
+#                                    v4greedy V4's greedy equality alone (float32, bf16, the FP8 KV cache)
 set -u
 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -154,6 +159,13 @@ for part in "${@:-check slice gemm}"; do
       sideeager) cmd=(env SIDE_RUNS="0 1 --eager;1 1 --eager" bash benchmarks/gpu/device_round.sh sidediag) ;;
       fp8var) cmd=(timeout 300 python3 benchmarks/gpu/fp8_kv_variants.py --tokens 64 16 --out "$OUT/fp8var") ;;
       v41var) cmd=(timeout 300 python3 benchmarks/gpu/v41_kv_variants.py --tokens 64 16 --out "$OUT/v41var") ;;
+      splitwave) cmd=(timeout 240 python3 benchmarks/gpu/attention_tiles.py --tiles 64,32,8,1 64,32,8,2 32,64,8,2
+                      --tokens 16 64 256 --split-rules ceil floor --out "$OUT/splitwave") ;;
+      probsprof) cmd=(bash -c 'for v in ${PROBSPDL:-0 1}; do echo "-- PDL=$v"; DEEPINFER_CUDA_SM100__PDL=$v timeout 100 python3 \
+                      benchmarks/gpu/probs_profile.py --out "$0/pdl$v"; done' "$OUT/probsprof") ;;
+      attndisp) cmd=(timeout 150 python3 benchmarks/gpu/attention_tiles.py --tiles 16,32,8,2 64,32,8,2 64,32,8,1 32,64,8,2
+                     --tokens 1 16 64 256 --out "$OUT/attndisp") ;;
+      v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100
                         --deepinfer-extra-plugin deepinfer_cuda_sm100.plugin ${CONFORMANCE_K:+-k "$CONFORMANCE_K"}) ;;

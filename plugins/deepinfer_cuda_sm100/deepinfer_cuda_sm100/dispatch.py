@@ -144,6 +144,10 @@ def attention_config(
         # decode, not the bytes, sets these kernels' time (about half as long at 16-256 rows as 32 x 32 tiles;
         # V4.1's wider decode fits one stage better). 32 heads x 64 slots does not fit shared memory.
         return AttentionConfig(_p2(h, 16, 64), 32, 8, 1 if packed else 2)
+    if d >= 256 and t <= 256:
+        # decode batches, bf16 rows: 64 heads x 32 slots with split-KV in whole waves took 21.0 / 50.3 / 156.9 us
+        # at 16 / 64 / 256 rows against 27.3 / 50.6 / 189.8 for 32 x 64 (H100, RESULTS v36)
+        return AttentionConfig(_p2(h, 16, 64), 32, 8, 2)
     if d >= 256:
         # H200 sweep (NOTES.md v1): 32 heads x 64 slots, 8 warps beat 16 x 32 x 4 warps by 18% at
         # decode (T=64) and 25% at prefill (T=2048), and every other of 8 shapes tried.
@@ -165,10 +169,12 @@ def attention_unpack_distinct(t: int) -> bool:
 def attention_splits(programs: int, n_slots: int, block_n: int) -> int:
     """Split-KV chunks per (token, head block) for sparse attention: only while ``programs`` (tokens x head
     blocks) fill under half the SMs (batch 1 has 2 programs for 64 heads), enough chunks of whole tiles to
-    reach about one program per SM. Prediction (NOTES.md v9): batch-1 attention 28 -> under 10 us a layer."""
+    reach about one program per SM. Prediction (NOTES.md v9): batch-1 attention 28 -> under 10 us a layer.
+    The chunks are rounded down, so the programs fill whole waves: 64 programs split 3 ways are 192 on 132 SMs,
+    2 ways 128 (H100, RESULTS v36: 64-head tiles at 64 rows 25-27% faster, 16 and 256 rows unchanged)."""
     if 2 * programs > num_sms():
         return 1
-    return max(1, min(_cdiv(n_slots, block_n), _cdiv(num_sms(), programs)))
+    return max(1, min(_cdiv(n_slots, block_n), num_sms() // programs))
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,36 @@ def test_sparse_attention_decodes_v41_entries_in_the_kernel(ops, gen, monkeypatc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split", [1, 3])
+def test_packed_tiles_decode_the_bytes_of_the_per_value_gather(gen, monkeypatch, dtype, split):
+    """Entries of a power-of-two width are decoded a tile at a time (each code byte and each scale loaded once,
+    ``_load_packed_tile``): the attention's output is the per-value gather's (``_load_packed``) byte for byte, for
+    the window's e4m3 + ue8m0/32, the compressed e2m1 + e4m3/16 and the index keys' e2m1 + ue8m0/32 entries, with
+    padding slots."""
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+
+    f = _v41_formats(dtype)
+    T, H, D = 3, 8, 64
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv = f.window.pack(rand(gen, 40, D, dtype=dtype, scale=2.0))
+    kv_slots = slot_lists(gen, T, 21, 40)
+    kv_slots[1, 3:9] = -1
+    sinks = rand(gen, H)
+    for cf in (f.compressed, f.keys):
+        cmp = cf.pack(rand(gen, 30, D, dtype=dtype, scale=2.0))
+        cmp_slots = slot_lists(gen, T, 13, 30)
+        args = dev(q, kv, kv_slots, cmp, cmp_slots, sinks)
+        layouts = dict(kv_pack=sa.packed_layout(f.window, D), cmp_pack=sa.packed_layout(cf, D))
+        outs = []
+        for tiles in (True, False):
+            monkeypatch.setattr(sa, "PACKED_TILES", tiles)
+            outs.append(sa.sparse_attention(*args, 0.1, splits=split, **layouts))
+        assert torch.equal(outs[0], outs[1]), cf.fmt.name
+        want = REF.sparse_attention(q, f.window.unpack(kv), kv_slots, cf.unpack(cmp), cmp_slots, sinks, 0.1)
+        assert rel_err(outs[0], want) < BOUND[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block", [False, True], ids=["compressed", "dspark_block"])
 def test_a_prefill_chunk_unpacks_each_distinct_packed_entry_once(ops, gen, monkeypatch, dtype, block):
     """From ``dispatch.UNPACK_DISTINCT_ROWS`` query rows on (a prefill chunk; lowered here), the step unpacks

@@ -165,12 +165,14 @@ def test_fused_mhc_boundary_for_few_tokens(monkeypatch):
 
 def test_one_query_row_takes_the_small_decode_tile(monkeypatch):
     """Batch-1 decode (one row, split-KV) runs 16 heads x 32 slots a program, 8 warps, over every pool; from two
-    rows the tiles by pool (H100 sweeps, RESULTS v31 and v35): plain rows 32 heads x 64 slots; V4's FP8 rows and
-    V4.1's packed entries every head of the token (up to 64) x 32 slots, which decodes each tile once."""
+    rows every head of the token (up to 64) x 32 slots (H100 sweeps, RESULTS v31, v35, v36), which decodes each of
+    V4's FP8 and V4.1's packed tiles once; plain rows past a decode batch (prefill chunks) 32 heads x 64 slots."""
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
     for kind in ({}, {"fp8": True}, {"packed": True}):
         assert dispatch.attention_config(1, 64, 512, 640, **kind) == dispatch.AttentionConfig(16, 32, 8, 2)
-    assert dispatch.attention_config(16, 64, 512, 640) == dispatch.AttentionConfig(32, 64, 8, 2)
+    assert dispatch.attention_config(16, 64, 512, 640) == dispatch.AttentionConfig(64, 32, 8, 2)
+    assert dispatch.attention_config(256, 64, 512, 640) == dispatch.AttentionConfig(64, 32, 8, 2)
+    assert dispatch.attention_config(257, 64, 512, 640) == dispatch.AttentionConfig(32, 64, 8, 2)
     assert dispatch.attention_config(16, 64, 512, 640, fp8=True) == dispatch.AttentionConfig(64, 32, 8, 2)
     assert dispatch.attention_config(16, 64, 512, 640, packed=True) == dispatch.AttentionConfig(64, 32, 8, 1)
     assert dispatch.attention_config(16, 32, 512, 640, fp8=True).block_h == 32  # fewer heads: no wider tile
@@ -178,11 +180,13 @@ def test_one_query_row_takes_the_small_decode_tile(monkeypatch):
 
 def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):
     """Split-KV attention and chunked compressor windows only while the unsplit programs fill under half the
-    SMs; chunks are whole tiles, so never more than the slots (or rows) allow."""
+    SMs; chunks are whole tiles, so never more than the slots (or rows) allow, and the programs fill whole waves
+    (rounded down: 64 programs split 2 ways, 128, not 3 ways, 192 on 132 SMs)."""
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
     monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
     assert dispatch.attention_splits(2, 640, 64) == 10  # batch 1: 2 head blocks, 10 tiles of slots
-    assert dispatch.attention_splits(32, 640, 64) == 5  # batch 16: about one program per SM
+    assert dispatch.attention_splits(32, 640, 64) == 4  # batch 16: one program per SM, whole waves
+    assert dispatch.attention_splits(64, 640, 32) == 2  # 64 rows of 64-head tiles: 128 programs, one wave
     assert dispatch.attention_splits(128, 640, 64) == 1  # batch 64: enough programs already
     assert dispatch.attention_splits(2, 64, 64) == 1  # one tile: nothing to split
     cfg = dispatch.compress_config(128, 512)

@@ -117,7 +117,7 @@ def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, m
     m, s = _row_softmax(cmax_ptr, csum_ptr, b, C, C_POW2)
     tau = tl.load(minp_ptr + b) * (1.0 / s)
     ge = tl.zeros([SUB], tl.float32)
-    acc = tl.zeros([SUB, NB], tl.float32)
+    acc = _hist_zeros(SUB, NB, tl.float32)
     kept = kept_ptr + (b * C + c) * CHUNK
     n = tl.zeros([], tl.int32)
     for s0 in range(0, CHUNK, SUB):
@@ -141,16 +141,56 @@ def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, m
 
 
 @triton.jit
+def _onehot8(w, dg, base):
+    """``[SUB, 2, 2, 2]``: ``w`` at flat index ``dg - base`` (buckets ``base .. base + 7``), 0 elsewhere. The bucket
+    dimensions come from ``tl.join``, which keeps them in the thread that holds the token: no layout conversion
+    (a ``[SUB, NB]`` tile spread its buckets over 8 threads, and each token went through shared memory to reach
+    them, three conversions a tile)."""
+    z = tl.zeros_like(w)
+    a0 = tl.join(tl.where(dg == base, w, z), tl.where(dg == base + 4, w, z))
+    a1 = tl.join(tl.where(dg == base + 1, w, z), tl.where(dg == base + 5, w, z))
+    a2 = tl.join(tl.where(dg == base + 2, w, z), tl.where(dg == base + 6, w, z))
+    a3 = tl.join(tl.where(dg == base + 3, w, z), tl.where(dg == base + 7, w, z))
+    return tl.join(tl.join(a0, a2), tl.join(a1, a3))  # [t, d1, d2, d3] holds bucket base + 4 d1 + 2 d2 + d3
+
+
+@triton.jit
+def _onehot(w, dg, NB: tl.constexpr):
+    """``w`` spread over ``NB`` buckets by digit ``dg`` (``NB`` or more: no bucket), buckets in-thread: ``[SUB, 2, 2,
+    2]`` for 8 buckets, ``[SUB, 2, 2, 2, 2]`` for 16 (the last dimension the top bit), ``[SUB, NB]`` otherwise."""
+    if NB == 8:
+        return _onehot8(w, dg, 0)
+    elif NB == 16:
+        return tl.join(_onehot8(w, dg, 0), _onehot8(w, dg, 8))
+    else:
+        return tl.where(dg[:, None] == tl.arange(0, NB)[None, :], w[:, None], tl.zeros_like(w)[:, None])
+
+
+@triton.jit
+def _hist_zeros(SUB: tl.constexpr, NB: tl.constexpr, DT: tl.constexpr):
+    """Zeros shaped and laid out as :func:`_onehot`'s tiles."""
+    return _onehot(tl.zeros([SUB], DT), tl.full([SUB], NB, tl.int32), NB)
+
+
+@triton.jit
+def _bucket_sums(acc, NB: tl.constexpr):
+    """``[NB]`` per-bucket sums over the tokens of a :func:`_onehot`-shaped accumulator, in bucket order."""
+    t = tl.sum(acc, axis=0)
+    if NB == 16:
+        t = tl.permute(t, (3, 0, 1, 2))
+    return tl.reshape(t, [NB])
+
+
+@triton.jit
 def _tile_hist(acc, accn, w, key, inside, kept, n, SH: tl.constexpr, NB: tl.constexpr, COUNT: tl.constexpr,
                WRITE: tl.constexpr):  # fmt: skip
     """One tile of a pass: ``w`` added to the bucket of its digit (``key >> SH``, ``NB`` buckets) where ``inside``
-    (per thread: ``acc [SUB, NB]``, reduced once after the loop), counted too with ``COUNT``; with ``WRITE`` the
-    weights inside appended to ``kept`` after the ``n`` already there. Returns ``acc``, ``accn`` and ``n``."""
-    nb = tl.arange(0, NB)
-    hit = inside[:, None] & (((key >> SH) & (NB - 1))[:, None] == nb[None, :])
-    acc += tl.where(hit, w[:, None], 0.0)
+    (per thread: ``acc``, :func:`_onehot`-shaped, reduced once after the loop), counted too with ``COUNT``; with
+    ``WRITE`` the weights inside appended to ``kept`` after the ``n`` already there. Returns ``acc``, ``accn``, ``n``."""
+    dg = tl.where(inside, (key >> SH) & (NB - 1), NB)
+    acc += _onehot(w, dg, NB)
     if COUNT:
-        accn += hit.to(tl.int32)
+        accn += _onehot(tl.full(w.shape, 1, tl.int32), dg, NB)
     if WRITE:
         at = n + tl.cumsum(inside.to(tl.int32), axis=0) - 1
         tl.store(kept + at, w, mask=inside)
@@ -164,9 +204,9 @@ def _store_partials(mass_ptr, cnt_ptr, acc, accn, PASS: tl.constexpr, B, b, C, c
     """A chunk's partials of pass ``PASS``: the weight per bucket, and the count (top-p: only where ``COUNT``, the
     last pass, whose ties at ``t*`` are counted; before it, whether a bucket has mass)."""
     nb = tl.arange(0, NB)
-    acc_m = tl.sum(acc, axis=0)
+    acc_m = _bucket_sums(acc, NB)
     if COUNT:
-        acc_c = tl.sum(accn, axis=0)
+        acc_c = _bucket_sums(accn, NB)
     elif TOPK:  # every weight is 1: the sums are the counts
         acc_c = acc_m.to(tl.int32)
     else:
@@ -231,8 +271,8 @@ def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_pt
     if c == 0:
         tl.store(pref_ptr + PASS * B + b, prefix)
         tl.store(above_ptr + PASS * B + b, above)
-    acc = tl.zeros([SUB, NB], tl.float32)  # reduced over the tokens once, after the loop
-    accn = tl.zeros([SUB, NB], tl.int32)
+    acc = _hist_zeros(SUB, NB, tl.float32)  # reduced over the tokens once, after the loop
+    accn = _hist_zeros(SUB, NB, tl.int32)
     kept = kept_ptr + (b * C + c) * CHUNK
     n = tl.zeros([], tl.int32)
     if (COMPACT >= 0) and (PASS > COMPACT):  # only the tokens the compacting pass kept
