@@ -133,6 +133,10 @@ def attention_config(
     ``packed``: V4.1's packed entries."""
     if arch() == "interpreter":
         return AttentionConfig(16, 16, 4, 1)
+    if d > 512:
+        # rows wider than V4's 512 channels (1,024-wide tiles; no model here has them): 16 heads x 16 slots, one
+        # stage, which fits shared memory with float32 tiles (16 x 32 x 2 stages asked 364,864 bytes, H100)
+        return AttentionConfig(16, 16, 8, 1)
     if d >= 256 and t == 1:
         # one query row (batch-1 decode; split-KV fills the SMs): 16 heads x 32 slots, 8 warps took 7.9 / 10.1 /
         # 16.8 us against 10.0 / 14.2 / 21.1 for the tiles below (bf16 / V4 FP8 / V4.1 packed pools, 64 heads of

@@ -176,6 +176,9 @@ def test_one_query_row_takes_the_small_decode_tile(monkeypatch):
     assert dispatch.attention_config(16, 64, 512, 640, fp8=True) == dispatch.AttentionConfig(64, 32, 8, 2)
     assert dispatch.attention_config(16, 64, 512, 640, packed=True) == dispatch.AttentionConfig(64, 32, 8, 1)
     assert dispatch.attention_config(16, 32, 512, 640, fp8=True).block_h == 32  # fewer heads: no wider tile
+    # rows wider than 512 (1,024-wide tiles) take a tile that fits shared memory with float32 operands
+    for t in (1, 3, 64):
+        assert dispatch.attention_config(t, 16, 576, 40, fp8=True) == dispatch.AttentionConfig(16, 16, 8, 1)
 
 
 def test_few_token_decode_splits_attention_and_long_compressor_windows(monkeypatch):
