@@ -70,9 +70,9 @@ def check_probs():
             sorts = functools.partial(_probs, cuts=(False, True, prm.any_min_p))
             tag = "temp 0.6, top-p 0.95" if engine_like else "mixed rows"
             nb = B * V * 4 * 10
-            # the default (3-bit digits, compaction at pass 3, pass 0 in the softmax kernel); pass 0 launched alone;
-            # compaction at pass 1 or 2; none; six 5-bit digits
-            for dbits, compact, fuse in ((3, 3, True), (3, 3, False), (3, 1, True), (3, 2, True), (3, -1, True),
+            # the default (3-bit digits, compaction in pass 0 inside the softmax kernel); pass 0 launched alone;
+            # compaction at pass 3 (the default until v36); none; six 5-bit digits
+            for dbits, compact, fuse in ((3, 0, True), (3, 0, False), (3, 3, True), (3, -1, True),
                                          (5, -1, True)):  # fmt: skip
                 kp.DBITS_P, kp.COMPACT_P, kp.FUSE_PASS0 = dbits, compact, fuse
                 got, want = radix(*args), ref.probs(logits, prm)
@@ -86,7 +86,7 @@ def check_probs():
                 record(
                     "  graphed", f"B={B} V={V}", None, None, bench_graph(lambda: radix(*args), calls=5), nb
                 )
-            kp.DBITS_P, kp.COMPACT_P, kp.FUSE_PASS0 = 3, 3, True
+            kp.DBITS_P, kp.COMPACT_P, kp.FUSE_PASS0 = 3, 0, True
             record("  torch sorts", f"B={B} V={V}", None, None, bench(lambda: sorts(*args)), nb)
             record(
                 "  torch sorts graphed",

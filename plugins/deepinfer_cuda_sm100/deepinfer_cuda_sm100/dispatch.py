@@ -149,8 +149,8 @@ def attention_config(
         # V4.1's wider decode fits one stage better). 32 heads x 64 slots does not fit shared memory.
         return AttentionConfig(_p2(h, 16, 64), 32, 8, 1 if packed else 2)
     if d >= 256 and t <= 256:
-        # decode batches, bf16 rows: 64 heads x 32 slots with split-KV in whole waves took 21.0 / 50.3 / 156.9 us
-        # at 16 / 64 / 256 rows against 27.3 / 50.6 / 189.8 for 32 x 64 (H100, RESULTS v36)
+        # decode batches, bf16 rows: every head of a token in one program reads each gathered tile once (faster
+        # than 32 x 64 at 16 and 256 rows, even at 64 once the split-KV chunks fill whole waves; RESULTS v36)
         return AttentionConfig(_p2(h, 16, 64), 32, 8, 2)
     if d >= 256:
         # H200 sweep (NOTES.md v1): 32 heads x 64 slots, 8 warps beat 16 x 32 x 4 warps by 18% at
@@ -174,8 +174,8 @@ def attention_splits(programs: int, n_slots: int, block_n: int) -> int:
     """Split-KV chunks per (token, head block) for sparse attention: only while ``programs`` (tokens x head
     blocks) fill under half the SMs (batch 1 has 2 programs for 64 heads), enough chunks of whole tiles to
     reach about one program per SM. Prediction (NOTES.md v9): batch-1 attention 28 -> under 10 us a layer.
-    The chunks are rounded down, so the programs fill whole waves: 64 programs split 3 ways are 192 on 132 SMs,
-    2 ways 128 (H100, RESULTS v36: 64-head tiles at 64 rows 25-27% faster, 16 and 256 rows unchanged)."""
+    The chunks are rounded down, so the programs fill whole waves: one 64-head program fills an SM, and 64 of them
+    split 3 ways would be 192 on 132 SMs, a third wave mostly idle; 2 ways are 128 (RESULTS v36)."""
     if 2 * programs > num_sms():
         return 1
     return max(1, min(_cdiv(n_slots, block_n), num_sms() // programs))

@@ -55,6 +55,34 @@ def test_random_rows_match_the_reference(kp, gen, monkeypatch, chunk, dbits, com
     assert len(set((ref > 0).sum(1).tolist())) > 4, "the rows keep sets of different sizes"
 
 
+@pytest.mark.parametrize("compact", [0, -1])
+def test_top_p_over_a_long_tail_next_to_the_negligible_tokens(kp, monkeypatch, compact):
+    """Top-p's searches leave out the tokens at or below ``(1 - top_p) / 2V`` (``_negligible``) and compact the
+    rest in the first pass: rows whose cut falls inside a long tail of small tied tokens, with tokens just above
+    and just below that bound, and a row of only negligible tokens but one, keep the reference's tokens."""
+    monkeypatch.setattr(kp, "COMPACT_P", compact)
+    V = 1500
+    top_p = torch.tensor([0.99, 0.95, 0.9, 0.99])
+    eps = 0.5 * (1 - top_p.double()) / V
+    p = torch.zeros(4, V, dtype=torch.float64)
+    p[:, :10] = 0.098  # ten likely tokens, 0.98 of the mass
+    tail = torch.arange(10, V)
+    p[0, tail] = 0.02 / len(tail)  # a tie group above the bound: the cut falls inside it
+    p[1, tail[::2]], p[1, tail[1::2]] = eps[1] * 1.01, eps[1] * 0.99  # tokens on both sides of the bound
+    p[2, tail[::3]] = 0.02 / len(tail[::3])
+    p[3, :10] = 0.0
+    p[3, 0] = 1.0 - (V - 1) * eps[3] * 0.9
+    p[3, 1:] = eps[3] * 0.9  # all but one negligible
+    p = p / p.sum(1, keepdim=True)
+    logits = p.clamp_min(1e-300).log().float()
+    temp, min_p = torch.ones(4), torch.zeros(4)
+    got, ref = _run(kp, logits, temp, top_p, min_p)
+    assert torch.equal(got > 0, ref > 0)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    kept = (ref > 0).sum(1).tolist()
+    assert 10 < kept[0] < V and kept[3] == 1, kept
+
+
 def test_a_cut_inside_a_tie_group_keeps_its_lowest_ids_across_chunks(kp):
     """Ten tokens tied at the top, spread over four chunks of 256: each holds ~0.0999, so top-p 0.35 keeps four,
     the four lowest ids, wherever their chunks are."""

@@ -34,9 +34,12 @@ PROBS_CHUNK = 4096
 DBITS_P, DBITS_K = 3, 4
 #: a histogram tile holds ``HIST_TILE // 2**DBITS`` tokens (``[tokens, buckets]`` per-thread accumulators)
 HIST_TILE = 8192
-#: top-p's pass that writes out the tokens in its range (later passes read only those; -1: every pass reads the
-#: row): after three 3-bit digits the range is a quarter of a binade
-COMPACT_P = 3
+#: top-p's pass that writes out the tokens in its range that are not negligible (``_negligible``; later passes read
+#: only those; -1: every pass reads the row): the first, inside the softmax kernel, so one pass reads whole rows
+COMPACT_P = 0
+#: the passes over compacted tokens: tokens a tile and warps a program (a chunk holds few such tokens; 8,192
+#: programs of 8 warps at 256 rows ran 7.8 waves of mostly latency)
+COMPACTED_TILE, COMPACTED_WARPS = 256, 2
 #: top-p's first pass inside the softmax kernel, over the probabilities it has just computed (one read of the
 #: ``[B, V]`` probabilities and one launch fewer; the same partials, bit for bit)
 FUSE_PASS0 = True
@@ -101,15 +104,26 @@ def _row_softmax(cmax_ptr, csum_ptr, b, C, C_POW2: tl.constexpr):
 
 
 @triton.jit
-def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, minp_ptr, cmax_ptr, csum_ptr, out_ptr,
-                    ge_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, kept_ptr, nkept_ptr, B, V, C, stride_x, stride_o,
+def _negligible(topp_ptr, b, V):
+    """Half of ``(1 - top_p) / V``: top-p's searches count only tokens more likely than this. All the tokens at or
+    below it weigh at most ``(1 - top_p) / 2``, so the tokens above it weigh more than ``top_p``: the threshold
+    ``t*`` lies above it, every bucket a search picks holds every token above it that the bucket's range holds,
+    and leaving the others out changes no choice (nor the ties at ``t*``, nor the mass above it). A row of mostly
+    negligible tokens is then compacted to its few likely ones by the first pass."""
+    return 0.5 * (1.0 - tl.minimum(tl.load(topp_ptr + b), 1.0)) / V
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, minp_ptr, topp_ptr, cmax_ptr, csum_ptr,
+                    out_ptr, ge_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, kept_ptr, nkept_ptr, B, V, C, stride_x,
+                    stride_o,
                     TOPK: tl.constexpr, PASSES_K: tl.constexpr, NB_K: tl.constexpr, CHUNK: tl.constexpr,
                     C_POW2: tl.constexpr, PASS0: tl.constexpr, DBITS: tl.constexpr, BITS: tl.constexpr,
                     COMPACT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Grid ``(B, C)``: ``p = exp(x - max) / sum`` written to ``out``, ``SUB`` tokens at a time; per chunk, the mass
     of the tokens min-p keeps (``p >= min_p * max p``, ``max p = 1 / sum``; every token's with min-p 0). With
     ``PASS0``, also top-p's first pass (``_radix_pass_kernel`` with ``PASS = 0``) over the ``p`` in registers: the
-    same partials, bit for bit, without reading the row again."""
+    same partials, bit for bit, without reading the row again (and with ``COMPACT == 0`` the same tokens kept)."""
     pdl_enter(PDL)
     NB: tl.constexpr = 1 << DBITS
     SH: tl.constexpr = BITS - DBITS
@@ -120,6 +134,7 @@ def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, m
     acc = _hist_zeros(SUB, NB, tl.float32)
     kept = kept_ptr + (b * C + c) * CHUNK
     n = tl.zeros([], tl.int32)
+    eps = _negligible(topp_ptr, b, V)
     for s0 in range(0, CHUNK, SUB):
         v = c * CHUNK + s0 + tl.arange(0, SUB)
         x = _scaled_logits(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, b, v, B, V, C, stride_x, TOPK,
@@ -128,8 +143,8 @@ def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, m
         tl.store(out_ptr + b * stride_o + v, p, mask=v < V)
         ge += tl.where((v < V) & (p >= tau), p, 0.0)
         if PASS0:
-            acc, _cnt, n = _tile_hist(acc, acc.to(tl.int32), p, p.to(tl.int32, bitcast=True), v < V, kept, n, SH,
-                                      NB, False, COMPACT == 0)  # fmt: skip
+            acc, _cnt, n = _tile_hist(acc, acc.to(tl.int32), p, p.to(tl.int32, bitcast=True), (v < V) & (p > eps),
+                                      kept, n, SH, NB, False, COMPACT == 0)  # fmt: skip
     tl.store(ge_ptr + b * C + c, tl.sum(ge, axis=0))
     if PASS0:
         if c == 0:
@@ -259,6 +274,7 @@ def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_pt
         t = tl.where(t <= 0, 1.0, t)
     else:
         tgt = tl.maximum(tl.load(target_ptr + b), 1e-30)
+        eps = _negligible(target_ptr, b, V)
     if PASS == 0:
         prefix = tl.zeros([], tl.int32)
         above = tl.zeros([], tl.float32)
@@ -296,6 +312,8 @@ def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_pt
                 inside = v < V
             else:
                 inside = ((key >> (SH + DBITS)) == (prefix >> (SH + DBITS))) & (v < V)
+            if not TOPK:
+                inside = inside & (w > eps)
             acc, accn, n = _tile_hist(acc, accn, w, key, inside, kept, n, SH, NB, COUNT, PASS == COMPACT)
         if PASS == COMPACT:
             tl.store(nkept_ptr + b * C + c, n)
@@ -360,10 +378,11 @@ def _search(src, temperature, target, state, kept, nkept, passes: int, dbits: in
     B, V = src.shape
     C = triton.cdiv(V, chunk)
     for q in range(first, passes):
+        light = 0 <= compact < q  # over the compacted tokens: small programs, many to an SM
         _radix_pass_kernel[(B, C)](
             src, temperature, target, *state, kept, nkept, B, V, C, src.stride(0), PASS=q, DBITS=dbits, BITS=bits,
-            TOPK=topk, COMPACT=compact, CHUNK=chunk, SUB=min(HIST_TILE >> dbits, chunk), C_POW2=c2, num_warps=8,
-            **dispatch.pdl_args(B),
+            TOPK=topk, COMPACT=compact, CHUNK=chunk, SUB=min(COMPACTED_TILE if light else HIST_TILE >> dbits, chunk),
+            C_POW2=c2, num_warps=COMPACTED_WARPS if light else 8, **dispatch.pdl_args(B),
         )  # fmt: skip
 
 
@@ -408,7 +427,7 @@ def probs(
         logits, temperature, top_k, *sk, cmax, csum, cidx, B, V, C, logits.stride(0), **topk, **dispatch.pdl_args(B)
     )  # fmt: skip
     _softmax_kernel[grid](
-        logits, temperature, top_k, *sk, min_p, cmax, csum, out, ge, *sp, kept, nkept, B, V, C, logits.stride(0),
+        logits, temperature, top_k, *sk, min_p, top_p, cmax, csum, out, ge, *sp, kept, nkept, B, V, C, logits.stride(0),
         out.stride(0), **topk, PASS0=fuse0, DBITS=DBITS_P, BITS=30, COMPACT=compact,
         SUB=min(HIST_TILE >> DBITS_P, chunk), **dispatch.pdl_args(B),
     )  # fmt: skip

@@ -111,9 +111,8 @@ def _load_packed_tile(u8_ptr, e4m3_ptr, slot, valid, stride_pool, PACK: tl.const
                       SB: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     """:func:`_load_packed` for entries of exactly ``BLOCK_D`` values, the same products: each code byte loaded
     once (e2m1: both nibbles decoded and interleaved by ``tl.join``, not every byte loaded twice) and each scale
-    once, broadcast over its ``SB`` values through reshapes (not gathered per value). H100, the attention loop
-    alone at 64 rows (RESULTS v36, ``v41_kv_variants.py`` modes 3 and 4): 152 -> 80 us (window e4m3), 264 -> 115
-    us (compressed e2m1)."""
+    once, broadcast over its ``SB`` values through reshapes (not gathered per value): the decode, not the bytes,
+    sets these loops' time (``benchmarks/gpu/v41_kv_variants.py``; RESULTS v36)."""
     row = slot[:, None].to(tl.int64) * stride_pool
     if PACK == 1:  # e4m3 codes, one byte each
         d = tl.arange(0, BLOCK_D)[None, :]
