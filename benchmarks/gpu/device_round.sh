@@ -61,7 +61,7 @@
 #                                             boundary off, on (the first on run profiled)
 #                                    splitwave the 64-head attention tiles (and bf16's 32 x 64) with split-KV chunks
 #                                             rounded up (dispatch) and down (whole waves), T = 16 / 64 / 256
-#                                    probsprof each launch of the sampler's probs at 1 / 64 / 256 rows, PDL off then on
+#                                    probsprof each launch of the sampler's probs at 1 / 64 / 256 rows, PDL off, probs_compact_first off / on
 #                                    attndisp the dispatched attention tiles (and bf16's old 32 x 64), split as dispatched
 #                                    v4greedy V4's greedy equality alone (float32, bf16, the FP8 KV cache)
 set -u
@@ -161,8 +161,9 @@ for part in "${@:-check slice gemm}"; do
       v41var) cmd=(timeout 300 python3 benchmarks/gpu/v41_kv_variants.py --tokens 64 16 --out "$OUT/v41var") ;;
       splitwave) cmd=(timeout 240 python3 benchmarks/gpu/attention_tiles.py --tiles 64,32,8,1 64,32,8,2 32,64,8,2
                       --tokens 16 64 256 --split-rules ceil floor --out "$OUT/splitwave") ;;
-      probsprof) cmd=(bash -c 'for v in ${PROBSPDL:-0 1}; do echo "-- PDL=$v"; DEEPINFER_CUDA_SM100__PDL=$v timeout 100 python3 \
-                      benchmarks/gpu/probs_profile.py --out "$0/pdl$v"; done' "$OUT/probsprof") ;;
+      probsprof) cmd=(bash -c 'for v in ${PROBSFIRST:-0 1}; do echo "-- PROBS_COMPACT_FIRST=$v"; DEEPINFER_CUDA_SM100__PDL=0 \
+                      DEEPINFER_CUDA_SM100__PROBS_COMPACT_FIRST=$v timeout 100 python3 benchmarks/gpu/probs_profile.py \
+                      --out "$0/first$v"; done' "$OUT/probsprof") ;;
       attndisp) cmd=(timeout 150 python3 benchmarks/gpu/attention_tiles.py --tiles 16,32,8,2 64,32,8,2 64,32,8,1 32,64,8,2
                      --tokens 1 16 64 256 --out "$OUT/attndisp") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;

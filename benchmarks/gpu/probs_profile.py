@@ -1,7 +1,7 @@
 """Where the sampler's sort-free ``probs`` spends its time: each launch of one call (``kernels/probs.py``) at the
 engine benchmark's rows (temperature 0.6, top-p 0.95), in launch order, from the CUDA profiler, at 1, 64 and 256
-rows of the real vocabulary. Run with ``DEEPINFER_CUDA_SM100__PDL=0`` for each kernel's own time (with PDL on a
-kernel is charged its wait for the one before).
+rows of the real vocabulary. ``DEEPINFER_CUDA_SM100__*`` variables set the plugin's settings: ``PDL=0`` for each
+kernel's own time (with PDL on a kernel is charged its wait for the one before), ``PROBS_COMPACT_FIRST=1``.
 
     python benchmarks/gpu/probs_profile.py [--batches 1 64 256]     (the GPU)
 """
@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from check_common import F32, VOCAB, bench_graph, rnd, torch  # noqa: E402
 from check_probs import _kept_agree, _rows  # noqa: E402
+from cuda_settings import use_env_settings  # noqa: E402
 
 from deepinfer_core.ops.reference import reference_op  # noqa: E402
 from deepinfer_cuda_sm100.kernels import probs as kp  # noqa: E402
@@ -42,6 +43,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
+    print("settings:", use_env_settings().model_dump(include={"pdl", "probs_compact_first"}), flush=True)
     res = []
     for B in args.batches:
         prm = _rows(B, True)

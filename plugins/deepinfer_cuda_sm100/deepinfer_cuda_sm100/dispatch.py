@@ -511,6 +511,11 @@ def radix_probs() -> bool:
     return settings().radix_probs
 
 
+def probs_compact_first() -> bool:
+    """Top-p's searches over the non-negligible tokens, compacted in the first pass: ``settings.probs_compact_first``."""
+    return settings().probs_compact_first
+
+
 def graphed_probs() -> bool:
     """The sampler's ``probs`` replays a captured graph per bucket of rows (``ops/row_graphs.py``):
     ``settings.graphed_probs``."""

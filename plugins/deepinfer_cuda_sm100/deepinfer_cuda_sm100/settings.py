@@ -56,6 +56,13 @@ class CudaSM100Settings(PlatformSettings):
         description="the sampler's probs on Triton kernels over chunks of every row, top-k and top-p by radix "
         "searches on the values' bits (kernels/probs.py); off: the torch sorts",
     )
+    probs_compact_first: bool = Field(
+        False,
+        description="top-p's searches in the sort-free probs count only the tokens above half of (1 - top_p) / V, "
+        "which the softmax kernel's first pass writes out, and the nine passes after it run small programs over "
+        "those (kernels/probs.py); off: compaction after pass 3, every pass's program 8 warps. Interpreter-tested "
+        "against the reference; off until it has run on a GPU (benchmarks/gpu/NOTES.md v36)",
+    )
     radix_select: bool = Field(
         False,
         description="the indexer's top-k select kernel finds its threshold by four 8-bit digit histograms instead "

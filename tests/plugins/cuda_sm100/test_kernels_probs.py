@@ -35,14 +35,28 @@ def _run(kp, logits, temp, top_p, min_p, top_p_used=True, top_k=None):
 
 
 @pytest.mark.parametrize(
-    "chunk,dbits,compact", [(256, 3, 3), (4096, 3, 3), (256, 5, -1), (256, 3, -1), (256, 3, 0)]
+    "chunk,dbits,compact",
+    [
+        (256, 3, 3),
+        (4096, 3, 3),
+        (256, 5, -1),
+        (256, 3, -1),
+        (256, 3, 0),
+        (256, 3, "first"),
+        (4096, 3, "first"),
+    ],
 )
 def test_random_rows_match_the_reference(kp, gen, monkeypatch, chunk, dbits, compact):
     """Top-p's digits of 3 bits (the default) or 5, the tokens in range written out after pass 3 (the default), 0,
-    or never (``check.py`` times these)."""
+    or never (``check.py`` times these), or only the non-negligible ones in pass 0 (``probs_compact_first``)."""
+    from deepinfer_cuda_sm100 import settings
+
     monkeypatch.setattr(kp, "PROBS_CHUNK", chunk)
     monkeypatch.setattr(kp, "DBITS_P", dbits)
-    monkeypatch.setattr(kp, "COMPACT_P", compact)
+    monkeypatch.setattr(kp, "COMPACT_P", 3 if compact == "first" else compact)
+    monkeypatch.setattr(
+        settings, "_active", settings.CudaSM100Settings(probs_compact_first=compact == "first")
+    )
     B, V = 8, 1500
     logits = rand(gen, B, V, scale=4.0)
     logits[:, 100:1400:9] = 2.5  # a tie group of 145 tokens over every chunk
@@ -55,12 +69,24 @@ def test_random_rows_match_the_reference(kp, gen, monkeypatch, chunk, dbits, com
     assert len(set((ref > 0).sum(1).tolist())) > 4, "the rows keep sets of different sizes"
 
 
-@pytest.mark.parametrize("compact", [0, -1])
-def test_top_p_over_a_long_tail_next_to_the_negligible_tokens(kp, monkeypatch, compact):
-    """Top-p's searches leave out the tokens at or below ``(1 - top_p) / 2V`` (``_negligible``) and compact the
-    rest in the first pass: rows whose cut falls inside a long tail of small tied tokens, with tokens just above
-    and just below that bound, and a row of only negligible tokens but one, keep the reference's tokens."""
-    monkeypatch.setattr(kp, "COMPACT_P", compact)
+@pytest.mark.parametrize("first", [True, False], ids=["compact_first", "default"])
+def test_top_p_over_a_long_tail_next_to_the_negligible_tokens(kp, monkeypatch, first):
+    """With ``probs_compact_first``, top-p's searches leave out the tokens at or below ``(1 - top_p) / 2V``
+    (``_negligible``) and compact the rest in the first pass: rows whose cut falls inside a long tail of small tied
+    tokens, with tokens just above and just below that bound, and a row of only negligible tokens but one, keep the
+    reference's tokens (and without it)."""
+    from deepinfer_cuda_sm100 import settings
+
+    before = settings.active()
+    monkeypatch.setattr(kp, "COMPACT_P", 3)  # off: compaction after pass 3; on: in pass 0
+    settings.use(settings.CudaSM100Settings(probs_compact_first=first))
+    try:
+        _long_tail_rows_keep_the_reference_tokens(kp)
+    finally:
+        settings.use(before)
+
+
+def _long_tail_rows_keep_the_reference_tokens(kp):
     V = 1500
     top_p = torch.tensor([0.99, 0.95, 0.9, 0.99])
     eps = 0.5 * (1 - top_p.double()) / V

@@ -34,11 +34,12 @@ PROBS_CHUNK = 4096
 DBITS_P, DBITS_K = 3, 4
 #: a histogram tile holds ``HIST_TILE // 2**DBITS`` tokens (``[tokens, buckets]`` per-thread accumulators)
 HIST_TILE = 8192
-#: top-p's pass that writes out the tokens in its range that are not negligible (``_negligible``; later passes read
-#: only those; -1: every pass reads the row): the first, inside the softmax kernel, so one pass reads whole rows
-COMPACT_P = 0
-#: the passes over compacted tokens: tokens a tile and warps a program (a chunk holds few such tokens; 8,192
-#: programs of 8 warps at 256 rows ran 7.8 waves of mostly latency)
+#: top-p's pass that writes out the tokens in its range (later passes read only those; -1: every pass reads the
+#: row): after three 3-bit digits the range is a quarter of a binade. With ``dispatch.probs_compact_first``: pass 0
+#: (inside the softmax kernel), writing out the tokens that are not negligible (``_negligible``)
+COMPACT_P = 3
+#: with ``dispatch.probs_compact_first``, the passes over compacted tokens: tokens a tile and warps a program (a
+#: chunk holds few such tokens; 8,192 programs of 8 warps at 256 rows ran 7.8 waves of mostly latency)
 COMPACTED_TILE, COMPACTED_WARPS = 256, 2
 #: top-p's first pass inside the softmax kernel, over the probabilities it has just computed (one read of the
 #: ``[B, V]`` probabilities and one launch fewer; the same partials, bit for bit)
@@ -119,7 +120,8 @@ def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, m
                     stride_o,
                     TOPK: tl.constexpr, PASSES_K: tl.constexpr, NB_K: tl.constexpr, CHUNK: tl.constexpr,
                     C_POW2: tl.constexpr, PASS0: tl.constexpr, DBITS: tl.constexpr, BITS: tl.constexpr,
-                    COMPACT: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+                    COMPACT: tl.constexpr, SUB: tl.constexpr, NEGLIGIBLE: tl.constexpr = False,
+                    PDL: tl.constexpr = False):  # fmt: skip
     """Grid ``(B, C)``: ``p = exp(x - max) / sum`` written to ``out``, ``SUB`` tokens at a time; per chunk, the mass
     of the tokens min-p keeps (``p >= min_p * max p``, ``max p = 1 / sum``; every token's with min-p 0). With
     ``PASS0``, also top-p's first pass (``_radix_pass_kernel`` with ``PASS = 0``) over the ``p`` in registers: the
@@ -134,7 +136,10 @@ def _softmax_kernel(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, m
     acc = _hist_zeros(SUB, NB, tl.float32)
     kept = kept_ptr + (b * C + c) * CHUNK
     n = tl.zeros([], tl.int32)
-    eps = _negligible(topp_ptr, b, V)
+    if NEGLIGIBLE:
+        eps = _negligible(topp_ptr, b, V)
+    else:
+        eps = -1.0
     for s0 in range(0, CHUNK, SUB):
         v = c * CHUNK + s0 + tl.arange(0, SUB)
         x = _scaled_logits(x_ptr, temp_ptr, topk_ptr, mk_ptr, ck_ptr, pk_ptr, ak_ptr, b, v, B, V, C, stride_x, TOPK,
@@ -254,7 +259,7 @@ def _advance(mass_ptr, cnt_ptr, b, C, prefix, above, tp, SHIFT: tl.constexpr, NB
 def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_ptr, above_ptr, kept_ptr, nkept_ptr,
                        B, V, C, stride, PASS: tl.constexpr, DBITS: tl.constexpr, BITS: tl.constexpr,
                        TOPK: tl.constexpr, COMPACT: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
-                       C_POW2: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+                       C_POW2: tl.constexpr, NEGLIGIBLE: tl.constexpr = False, PDL: tl.constexpr = False):  # fmt: skip
     """Grid ``(B, C)``: pass ``PASS`` of a search. Finds the range this pass splits from the state and the
     partials of the pass before (program ``c = 0`` records the state), then sums its chunk's weight and count per
     bucket of this pass's digit among the tokens in that range (per thread, reduced once at the end). Top-p
@@ -274,7 +279,10 @@ def _radix_pass_kernel(src_ptr, temp_ptr, target_ptr, mass_ptr, cnt_ptr, pref_pt
         t = tl.where(t <= 0, 1.0, t)
     else:
         tgt = tl.maximum(tl.load(target_ptr + b), 1e-30)
-        eps = _negligible(target_ptr, b, V)
+        if NEGLIGIBLE:
+            eps = _negligible(target_ptr, b, V)
+        else:
+            eps = -1.0
     if PASS == 0:
         prefix = tl.zeros([], tl.int32)
         above = tl.zeros([], tl.float32)
@@ -373,16 +381,17 @@ def _search_state(passes: int, B: int, C: int, nb: int, dev: torch.device) -> tu
 
 
 def _search(src, temperature, target, state, kept, nkept, passes: int, dbits: int, bits: int, topk: bool,
-            compact: int, chunk: int, c2: int, first: int = 0) -> None:  # fmt: skip
-    """Launches ``first .. passes - 1`` of one radix search over ``src [B, V]`` (``_radix_pass_kernel``)."""
+            compact: int, chunk: int, c2: int, first: int = 0, negligible: bool = False) -> None:  # fmt: skip
+    """Launches ``first .. passes - 1`` of one radix search over ``src [B, V]`` (``_radix_pass_kernel``);
+    ``negligible``: top-p's, over the tokens that are not (``dispatch.probs_compact_first``)."""
     B, V = src.shape
     C = triton.cdiv(V, chunk)
     for q in range(first, passes):
-        light = 0 <= compact < q  # over the compacted tokens: small programs, many to an SM
+        light = negligible and 0 <= compact < q  # over the compacted tokens: small programs, many to an SM
         _radix_pass_kernel[(B, C)](
             src, temperature, target, *state, kept, nkept, B, V, C, src.stride(0), PASS=q, DBITS=dbits, BITS=bits,
             TOPK=topk, COMPACT=compact, CHUNK=chunk, SUB=min(COMPACTED_TILE if light else HIST_TILE >> dbits, chunk),
-            C_POW2=c2, num_warps=COMPACTED_WARPS if light else 8, **dispatch.pdl_args(B),
+            C_POW2=c2, NEGLIGIBLE=negligible, num_warps=COMPACTED_WARPS if light else 8, **dispatch.pdl_args(B),
         )  # fmt: skip
 
 
@@ -415,7 +424,8 @@ def probs(
     nb_k, nb_p = 1 << DBITS_K, 1 << DBITS_P
     sk = _search_state(passes_k if top_k_used else 1, B, C, nb_k, dev)
     sp = _search_state(passes_p if top_p_used else 1, B, C, nb_p, dev)
-    compact = COMPACT_P if top_p_used and 0 <= COMPACT_P < passes_p - 1 else -1
+    negligible = top_p_used and dispatch.probs_compact_first()
+    compact = 0 if negligible else COMPACT_P if top_p_used and 0 <= COMPACT_P < passes_p - 1 else -1
     kept = torch.empty((B, C, chunk) if compact >= 0 else (1,), dtype=torch.float32, device=dev)
     nkept = torch.empty((B, C), dtype=torch.int32, device=dev)
     grid = (B, C)
@@ -429,7 +439,7 @@ def probs(
     _softmax_kernel[grid](
         logits, temperature, top_k, *sk, min_p, top_p, cmax, csum, out, ge, *sp, kept, nkept, B, V, C, logits.stride(0),
         out.stride(0), **topk, PASS0=fuse0, DBITS=DBITS_P, BITS=30, COMPACT=compact,
-        SUB=min(HIST_TILE >> DBITS_P, chunk), **dispatch.pdl_args(B),
+        SUB=min(HIST_TILE >> DBITS_P, chunk), NEGLIGIBLE=negligible, **dispatch.pdl_args(B),
     )  # fmt: skip
     if top_p_used:
         _search(
@@ -447,6 +457,7 @@ def probs(
             chunk,
             c2,
             int(fuse0),
+            negligible,
         )
     _cut_kernel[grid](
         out, temperature, top_p, min_p, cmax, csum, cidx, ge, *sp, B, V, C, out.stride(0), TOPP=top_p_used,
