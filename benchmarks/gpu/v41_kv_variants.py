@@ -33,20 +33,7 @@ import triton.language as tl
 from bench_common import time_variant
 
 from deepinfer_cuda_sm100.kernels._common import e2m1_value
-from deepinfer_cuda_sm100.kernels.sparse_attention import _load_packed, packed_layout
-
-
-@triton.jit
-def _scales(u8_ptr, e4_ptr, row, valid, CODE_BYTES: tl.constexpr, SB: tl.constexpr, PACK: tl.constexpr,
-            BLOCK_D: tl.constexpr):  # fmt: skip
-    """``[BLOCK_N, BLOCK_D // SB]`` float32 scales of the entries at byte offsets ``row`` (``[BLOCK_N, 1]``)."""
-    g = tl.arange(0, BLOCK_D // SB)[None, :]
-    m = valid[:, None] & (g >= 0)
-    if PACK == 2:
-        return tl.load(e4_ptr + row + CODE_BYTES + g, mask=m, other=0.0).to(tl.float32)
-    return (tl.load(u8_ptr + row + CODE_BYTES + g, mask=m, other=0).to(tl.int32) << 23).to(
-        tl.float32, bitcast=True
-    )
+from deepinfer_cuda_sm100.kernels.sparse_attention import _load_packed, _packed_scales, packed_layout
 
 
 @triton.jit
@@ -90,7 +77,7 @@ def _variant_kernel(
             if MODE == 2:
                 k = code.to(tl.bfloat16)
             else:
-                sc = _scales(u8_ptr, e4_ptr, row, valid, CODE_BYTES, SB, PACK, BLOCK_D)
+                sc = _packed_scales(u8_ptr, e4_ptr, row, valid, PACK, CODE_BYTES, SB, BLOCK_D)
                 k = tl.reshape(
                     tl.reshape(code, [BLOCK_N, BLOCK_D // SB, SB]) * sc[:, :, None], [BLOCK_N, BLOCK_D]
                 )
