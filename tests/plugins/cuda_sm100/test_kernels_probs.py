@@ -88,7 +88,8 @@ def test_top_p_over_a_long_tail_next_to_the_negligible_tokens(kp, monkeypatch, f
 
 def _long_tail_rows_keep_the_reference_tokens(kp):
     V = 1500
-    top_p = torch.tensor([0.99, 0.95, 0.9, 0.99])
+    # row 0's cut half a tail token past 0.99, not on a token's edge (there float32 sums decide which side)
+    top_p = torch.tensor([0.99 + 0.01 / (V - 10), 0.95, 0.9, 0.99], dtype=torch.float64).float()
     eps = 0.5 * (1 - top_p.double()) / V
     p = torch.zeros(4, V, dtype=torch.float64)
     p[:, :10] = 0.098  # ten likely tokens, 0.98 of the mass
@@ -216,15 +217,16 @@ def test_the_ops_take_the_kernels_with_radix_probs_and_the_sorts_without(monkeyp
     rows = (torch.ones(3), torch.tensor([0, 5, 0]), torch.full((3,), 0.8), torch.zeros(3))
     want = REF.probs(logits, SamplingTensors(*rows))
     got = CudaSamplingOps().probs(dev(logits), SamplingTensors(*dev(*rows), True, True, False)).cpu()
-    assert calls == [{"top_k_used": True, "top_p_used": True}]
+    assert calls and all(c == {"top_k_used": True, "top_p_used": True} for c in calls)  # graphed: 3 on a GPU
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    radix_calls = len(calls)
     before = settings.active()
     settings.use(before.model_copy(update={"radix_probs": False}))
     try:
         got = CudaSamplingOps().probs(dev(logits), SamplingTensors(*dev(*rows))).cpu()
     finally:
         settings.use(before)
-    assert len(calls) == 1, "radix_probs off takes the sorts"
+    assert len(calls) == radix_calls, "radix_probs off takes the sorts"
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
