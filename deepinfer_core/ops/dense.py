@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from deepinfer_core.ops.fusion_kinds import Fusion
-from deepinfer_core.ops.mhc import HCParams, collapse, mix_coefficients
+from deepinfer_core.ops.mhc import HCParams, collapse, mixes, sinkhorn
 from deepinfer_core.ops.weights import Weight
 
 
@@ -84,7 +84,8 @@ class DenseOps(ABC):
         channels, then ``pre``, ``post`` and ``comb`` as in :meth:`hc_pre` -> ``(pre [T, N], post [T, N],
         comb [T, N, N])``, float32 (:func:`~deepinfer_core.ops.mhc.mix_coefficients`). Unlike :meth:`hc_pre`
         nothing is collapsed: V4.1 collapses the *next* site's input with this ``pre``. Default: torch."""
-        return per_row_tuple(lambda r: mix_coefficients(r, hc), x)
+        pre, post, comb = per_row_tuple(lambda r: mixes(r, hc), x)  # (the Sinkhorn needs no row-by-row run)
+        return pre, post, sinkhorn(comb, hc.sinkhorn_iters, hc.hc_eps)
 
     def hc_collapse(self, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """``sum_n pre[t, n] * x[t, n]`` over streams ``x [T, N, D]`` with ``pre [T, N]`` float32, computed in

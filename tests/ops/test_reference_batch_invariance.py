@@ -65,6 +65,28 @@ def test_mhc_ops():
         lambda y, r, p, c: dense.hc_post(y, r, p, c), (rnd(40, d), rnd(40, n, d), rnd(40, n), comb)
     )
     _assert_rows_invariant(lambda x: dense.hc_head(x, head), (rnd(40, n, d),))
+    _assert_rows_invariant(lambda x: dense.hc_mixes(x, hc), (rnd(40, n, d),))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_sinkhorn_gives_a_matrix_the_same_bits_in_any_batch(n):
+    """The row-by-row mHC defaults run the Sinkhorn once over every row's ``comb`` (``ops.mhc.sinkhorn``): each
+    matrix must come out as it does alone, at batch sizes on both sides of the vector widths; and ``hc_pre`` /
+    ``hc_mixes`` give the row-by-row function's bits (``mix_coefficients`` on each row alone)."""
+    from deepinfer_core.ops.mhc import mix_coefficients, sinkhorn
+
+    for rows in (1, 2, 3, 5, 8, 9, 16, 17, 33, 100, 257):
+        comb = torch.softmax(rnd(rows, n, n, scale=3.0), -1) + 1e-6
+        alone = torch.cat([sinkhorn(comb[i : i + 1].clone(), 20, 1e-6) for i in range(rows)])
+        assert torch.equal(sinkhorn(comb, 20, 1e-6), alone), rows
+    d = 16
+    hc = HCParams(rnd((2 + n) * n, n * d, scale=0.05), rnd((2 + n) * n), rnd(3) + 1, 20, 1e-6, 1e-6)
+    x = rnd(33, n, d)
+    want = [
+        torch.cat(parts) for parts in zip(*(mix_coefficients(x[i : i + 1].clone(), hc) for i in range(33)))
+    ]
+    for got, w in zip(dense.hc_mixes(x, hc), want, strict=True):
+        assert torch.equal(got, w)
 
 
 def test_sparse_attention_row_does_not_depend_on_other_rows_or_padding():

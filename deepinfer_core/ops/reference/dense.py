@@ -130,7 +130,8 @@ class ReferenceDenseOps(DenseOps):
         if not outs:
             f32 = {"dtype": torch.float32, "device": x.device}
             return x.new_empty(0, x.shape[2]), torch.empty(0, n, **f32), torch.empty(0, n, n, **f32)
-        return tuple(torch.cat(parts) for parts in zip(*outs))  # type: ignore[return-value]
+        collapsed, post, comb = (torch.cat(parts) for parts in zip(*outs))
+        return collapsed, post, sinkhorn(comb, hc.sinkhorn_iters, hc.hc_eps)  # over every row at once
 
     @staticmethod
     def _hc_pre_row(x: torch.Tensor, hc: HCParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,7 +142,6 @@ class ReferenceDenseOps(DenseOps):
         pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
         post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
         comb = torch.softmax(comb_w.view(1, n, n) * scale[2] + comb_b.view(n, n), dim=-1) + hc_eps
-        comb = sinkhorn(comb, hc.sinkhorn_iters, hc_eps)
         collapsed = (pre.unsqueeze(-1) * x).sum(dim=1).to(x.dtype)
         return collapsed, post, comb
 
