@@ -42,7 +42,10 @@ def tests(session: nox.Session) -> None:
     install_all(session)
     workers = os.environ.get("DEEPINFER_TEST_WORKERS", "2")
     spread = ["-n", workers, "--dist", "loadfile"] if workers not in ("0", "1") else []
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *spread, *session.posargs)
+    # the slowest tests' times in CI's log, for keeping the run within its budget
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=30", *spread, *session.posargs
+    )
 
 
 @nox.session
