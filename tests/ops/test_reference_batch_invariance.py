@@ -71,8 +71,8 @@ def test_mhc_ops():
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_sinkhorn_gives_a_matrix_the_same_bits_in_any_batch(n):
     """The row-by-row mHC defaults run the Sinkhorn once over every row's ``comb`` (``ops.mhc.sinkhorn``): each
-    matrix must come out as it does alone, at batch sizes on both sides of the vector widths; and ``hc_pre`` /
-    ``hc_mixes`` give the row-by-row function's bits (``mix_coefficients`` on each row alone)."""
+    matrix must come out as it does alone, at batch sizes on both sides of the vector widths; and ``hc_mixes``
+    gives the row-by-row function's bits (``mix_coefficients`` on each row alone)."""
     from deepinfer_core.ops.mhc import mix_coefficients, sinkhorn
 
     for rows in (1, 2, 3, 5, 8, 9, 16, 17, 33, 100, 257):

@@ -160,11 +160,11 @@ def _floor(want) -> list[list[float]]:
     boundary of the next input's e4m3 grid (``docs/v41_reference.md``, 4). So the bound for each token is set by
     the reference backend itself: the largest ``|logprob|`` change when its GEMMs sum in another legitimate
     order, float64 or float32 in 32-wide K tiles (a tiled GEMM kernel's order, as the plugin's). Which order
-    flips a code depends on the machine's BLAS (measured when the long prompt had 40 tokens; it has 24 since
-    2026-12-06, for CI's time): on one machine float64 moved it by 1.2e-3 to
-    8.2e-3 and the tiles were not run; on another (and the CI machine, 2026-12) float64 moved nothing (< 1e-6),
-    the tiles moved it by 1.2e-3 to 8.2e-3 (one e4m3 code flips in its prefill), and the plugin sat within 1e-6
-    of the tiles. The 9-token prompt moved by < 1e-6 either way."""
+    flips a code depends on the machine's BLAS. Measured when the long prompt had 40 tokens (24 since
+    2026-12-06, for CI's time): on one machine float64 moved it by 1.2e-3 to 8.2e-3 (the tiles were not run);
+    on another, like the CI machine of 2026-12, float64 moved nothing (< 1e-6), the tiles moved it by 1.2e-3
+    to 8.2e-3 (one e4m3 code flips in its prefill), and the plugin sat within 1e-6 of the tiles. The 9-token
+    prompt moved by < 1e-6 either way."""
     from deepinfer_core.ops.reference import dense as ref_dense
 
     def tiles(x: torch.Tensor, m: torch.Tensor, width: int = 32) -> torch.Tensor:
