@@ -1,4 +1,5 @@
-"""Developer and CI sessions: ``nox -s tests lint conformance demo``.
+"""Developer and CI sessions: ``nox -s lint tests demo`` (``tests`` runs the conformance kit too; ``conformance``
+runs only the kit).
 
 Torch is pinned to the CPU build first (``TORCH_SPEC``) so that no dependency range pulls a CUDA build.
 """
@@ -9,7 +10,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["lint", "tests", "conformance", "demo"]
+nox.options.sessions = ["lint", "tests", "demo"]
 nox.options.reuse_existing_virtualenvs = True
 
 TORCH_SPEC = os.environ.get("DEEPINFER_TORCH_SPEC", "torch==2.13.0")
@@ -36,16 +37,21 @@ def install_all(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite, with every plugin and the example backend installed. It runs in
-    ``DEEPINFER_TEST_WORKERS`` processes (pytest-xdist, default 2: the reference platform computes on one
-    thread, and CI has two cores), a test file per worker; ``DEEPINFER_TEST_WORKERS=0`` runs it in one."""
+    """The whole test suite, with every plugin and the example backend installed, then (without arguments) the
+    conformance kit in the same environment. The suite runs in ``DEEPINFER_TEST_WORKERS`` processes (pytest-xdist,
+    default 2: the reference platform computes on one thread, and CI has two cores), a test file per worker, in
+    the order ``tests/conftest.py`` gives (the slowest files first); ``DEEPINFER_TEST_WORKERS=0`` runs it in one."""
     install_all(session)
     workers = os.environ.get("DEEPINFER_TEST_WORKERS", "2")
-    spread = ["-n", workers, "--dist", "loadfile"] if workers not in ("0", "1") else []
+    spread = (
+        ["-n", workers, "--dist", "loadfile", "--no-loadscope-reorder"] if workers not in ("0", "1") else []
+    )
     # the slowest tests' times in CI's log, for keeping the run within its budget
     session.run(
         "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=30", *spread, *session.posargs
     )
+    if not session.posargs:
+        run_conformance_kit(session)
 
 
 @nox.session
@@ -55,10 +61,9 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session
-def conformance(session: nox.Session) -> None:
-    """The conformance kit against the reference ops and the example third-party backend."""
-    install_all(session)
+def run_conformance_kit(session: nox.Session) -> None:
+    """The conformance kit as a backend's author runs it, against the reference ops and the example third-party
+    backend."""
     for backend in ("reference", "example"):
         session.run(
             "python",
@@ -72,6 +77,13 @@ def conformance(session: nox.Session) -> None:
             "--deepinfer-backend",
             backend,
         )
+
+
+@nox.session(default=False)
+def conformance(session: nox.Session) -> None:
+    """Only the conformance kit (``tests`` runs it after the suite, without another environment's install)."""
+    install_all(session)
+    run_conformance_kit(session)
 
 
 @nox.session
