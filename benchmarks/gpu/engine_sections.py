@@ -64,7 +64,7 @@ def section_engine(args) -> None:
             environ=env,
             backend=backend,
             max_model_len=ctx + 8,
-            max_num_seqs=max(batches),
+            max_num_seqs=max(batches + [getattr(args, "engine_max_seqs", 0)]),
             max_num_batched_tokens=max(8192, p_len),
             kv_cache_memory_bytes=args.engine_kv_bytes,
             async_scheduling=overlap,

@@ -345,6 +345,9 @@ def main() -> None:
     )
     ap.add_argument("--engine-kv-bytes", type=int, default=16 << 30, help="engine section: KV budget")
     ap.add_argument(
+        "--engine-max-seqs", type=int, default=0, help="engine section: max_num_seqs (0: the largest batch)"
+    )
+    ap.add_argument(
         "--engine-host-profile",
         action="store_true",
         help="engine section: cProfile + CUDA API counts at the first batch",
