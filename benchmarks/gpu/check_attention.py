@@ -262,15 +262,22 @@ def check_fp8_kv(ops, ref, kv_pool, cmp_pool, sinks, scale):
     real_config = dispatch.attention_config
     # the kernel's two ways of scaling the codes side by side (dispatch.fp8_kv_mode), and the gathered scales with
     # the bf16 pool's 64-slot tiles (dispatch.attention_config gives FP8 pools 32: the reshapes' registers overflowed
-    # shared memory at 64, v8), which may not compile: then the row says so
-    for gather, slots64 in ((False, False), (True, False), (True, True)):
-        settings.use(active.model_copy(update={"fp8_kv_scale_gather": gather}))
+    # shared memory at 64, v8), which may not compile: then the row says so; and the RoPE channels as a tile of their
+    # own (settings.fp8_kv_rope_apart)
+    for gather, slots64, apart in (
+        (False, False, False),
+        (False, False, True),
+        (True, False, False),
+        (True, True, False),
+    ):
+        settings.use(active.model_copy(update={"fp8_kv_scale_gather": gather, "fp8_kv_rope_apart": apart}))
         if slots64:
             dispatch.attention_config = lambda *a, **k: replace(real_config(*a, **k), block_n=64)
         name = (
             "sparse_attention fp8 KV"
             + (" scales gathered" if gather else "")
             + (", 64 slots" if slots64 else "")
+            + (", RoPE apart" if apart else "")
         )
         try:
             for T, tag in zip(sizes(*ATTN_T), ATTN_TAGS):

@@ -502,8 +502,12 @@ def split_finish(cfg: GemmConfig) -> bool:
 def fp8_kv_mode() -> int:
     """How the sparse-attention kernel scales V4's FP8 KV codes (``FP8`` of ``_load_kv``): 1, a row's scales
     loaded once and broadcast through reshapes (v8: FP8 decode 2.7-3.2x the bf16 pool's time, the reshapes
-    the first suspect); 2, each channel gathers its group's scale, with ``settings.fp8_kv_scale_gather``."""
-    return 2 if settings().fp8_kv_scale_gather else 1
+    the first suspect); 2, each channel gathers its group's scale, with ``settings.fp8_kv_scale_gather``; 3, as 1
+    with the RoPE channels a tile of their own, never merged into the code tile, with ``settings.fp8_kv_rope_apart``
+    (where a row's RoPE channels are the tile's last power-of-two group, as V4's 64 of 512; else 1)."""
+    if settings().fp8_kv_scale_gather:
+        return 2
+    return 3 if settings().fp8_kv_rope_apart else 1
 
 
 def radix_probs() -> bool:

@@ -75,6 +75,13 @@ class CudaSM100Settings(PlatformSettings):
         "broadcasting a row's scales through reshapes (dispatch.fp8_kv_mode); off until the H200 A/B "
         "(check.py --only attention times both)",
     )
+    fp8_kv_rope_apart: bool = Field(
+        False,
+        description="V4's FP8 KV in the sparse-attention kernel: the 64 RoPE channels of a row as a key tile of "
+        "their own with dots of their own, not merged into the 512-channel tile of decoded codes "
+        "(dispatch.fp8_kv_mode 3). Off until timed in the kernel: in benchmarks/gpu/fp8_kv_variants.py (mode 6, "
+        "H100, NOTES v36) the loop went 92.5 -> 76.6 us at 64 rows",
+    )
     tilelang: bool = Field(
         True,
         description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",

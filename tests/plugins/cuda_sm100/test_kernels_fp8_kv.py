@@ -259,15 +259,19 @@ def _as_on_sm90(monkeypatch):
     return lambda: settings.use(active)
 
 
+@pytest.mark.parametrize("rope_apart", [False, True], ids=["merged", "rope_apart"])
 @pytest.mark.parametrize("T", [2, 3])
-def test_fp8_attention_with_every_head_in_one_program_matches_reference(ops, gen, monkeypatch, T):
+def test_fp8_attention_with_every_head_in_one_program_matches_reference(ops, gen, monkeypatch, T, rope_apart):
     """The tile a GPU dispatches for V4's FP8 rows from two query rows on: all 64 heads of 512 channels a program,
     32 slots a tile, split-KV into chunks and their combine, against the reference in float32 over the unpacked
-    rows (the bf16 reference's own roundings are 1e-2 of these rows)."""
+    rows (the bf16 reference's own roundings are 1e-2 of these rows). ``rope_apart``: the RoPE channels as a tile
+    of their own (``settings.fp8_kv_rope_apart``), stored into the split-KV partials from their own accumulator."""
     from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
-    from deepinfer_cuda_sm100 import dispatch
+    from deepinfer_cuda_sm100 import dispatch, settings
 
     restore = _as_on_sm90(monkeypatch)
+    settings.use(settings.CudaSM100Settings(pdl=False, fp8_kv_rope_apart=rope_apart))
+    assert dispatch.fp8_kv_mode() == (3 if rope_apart else 1)
     try:
         H, D = 64, 512
         assert dispatch.attention_config(T, H, D, 96, fp8=True) == dispatch.AttentionConfig(64, 32, 8, 2)
@@ -282,3 +286,48 @@ def test_fp8_attention_with_every_head_in_one_program_matches_reference(ops, gen
     ref = REF.sparse_attention(q.float(), fmt.unpack(kv).float(), kv_slots, fmt.unpack(cmp).float(), cmp_slots, sinks,
                                0.05)  # fmt: skip
     assert rel_err(got, ref) < BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "D, rope, apart", [(128, 32, True), (512, 64, True), (80, 16, False), (576, 64, False)]
+)
+def test_fp8_kv_rope_apart_reads_the_reference_values(gen, monkeypatch, dtype, D, rope, apart):
+    """``settings.fp8_kv_rope_apart`` (``FP8 = 3``): the RoPE channels as their own key tile, with dots of their own
+    and their own accumulator, one program per token and head block (no split) and split-KV: the reference's
+    output over the unpacked rows (in float32: the bf16 reference's own roundings are 1e-2 of these rows). Where a row's RoPE channels are not the tile's last power-of-two group (80 = 64
+    + 16 in a 128-wide tile; 576 = 512 + 64 in a 1,024-wide one) the kernel merges them as before: the bytes of
+    the setting off."""
+    from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
+    from deepinfer_cuda_sm100 import settings
+    from deepinfer_cuda_sm100.kernels import sparse_attention as sa
+
+    T, H = 3, 16
+    fmt = Fp8KVFormat(D, rope, dtype)
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv, cmp = fmt.pack(spread_rows(gen, 50, D).to(dtype)), fmt.pack(spread_rows(gen, 20, D).to(dtype))
+    kv_slots, cmp_slots = slot_lists(gen, T, 29, 50), slot_lists(gen, T, 11, 20)
+    sinks = rand(gen, H)
+    ref = REF.sparse_attention(q.float(), fmt.unpack(kv).float(), kv_slots, fmt.unpack(cmp).float(), cmp_slots, sinks,
+                               0.05)  # fmt: skip
+    modes, real = [], sa._sparse_attn_kernel
+
+    class Spy:  # the kernel's FP8 mode at each launch
+        def __getitem__(self, grid):
+            def launch(*a, **k):
+                modes.append(k["FP8"])
+                return real[grid](*a, **k)
+
+            return launch
+
+    monkeypatch.setattr(sa, "_sparse_attn_kernel", Spy())
+    for splits in (1, 3):
+        outs = []
+        for on in (False, True):
+            settings.use(settings.CudaSM100Settings(fp8_kv_rope_apart=on))
+            args = dev(q, kv, kv_slots, cmp, cmp_slots, sinks)
+            outs.append(sa.sparse_attention(*args, 0.05, fmt, splits=splits).cpu())
+        assert rel_err(outs[1], ref) < BOUND[dtype], splits
+        if not apart:
+            assert torch.equal(outs[0], outs[1])
+    assert modes == [1, 3 if apart else 1] * 2

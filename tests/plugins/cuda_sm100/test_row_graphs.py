@@ -49,15 +49,15 @@ def test_graphed_probs_match_the_reference_at_every_batch_and_keep_earlier_resul
     counts = {"captures": 0, "replays": 0}
     ops = sampling.CudaSamplingOps(capture=_stand_in(counts))
     kept = []
-    for B in (1, 3, 2, 4, 3, 5, 16, 1):
+    for B in (1, 3, 2, 4, 3, 5, 1):  # (under the interpreter a bucket of 16 rows took half the test's time)
         logits, params = rand(gen, B, 300, scale=3.0), _params(gen, B)
         got = ops.probs(logits, params)
         assert got.shape == (B, 300)
         torch.testing.assert_close(got, REF.probs(logits, params), atol=1e-6, rtol=1e-5)
         kept.append((got, got.clone()))
     assert all(torch.equal(a, b) for a, b in kept)  # a later call does not overwrite an earlier result
-    assert counts["captures"] == 5  # buckets 1, 4, 2, 8 and 16, once each
-    assert counts["replays"] == 8
+    assert counts["captures"] == 4  # buckets 1, 4, 2 and 8, once each
+    assert counts["replays"] == 7
 
 
 def test_rows_over_the_largest_bucket_and_empty_calls_run_eagerly(gen):

@@ -43,7 +43,8 @@ def _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, 
     ``FP8 == 1``: the ``NG`` scales of a row are loaded once, as ``[BLOCK_N, BLOCK_D // GROUP]``, and broadcast
     per group through two reshapes. ``FP8 == 2`` (``dispatch.fp8_kv_mode``): each channel loads its group's
     scale (a gather whose ``GROUP`` neighbours read one word, as ``_load_packed`` reads V4.1's scales), no
-    reshape. The same products either way. In ``OUT_T`` (the dot's type): the products rounded to it, the RoPE
+    reshape. The same products either way. ``FP8 == 3``: as 1, with the RoPE channels left zero (the attention
+    reads them as a tile of their own, :func:`_load_rope`). In ``OUT_T`` (the dot's type): the products rounded to it, the RoPE
     channels converted from the model dtype, so no float32 tile of the RoPE channels, nor of the merged row, is
     held (the same values as merging in float32, then rounding: the model dtype widens exactly)."""
     m = valid[:, None] & dmask[None, :]
@@ -65,11 +66,21 @@ def _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, 
             c = tl.reshape(
                 tl.reshape(c, [BLOCK_N, BLOCK_D // GROUP, GROUP]) * sc[:, :, None], [BLOCK_N, BLOCK_D]
             )
+        if FP8 == 3:  # the RoPE channels are their own tile (_load_rope): here zeros
+            return c.to(OUT_T)
         r = tl.load(rope_ptr + slot[:, None] * ROPE_ROW + ROPE_OFF + (d - NOPE)[None, :],
                     mask=m & (~code)[None, :], other=0.0)  # fmt: skip
         return tl.where(code[None, :], c.to(OUT_T), r.to(OUT_T))
     else:
         return tl.load(pool_ptr + slot[:, None] * stride_pool + d[None, :], mask=m, other=0.0).to(OUT_T)
+
+
+@triton.jit
+def _load_rope(rope_ptr, slot, valid, ROPE_ROW, ROPE_OFF, ROPE_D: tl.constexpr, OUT_T: tl.constexpr):
+    """``[BLOCK_N, ROPE_D]``: the RoPE channels of V4's FP8 rows at ``slot``, as stored (``FP8 == 3``)."""
+    r = tl.arange(0, ROPE_D)
+    k = tl.load(rope_ptr + slot[:, None] * ROPE_ROW + ROPE_OFF + r[None, :], mask=valid[:, None], other=0.0)
+    return k.to(OUT_T)
 
 
 @triton.jit
@@ -128,11 +139,14 @@ def _load_packed_tile(u8_ptr, e4m3_ptr, slot, valid, stride_pool, PACK: tl.const
 @triton.jit
 def _attend(q, pool_ptr, rope_ptr, scale_ptr, slots_ptr, start, end, stride_pool, d, dmask, m_i, l_i, acc, qk_scale,
             NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T: tl.constexpr, BLOCK_N: tl.constexpr,
-            FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr, PACK: tl.constexpr = 0,
-            CODE_BYTES: tl.constexpr = 0, SB: tl.constexpr = 1, PACKED_TILE: tl.constexpr = False):  # fmt: skip
+            FP8: tl.constexpr, GROUP: tl.constexpr, BLOCK_D: tl.constexpr, PACK: tl.constexpr,
+            CODE_BYTES: tl.constexpr, SB: tl.constexpr, PACKED_TILE: tl.constexpr, q_rope, acc_rope,
+            ROPE_D: tl.constexpr):  # fmt: skip
     """``PACK > 0``: V4.1 packed entries (:func:`_load_packed`, or :func:`_load_packed_tile` with
     ``PACKED_TILE``: entries of exactly ``BLOCK_D`` values; ``pool_ptr`` the byte view, ``rope_ptr`` the e4m3
-    view)."""
+    view). ``FP8 == 3``: V4's FP8 rows with their ``ROPE_D`` RoPE channels as a tile of their own, never merged
+    into the code tile: the scores are two dots (``q_rope`` with the RoPE tile, ``q`` with the code tile, whose
+    RoPE channels are zero), and the values' RoPE channels sum into ``acc_rope``. Returns ``acc_rope`` too."""
     cols = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
         slot = tl.load(slots_ptr + n0 + cols, mask=n0 + cols < end, other=-1)
@@ -147,15 +161,21 @@ def _attend(q, pool_ptr, rope_ptr, scale_ptr, slots_ptr, start, end, stride_pool
             k = _load_kv(pool_ptr, rope_ptr, scale_ptr, slot, valid, d, dmask, stride_pool, NOPE, NG, ROPE_ROW,
                          ROPE_OFF, SCALE_ROW, SCALE_OFF, FP8, GROUP, BLOCK_N, BLOCK_D, DOT_T)  # fmt: skip
         k = k.to(DOT_T)
-        s = mma(q, tl.trans(k), None, DOT_T) * qk_scale
+        if FP8 == 3:
+            kr = _load_rope(rope_ptr, slot, valid, ROPE_ROW, ROPE_OFF, ROPE_D, DOT_T)
+            s = mma(q_rope, tl.trans(kr), mma(q, tl.trans(k), None, DOT_T), DOT_T) * qk_scale
+        else:
+            s = mma(q, tl.trans(k), None, DOT_T) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + mma(p.to(DOT_T), k, None, DOT_T)
+        if FP8 == 3:
+            acc_rope = acc_rope * alpha[:, None] + mma(p.to(DOT_T), kr, None, DOT_T)
         m_i = m_new
-    return m_i, l_i, acc
+    return m_i, l_i, acc, acc_rope
 
 
 @triton.jit
@@ -170,13 +190,15 @@ def _sparse_attn_kernel(
     KV_PACK: tl.constexpr = 0, KV_CODE: tl.constexpr = 0, KV_SB: tl.constexpr = 1,
     CMP_PACK: tl.constexpr = 0, CMP_CODE: tl.constexpr = 0, CMP_SB: tl.constexpr = 1,
     ROPE_Q: tl.constexpr = False, Q_NORM: tl.constexpr = False, PACKED_TILE: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    ROPE_D: tl.constexpr = 16, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``SPLIT``: program ``(t, h, s)`` covers slots ``[s * CHUNK, (s + 1) * CHUNK)`` of the window list followed
     by the compressed list and writes ``acc`` to ``part[t, s, heads]`` and ``(m, l)`` to ``ml[t, s, heads]``.
     ``ROPE_Q``: the query rows rotated at ``pos[t]`` (the trailing ``2 * R2`` channels, ``freq``) as they are
     loaded, each rounded to the query's dtype as the rope op rounds it; ``Q_NORM``: first normed (no weight,
-    ``q_eps``) and rounded, as ``rms_norm_rope`` does (``compose_rope_sparse_attention_unrope``)."""
+    ``q_eps``) and rounded, as ``rms_norm_rope`` does (``compose_rope_sparse_attention_unrope``). ``FP8 == 3``:
+    the last ``ROPE_D`` channels (``NOPE = D - ROPE_D``, a multiple of it, and ``D == BLOCK_D``) attend as a tile of
+    their own (:func:`_attend`), and are stored from their own accumulator."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -207,24 +229,40 @@ def _sparse_attn_kernel(
         m_i = tl.load(sinks_ptr + heads, mask=hm, other=0.0) * 1.4426950408889634
         l_i = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    m_i, l_i, acc = _attend(q, kv_ptr, kv_rope_ptr, kv_scale_ptr, kv_slots_ptr + t * stride_kvs, tl.minimum(lo, n_kv),
+    acc_rope = tl.zeros([BLOCK_H, ROPE_D], dtype=tl.float32)
+    rd = tl.arange(0, ROPE_D)
+    if FP8 == 3:  # the query's RoPE channels: the last of the tile's ROPE_D-wide groups, picked out exactly
+        grp = tl.arange(0, BLOCK_D // ROPE_D)
+        q3 = tl.reshape(q.to(tl.float32), [BLOCK_H, BLOCK_D // ROPE_D, ROPE_D])
+        q_rope = tl.sum(tl.where((grp == NOPE // ROPE_D)[None, :, None], q3, 0.0), axis=1).to(DOT_T)
+    else:
+        q_rope = tl.zeros([BLOCK_H, ROPE_D], dtype=DOT_T)
+    m_i, l_i, acc, acc_rope = _attend(q, kv_ptr, kv_rope_ptr, kv_scale_ptr, kv_slots_ptr + t * stride_kvs, tl.minimum(lo, n_kv),
                             tl.minimum(hi, n_kv), stride_kv, d, dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW,
                             ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T, BLOCK_N, FP8, GROUP, BLOCK_D, KV_PACK, KV_CODE,
-                            KV_SB, PACKED_TILE)  # fmt: skip
+                            KV_SB, PACKED_TILE, q_rope, acc_rope, ROPE_D)  # fmt: skip
     if HAS_CMP:
-        m_i, l_i, acc = _attend(q, cmp_ptr, cmp_rope_ptr, cmp_scale_ptr, cmp_slots_ptr + t * stride_cmps,
+        m_i, l_i, acc, acc_rope = _attend(q, cmp_ptr, cmp_rope_ptr, cmp_scale_ptr, cmp_slots_ptr + t * stride_cmps,
                                 tl.maximum(lo - n_kv, 0), tl.maximum(tl.minimum(hi - n_kv, n_cmp), 0), stride_cmp, d,
                                 dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T,
-                                BLOCK_N, FP8, GROUP, BLOCK_D, CMP_PACK, CMP_CODE, CMP_SB, PACKED_TILE)  # fmt: skip
+                                BLOCK_N, FP8, GROUP, BLOCK_D, CMP_PACK, CMP_CODE, CMP_SB, PACKED_TILE, q_rope,
+                                acc_rope, ROPE_D)  # fmt: skip
+    if FP8 == 3:
+        dm = dm & (d < NOPE)  # the RoPE channels are stored from acc_rope
     if SPLIT:
         row = (t * tl.num_programs(2) + tl.program_id(2)) * H + heads
-        tl.store(part_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hm[:, None])
+        tl.store(part_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hm[:, None] & dm[None, :])
+        if FP8 == 3:
+            tl.store(part_ptr + row[:, None] * BLOCK_D + NOPE + rd[None, :], acc_rope, mask=hm[:, None])
         tl.store(ml_ptr + row * 2, m_i, mask=hm)
         tl.store(ml_ptr + row * 2 + 1, l_i, mask=hm)
     else:
-        out = acc / l_i[:, None]
-        tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=hm[:, None] & dm[None, :])  # fmt: skip
+        out_rows = out_ptr + t * stride_ot + heads[:, None] * stride_oh
+        tl.store(out_rows + d[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=hm[:, None] & dm[None, :])  # fmt: skip
+        if FP8 == 3:
+            tl.store(out_rows + NOPE + rd[None, :], (acc_rope / l_i[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=hm[:, None])  # fmt: skip
 
 
 @triton.jit
@@ -360,6 +398,11 @@ def sparse_attention(
     chunk = triton.cdiv(triton.cdiv(n_kv + n_cmp, max(splits, 1)), cfg.block_n) * cfg.block_n
     splits = triton.cdiv(n_kv + n_cmp, chunk) if splits > 1 else 1
     bd = pow2(D, 16)
+    fp8_mode, rope_d = (dispatch.fp8_kv_mode() if fmt is not None else 0), 16
+    if fp8_mode == 3:
+        rope_d = D - fmt.nope
+        if not (rope_d >= 16 and pow2(rope_d) == rope_d and fmt.nope % rope_d == 0 and bd == D):
+            fp8_mode, rope_d = 1, 16  # RoPE channels apart need them to be the tile's last power-of-two group
     part = ml = out
     if splits > 1:
         part = torch.empty((T, splits, H, bd), dtype=torch.float32, device=q.device)
@@ -375,7 +418,7 @@ def sparse_attention(
         q.stride(0), q.stride(1), kv_pool.stride(0), kv_slots.stride(0), cmp_pool.stride(0), cmp_slots.stride(0),
         out.stride(0), out.stride(1), scale * LOG2E, *layout, freq.numel(), q_norm_eps or 0.0,
         HAS_CMP=has_cmp, DOT_T=dot_dtype(q.dtype), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_D=bd,
-        FP8=dispatch.fp8_kv_mode() if fmt is not None else 0, GROUP=GROUP, SPLIT=splits > 1, KV_PACK=kv_pack[0],
+        FP8=fp8_mode, ROPE_D=rope_d, GROUP=GROUP, SPLIT=splits > 1, KV_PACK=kv_pack[0],
         KV_CODE=kv_pack[1], KV_SB=kv_pack[2],
         CMP_PACK=cmp_pack[0], CMP_CODE=cmp_pack[1], CMP_SB=cmp_pack[2], ROPE_Q=rope_q, Q_NORM=rope_q and q_norm_eps is not None,
         PACKED_TILE=packed and bd == D and PACKED_TILES,
