@@ -247,17 +247,21 @@ def _sparse_attn_kernel(
                                 dm, m_i, l_i, acc, qk_scale, NOPE, NG, ROPE_ROW, ROPE_OFF, SCALE_ROW, SCALE_OFF, DOT_T,
                                 BLOCK_N, FP8, GROUP, BLOCK_D, CMP_PACK, CMP_CODE, CMP_SB, PACKED_TILE, q_rope,
                                 acc_rope, ROPE_D)  # fmt: skip
-    if FP8 == 3:
-        dm = dm & (d < NOPE)  # the RoPE channels are stored from acc_rope
     if SPLIT:
         row = (t * tl.num_programs(2) + tl.program_id(2)) * H + heads
-        tl.store(part_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hm[:, None] & dm[None, :])
-        if FP8 == 3:
+        if FP8 == 3:  # the RoPE channels from acc_rope
+            tl.store(
+                part_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hm[:, None] & (d < NOPE)[None, :]
+            )
             tl.store(part_ptr + row[:, None] * BLOCK_D + NOPE + rd[None, :], acc_rope, mask=hm[:, None])
+        else:
+            tl.store(part_ptr + row[:, None] * BLOCK_D + d[None, :], acc, mask=hm[:, None])
         tl.store(ml_ptr + row * 2, m_i, mask=hm)
         tl.store(ml_ptr + row * 2 + 1, l_i, mask=hm)
     else:
         out_rows = out_ptr + t * stride_ot + heads[:, None] * stride_oh
+        if FP8 == 3:
+            dm = dm & (d < NOPE)  # the RoPE channels from acc_rope
         tl.store(out_rows + d[None, :], (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
                  mask=hm[:, None] & dm[None, :])  # fmt: skip
         if FP8 == 3:
