@@ -64,6 +64,9 @@
 #                                    probsprof each launch of the sampler's probs at 1 / 64 / 256 rows, PDL off, probs_compact_first off / on
 #                                    attndisp the dispatched attention tiles (and bf16's old 32 x 64), split as dispatched
 #                                    v4greedy V4's greedy equality alone (float32, bf16, the FP8 KV cache)
+#                                    ropeapart V4's greedy equality and the slice over the FP8 KV cache with
+#                                             DEEPINFER_CUDA_SM100__FP8_KV_ROPE_APART=1, then the slice with it off (A/B)
+#                                    b1cap    the V4 engine at batch 1 with max_num_seqs 1, 16, 256, twice, alternating
 set -u
 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -166,6 +169,12 @@ for part in "${@:-check slice gemm}"; do
                       --out "$0/first$v"; done' "$OUT/probsprof") ;;
       attndisp) cmd=(timeout 150 python3 benchmarks/gpu/attention_tiles.py --tiles 16,32,8,2 64,32,8,2 64,32,8,1 32,64,8,2
                      --tokens 1 16 64 256 --out "$OUT/attndisp") ;;
+      ropeapart) cmd=(bash -c 'for v in 1 0; do sec=slice; [ $v = 1 ] && sec="greedy slice"; echo "-- FP8_KV_ROPE_APART=$v"
+                      DEEPINFER_CUDA_SM100__FP8_KV_ROPE_APART=$v timeout 200 python3 benchmarks/gpu/v4_slice.py --sections $sec \
+                      --batches 1 16 64 256 --contexts 4096 --prefill 0 --kv-cache-dtype fp8 --out "$0/rope$v"; done' "$OUT/ropeapart") ;;
+      b1cap) cmd=(bash -c 'for m in ${B1CAP:-1 16 256 1 16 256}; do echo "-- max_num_seqs=$m"; d="$0/m${m}_$RANDOM"; mkdir -p "$d"
+                  timeout 90 python3 benchmarks/gpu/v4_slice.py --sections engine --batches 1 --engine-prompt 64 \
+                  --engine-tokens 128 --engine-max-seqs $m --out "$d"; done' "$OUT/b1cap") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100
