@@ -117,16 +117,21 @@ def test_fp8_kv_attention_is_the_plain_pool_of_its_unpacked_rows(gen, D, rope, d
     from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
     from deepinfer_cuda_sm100.kernels.sparse_attention import sparse_attention
 
-    T, H = 3, 16
     fmt = Fp8KVFormat(D, rope, dtype)
-    q = rand(gen, T, H, D, dtype=dtype)
-    kv, cmp = fmt.pack(spread_rows(gen, 50, D).to(dtype)), fmt.pack(spread_rows(gen, 20, D).to(dtype))
-    kv_slots, cmp_slots = slot_lists(gen, T, 29, 50), slot_lists(gen, T, 11, 20)
-    sinks = rand(gen, H)
+    q, kv, kv_slots, cmp, cmp_slots, sinks = _fp8_inputs(gen, fmt)
     packed = sparse_attention(*dev(q, kv, kv_slots, cmp, cmp_slots, sinks), 0.05, fmt).cpu()
     plain = sparse_attention(*dev(q, fmt.unpack(kv), kv_slots, fmt.unpack(cmp), cmp_slots, sinks), 0.05).cpu()
     assert packed.dtype == plain.dtype == dtype
     assert torch.equal(packed, plain)
+
+
+def _fp8_inputs(gen, fmt):
+    """Three tokens' queries (16 heads), a 50-row window pool and a 20-row compressed pool packed by ``fmt``, each
+    token's slot lists into both (29 and 11 slots), and the sinks."""
+    T, H, D, dtype = 3, 16, fmt.head_dim, fmt.rope_dtype
+    q = rand(gen, T, H, D, dtype=dtype)
+    kv, cmp = fmt.pack(spread_rows(gen, 50, D).to(dtype)), fmt.pack(spread_rows(gen, 20, D).to(dtype))
+    return q, kv, slot_lists(gen, T, 29, 50), cmp, slot_lists(gen, T, 11, 20), rand(gen, H)
 
 
 @functools.cache
@@ -295,19 +300,15 @@ def test_fp8_attention_with_every_head_in_one_program_matches_reference(ops, gen
 def test_fp8_kv_rope_apart_reads_the_reference_values(gen, monkeypatch, dtype, D, rope, apart):
     """``settings.fp8_kv_rope_apart`` (``FP8 = 3``): the RoPE channels as their own key tile, with dots of their own
     and their own accumulator, one program per token and head block (no split) and split-KV: the reference's
-    output over the unpacked rows (in float32: the bf16 reference's own roundings are 1e-2 of these rows). Where a row's RoPE channels are not the tile's last power-of-two group (80 = 64
-    + 16 in a 128-wide tile; 576 = 512 + 64 in a 1,024-wide one) the kernel merges them as before: the bytes of
-    the setting off."""
+    output over the unpacked rows (in float32: the bf16 reference's own roundings are 1e-2 of these rows). Where a
+    row's RoPE channels are not the tile's last power-of-two group (80 = 64 + 16 in a 128-wide tile; 576 = 512 + 64
+    in a 1,024-wide one) the kernel merges them as before: the bytes of the setting off."""
     from deepinfer_core.ops.kv_fp8 import Fp8KVFormat
     from deepinfer_cuda_sm100 import settings
     from deepinfer_cuda_sm100.kernels import sparse_attention as sa
 
-    T, H = 3, 16
     fmt = Fp8KVFormat(D, rope, dtype)
-    q = rand(gen, T, H, D, dtype=dtype)
-    kv, cmp = fmt.pack(spread_rows(gen, 50, D).to(dtype)), fmt.pack(spread_rows(gen, 20, D).to(dtype))
-    kv_slots, cmp_slots = slot_lists(gen, T, 29, 50), slot_lists(gen, T, 11, 20)
-    sinks = rand(gen, H)
+    q, kv, kv_slots, cmp, cmp_slots, sinks = _fp8_inputs(gen, fmt)
     ref = REF.sparse_attention(q.float(), fmt.unpack(kv).float(), kv_slots, fmt.unpack(cmp).float(), cmp_slots, sinks,
                                0.05)  # fmt: skip
     modes, real = [], sa._sparse_attn_kernel
