@@ -294,6 +294,78 @@ def prefill_dense(ceil) -> None:
                    first_call_s=first_s)  # fmt: skip
 
 
+#: tensor-core tiles tried on the prefill's experts (block_m, block_n, block_k, num_warps, num_stages)
+PREFILL_EXPERT_VARIANTS = [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3), (128, 64, 64, 4, 4),
+                           (64, 128, 64, 4, 4), (128, 128, 64, 4, 3), (128, 256, 128, 8, 2), (64, 256, 64, 4, 3)]  # fmt: skip
+
+
+def prefill_experts(ceil) -> None:
+    """The FP4 routed experts of an 8,192-token prefill (256 x 2048 x 4096, top-6: 192 rows an expert on
+    average): the dispatched tile, each tile of ``PREFILL_EXPERT_VARIANTS`` and Triton's bit placement,
+    against the first; and, as a peer, torch's grouped bf16 GEMM (``torch._grouped_mm``) on weights
+    dequantised beforehand (gate, up and down; routing, activation and sums left out)."""
+    ops = CudaMoEOps()
+    E, INTER, H, K, T = 256, 2048, 4096, 6, 8192
+    ew = ExpertWeights([fp4(INTER, H) for _ in range(E)], [fp4(INTER, H) for _ in range(E)],
+                       [fp4(H, INTER) for _ in range(E)], list(range(E)))  # fmt: skip
+    flops = 2 * T * K * 3 * INTER * H
+    x = torch.randn(T, H, device=DEV, generator=G).to(torch.bfloat16)
+    wts, ids = ops.route_topk(torch.randn(T, E, device=DEV, generator=G), torch.zeros(E, device=DEV), K,
+                              "sqrtsoftplus", 1.5)  # fmt: skip
+    ref = None
+    for kind, var in [("tensor_cores", None), ("tensor_cores_bits", None)] + [
+        ("tensor_cores", v) for v in PREFILL_EXPERT_VARIANTS
+    ]:
+        orig, pick = forced(kind, var)
+        dispatch.gemm_config = pick
+        ops._prepared = type(ops._prepared)()
+        try:
+            out = ops.experts(x, ids, wts, ew, 10.0).float()
+            ms = triton.testing.do_bench(lambda: ops.experts(x, ids, wts, ew, 10.0), return_mode="median")
+        except Exception as e:  # noqa: BLE001 - a tile that does not fit (shared memory) is reported
+            record(
+                section="prefill",
+                op="fp4 experts",
+                kernel=kind,
+                variant=var,
+                error=f"{type(e).__name__}: {e}"[:200],
+            )
+            continue
+        finally:
+            dispatch.gemm_config = orig
+        ref = out if ref is None else ref
+        record(section="prefill", op="fp4 experts 256x(2048x4096)x3 top-6", rows=T, kernel=kind, variant=var,
+               rel_err=rel_err(out, ref), us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12,
+               pct_matmul=100 * flops / (ms * 1e-3) / ceil["flops"])  # fmt: skip
+    if not hasattr(torch, "_grouped_mm"):
+        return
+    order = ids.flatten().argsort()
+    counts = torch.bincount(ids.flatten(), minlength=E)
+    offs = counts.cumsum(0).to(torch.int32)
+    xs = x[order // K]
+    w13 = torch.stack([torch.cat([dequantize(a, torch.bfloat16), dequantize(b, torch.bfloat16)]).T
+                       for a, b in zip(ew.w1, ew.w3, strict=True)])  # fmt: skip  # [E, H, 2 * INTER]
+    w2 = torch.stack([dequantize(w, torch.bfloat16).T for w in ew.w2])  # [E, INTER, H]
+
+    def peer():
+        h = torch._grouped_mm(xs, w13, offs=offs)
+        return torch._grouped_mm(h[:, :INTER].contiguous(), w2, offs=offs)
+
+    try:
+        peer()
+        ms = triton.testing.do_bench(peer, return_mode="median")
+    except Exception as e:  # noqa: BLE001 - the peer's layout rules differ between torch builds
+        record(
+            section="prefill",
+            op="fp4 experts",
+            kernel="torch_grouped_mm",
+            error=f"{type(e).__name__}: {e}"[:300],
+        )
+        return
+    record(section="prefill", op="fp4 experts 256x(2048x4096)x3 top-6", rows=T, kernel="torch_grouped_mm_bf16_predequantised",
+           us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12, pct_matmul=100 * flops / (ms * 1e-3) / ceil["flops"])  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)

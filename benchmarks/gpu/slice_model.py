@@ -251,7 +251,9 @@ class SliceRunner:
     """The engine's ModelRunner over the slice, with KV pools for ``max_batch`` rows of ``max_ctx`` tokens;
     decode batches are built by hand (block tables as the KV manager would hand them out)."""
 
-    def __init__(self, model, backends, max_batch: int, max_ctx: int, graphs: bool):
+    def __init__(self, model, backends, max_batch: int, max_ctx: int, graphs: bool, prefill: int = 0):
+        """Pools for ``max_batch`` sequences of ``max_ctx`` tokens, and for one ``prefill``-token prompt
+        (:meth:`prefill_batch` gives it a window and a compressed block per column)."""
         from deepinfer_core.engine.model_runner import ModelRunner
         from deepinfer_core.kv.budget import KVLayout, choose_block_size, group_block_bytes
 
@@ -259,9 +261,14 @@ class SliceRunner:
         self.bs = choose_block_size(specs, 128)
         self.win_blocks = 3
         self.cmp_blocks = -(-max_ctx // self.bs)
-        num = {"window": max_batch * self.win_blocks, "compressed": max_batch * self.cmp_blocks}
+        cols = -(-prefill // self.bs)
+        num = {
+            "window": max(max_batch * self.win_blocks, cols),
+            "compressed": max(max_batch * self.cmp_blocks, cols),
+        }
+        self.num_blocks = num
         layout = KVLayout(self.bs, num, group_block_bytes(specs, self.bs))
-        self.runner = ModelRunner(model, backends, layout, max_ctx)
+        self.runner = ModelRunner(model, backends, layout, max(max_ctx, prefill))
         if graphs:  # static decode steps, captured where the platform captures graphs
             self.runner.static_decode(max_batch, capture=backends.memory.supports_graphs)
         self.model, self.device = model, backends.memory.device
@@ -299,6 +306,9 @@ class SliceRunner:
         from deepinfer_core.models.batch import ForwardBatch
 
         ncol = -(-tokens // self.bs)
+        if min(self.num_blocks.values()) < ncol:
+            raise ValueError(f"a {tokens}-token prefill needs {ncol} blocks a pool; the pools have {self.num_blocks}: "
+                             "build the SliceRunner with prefill=tokens")  # fmt: skip
         # the whole prompt's window state is written in one step: it needs a window block per column
         win = torch.arange(ncol)[None, :]
         cmp = torch.arange(ncol)[None, :]

@@ -199,7 +199,7 @@ def section_slice(args) -> None:
     fmt = model.layers[0].attn.kv_format
     entry = fmt.row_bytes if fmt is not None else None
     out["kv_cache_dtype"] = args.kv_cache_dtype
-    sr = SliceRunner(model, rt.backends, max_b, max_ctx, graphs=True)
+    sr = SliceRunner(model, rt.backends, max_b, max_ctx, graphs=True, prefill=args.prefill)
     log(f"KV pools {sum(t.numel() * t.element_size() for t in sr.runner.kv.values()) / 1e9:.1f} GB")
     for ctx in args.contexts:
         for b in args.batches:
@@ -241,6 +241,10 @@ def section_slice(args) -> None:
                 "tok_per_s": tokens / ms * 1e3,
             }
             log("prefill", out["prefill"])
+            if args.profile_prefill and not SMOKE:
+                from graph_profile import profile_call
+
+                out["prefill"]["profile"] = profile_call(lambda: sr.runner.run(fb))
         except Exception as e:  # noqa: BLE001
             out["prefill_error"] = f"{type(e).__name__}: {e}"[:300]
             log(traceback.format_exc()[-2000:])
@@ -358,6 +362,7 @@ def main() -> None:
         help="engine section: the engine's device_plan setting (slot plans built inside the decode graphs)",
     )
     ap.add_argument("--profile", type=int, nargs="*", default=[], help="batches to profile per kernel")
+    ap.add_argument("--profile-prefill", action="store_true", help="GPU time per kernel of one prefill")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (slice section only)")
     ap.add_argument("--fp4-tiles", default="", help="bm,bn,bk,warps,stages or best:gemm_kernels.json")
     args = ap.parse_args()
