@@ -34,14 +34,17 @@ def _kernels(gen: torch.Generator) -> list[torch.Tensor]:
 
 
 def test_the_kernels_give_the_same_bits_with_and_without_the_repeated_patches():
-    """The same kernels and inputs under Triton's own interpreter and under :mod:`tests.interpreter_speed`: equal
-    bytes, with a fifth of the full ``_patch_lang`` runs or fewer. After every launch the language is Triton's
+    """The same kernels and inputs under Triton's own interpreter and under :mod:`tests.interpreter_speed` (no
+    repeated language patches, no overflow sanitizing, remembered numpy types): equal bytes, with a fifth of the
+    full ``_patch_lang`` runs or fewer. After every launch the language is Triton's
     again (``tl.sum`` is its ``@triton.jit`` function, not the interpreter's patch)."""
     import triton.language as tl
     from triton.runtime import interpreter
 
     was_installed = interpreter_speed.uninstall()
     real_sum, real_patch = tl.sum, interpreter._patch_lang
+    real_np_dtype, real_options = interpreter._get_np_dtype, interpreter.interpreter_builder.options
+    assert real_options.sanitize_overflow and not real_options.debug  # what install() relies on
     runs = [0]
 
     def counted(fn):
@@ -54,10 +57,14 @@ def test_the_kernels_give_the_same_bits_with_and_without_the_repeated_patches():
         assert tl.sum is real_sum
         runs[0] = 0
         assert interpreter_speed.install()  # over the counting one
+        assert not interpreter.interpreter_builder.options.sanitize_overflow
+        assert interpreter._get_np_dtype is not real_np_dtype
         sped, sped_runs = _kernels(torch.Generator().manual_seed(11)), runs[0]
         assert tl.sum is real_sum
     finally:
         interpreter_speed.uninstall()
+        assert interpreter._get_np_dtype is real_np_dtype
+        assert interpreter.interpreter_builder.options is real_options
         interpreter._patch_lang = real_patch
         if was_installed:
             interpreter_speed.install()
