@@ -32,12 +32,14 @@ from .cuda_sm100_helpers import needs_triton
 pytestmark = needs_triton
 
 
-def _generate(plugin_ops: bool, activation_quant: str = "none", kv_cache_dtype: str = "auto"):
+def _generate(
+    plugin_ops: bool, activation_quant: str = "none", kv_cache_dtype: str = "auto", chunk: int = 256
+):
     llm = LLM(
         model=str(checkpoint("reindex_r2")),
         dtype="float32",
         kv_cache_dtype=kv_cache_dtype,
-        max_num_batched_tokens=256,
+        max_num_batched_tokens=chunk,
         activation_quant=activation_quant,
     )
     if plugin_ops:
@@ -54,22 +56,27 @@ def _generate(plugin_ops: bool, activation_quant: str = "none", kv_cache_dtype: 
 
 @pytest.mark.parametrize(
     "prefill_unpacks, activation_quant, kv_cache_dtype",
-    [(False, "none", "auto"), (True, "none", "auto"), (False, "fp8", "auto"), (False, "none", "unquantized")],
-    ids=["in_kernel", "prefill_unpacks_distinct", "release_activations", "unquantized_cache"],
+    [(True, "none", "auto"), (False, "fp8", "auto"), (False, "none", "unquantized")],
+    ids=["in_kernel_and_unpacked", "release_activations", "unquantized_cache"],
 )
 def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(
     monkeypatch, prefill_unpacks, activation_quant, kv_cache_dtype
 ):
-    """``prefill_unpacks_distinct``: steps of 16 rows or more (the prompt chunks, 33 rows; the decode steps have
-    2) unpack each distinct packed entry once and run the plain attention kernel, as prefill chunks of 1,024
-    rows or more do on the GPU (``dispatch.UNPACK_DISTINCT_ROWS``). ``release_activations``: every FP8 GEMM
-    input through the plugin's quantiser kernel (``activation_quant="fp8"``), against the reference backend's."""
+    """``in_kernel_and_unpacked``: the prompts (9 and 24 tokens) prefill in chunks of 20 rows, and steps of 16
+    rows or more unpack each distinct packed entry once and run the plain attention kernel, as prefill chunks of
+    1,024 rows or more do on the GPU (``dispatch.UNPACK_DISTINCT_ROWS``, lowered here): the first chunk (20
+    rows) takes that route, the second (the long prompt's last 13 rows and the short one's first decode row)
+    and the decode steps (2 rows) decode the packed entries in the attention kernel. ``release_activations``:
+    every FP8 GEMM input through the plugin's quantiser kernel (``activation_quant="fp8"``), against the
+    reference backend's."""
     from deepinfer_cuda_sm100 import dispatch
     from deepinfer_cuda_sm100.kernels import act_quant, engram, indexer, sparse_attention
     from deepinfer_cuda_sm100.ops import attention as att
 
-    used = {"packed_attention": 0, "packed_keys": 0, "distinct": 0, "engram_kernel": 0}
+    used = {"packed_attention": 0, "packed_keys": 0, "distinct": 0, "engram_kernel": 0, "packed_rows": set()}
+    chunk = 256
     if prefill_unpacks:
+        chunk = 20
         monkeypatch.setattr(dispatch, "UNPACK_DISTINCT_ROWS", 16)
         real_distinct = att._distinct_unpacked
 
@@ -80,9 +87,11 @@ def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(
         monkeypatch.setattr(att, "_distinct_unpacked", distinct)
     real_attn, real_scores = sparse_attention.sparse_attention, indexer.indexer_scores
 
-    def attn(*a, kv_pack=None, **k):
+    def attn(q, *a, kv_pack=None, **k):
         used["packed_attention"] += kv_pack is not None
-        return real_attn(*a, kv_pack=kv_pack, **k)
+        if kv_pack is not None:
+            used["packed_rows"].add(q.shape[0])
+        return real_attn(q, *a, kv_pack=kv_pack, **k)
 
     def scores(*a, key_format=None, **k):
         used["packed_keys"] += key_format is not None
@@ -109,12 +118,16 @@ def test_v41_forward_on_the_plugins_ops_equals_the_reference_backend(
     monkeypatch.setattr(indexer, "indexer_scores", scores)
     monkeypatch.setattr(act_quant, "fp8_act_roundtrip", roundtrip)
     monkeypatch.setattr(engram, "engram_gate", gate)
-    want = _generate(False, activation_quant, kv_cache_dtype)
+    want = _generate(False, activation_quant, kv_cache_dtype, chunk)
     floor = _floor(want) if activation_quant == "fp8" else None
-    got = _generate(True, activation_quant, kv_cache_dtype)
+    got = _generate(True, activation_quant, kv_cache_dtype, chunk)
     # the in-kernel decodes of packed entries ran with the trained cache
     assert (used["packed_attention"] > 0 and used["packed_keys"] > 0) == trained
     assert (used["distinct"] > 0) == prefill_unpacks
+    if prefill_unpacks:  # in the kernel: a prefill chunk's rows (14) as well as the decode steps' (2)
+        assert max(used["packed_rows"]) > 2, used["packed_rows"]
+    elif trained:  # every step in the kernel, the whole prompts' step (33 rows) among them
+        assert max(used["packed_rows"]) == 33, used["packed_rows"]
     assert (used["act_quant"] > 0) == (activation_quant == "fp8")
     assert (used["engram_kernel"] > 0) == (not trained)
     for i, (w, g) in enumerate(zip(want, got, strict=True)):
