@@ -10,7 +10,7 @@ from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.ops.weights import ExpertWeights
 from deepinfer_core.testing.kit import to_device
 
-from .cuda_sm100_helpers import BOUND, DEVICE, dev, needs_triton, rand, rel_err
+from .cuda_sm100_helpers import BOUND, DEVICE, INTERPRETED, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 REF = reference_op("moe")
@@ -139,8 +139,9 @@ def test_experts_with_split_k_match_reference(ops, gen, gemm_kind, split_k, fmt)
     w = torch.rand(T, k, generator=gen) + 0.1
     got = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.7)
     assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
-    again = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.7)
-    assert torch.equal(got.cpu(), again.cpu()), "split-K sums in a fixed order: results repeat exactly"
+    if not INTERPRETED:  # the interpreter runs programs one after another: a repeat there could not differ
+        again = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.7)
+        assert torch.equal(got.cpu(), again.cpu()), "split-K sums in a fixed order: results repeat exactly"
 
 
 def test_fp4_scales_read_as_ue8m0_bytes_only_when_powers_of_two(gen):
