@@ -14,8 +14,8 @@ Two more pure wastes go:
 
 - Every 32-bit integer ``+``, ``-`` and ``*`` is computed a second time in int64 and compared with the type's
   bounds (``binary_op_sanitize_overflow_impl``), for a ``device_assert`` that does nothing unless the options'
-  ``debug`` is on, and the interpreter's options never turn it on. (On the GPU the same unused comparisons are
-  removed by the compiler.) With ``debug`` off, this module sets the interpreter's ``sanitize_overflow`` off.
+  ``debug`` is on, and the interpreter's options never turn it on. With ``debug`` off, this module sets the
+  interpreter's ``sanitize_overflow`` off.
 - ``_get_np_dtype`` builds a dictionary of 19 types on each of its calls (hundreds of thousands a forward
   pass); this module remembers its answers.
 
