@@ -72,15 +72,15 @@ class CudaSM100Settings(PlatformSettings):
     fp8_kv_scale_gather: bool = Field(
         False,
         description="V4's FP8 KV in the sparse-attention kernel: each channel gathers its group's scale instead of "
-        "broadcasting a row's scales through reshapes (dispatch.fp8_kv_mode); off until the H200 A/B "
-        "(check.py --only attention times both)",
+        "broadcasting a row's scales through reshapes (dispatch.fp8_kv_mode). Off: check.py --only attention on "
+        "an H100 (RESULTS v29, v39) timed it slower, 208.8 against 93.2 us at 64 rows in v39",
     )
     fp8_kv_rope_apart: bool = Field(
         False,
         description="V4's FP8 KV in the sparse-attention kernel: the 64 RoPE channels of a row as a key tile of "
         "their own with dots of their own, not merged into the 512-channel tile of decoded codes "
-        "(dispatch.fp8_kv_mode 3). Off until timed in the kernel: in benchmarks/gpu/fp8_kv_variants.py (mode 6, "
-        "H100, NOTES v36) the loop went 92.5 -> 76.6 us at 64 rows",
+        "(dispatch.fp8_kv_mode 3). Off: timed in the kernel on an H100 (RESULTS v39) it is slower than the merged "
+        "tile, 108.7 against 93.2 us at 64 rows, and the V4 slice's step 0.3-2.6% longer at every batch",
     )
     tilelang: bool = Field(
         True,

@@ -78,9 +78,9 @@ def test_defaults_are_the_measured_choices():
     """The measured choices (benchmarks/gpu/NOTES.md), with one not measured: ``mx_gemm`` on (no SM100 was
     reachable; the only SM100 path for the release's FP8 activations that uses the MX MMA); ``graphed_probs`` on
     as measured on an H100 (RESULTS v29); ``fp8_mma`` off as measured (8-12% of the BF16 matmul rate, v25);
-    ``fp8_kv_scale_gather`` off until its A/B has run (v28); ``radix_select`` off as measured (v33: slower in the step); ``hc_side_coeffs`` on as measured (v35: a V4.1 layer faster, the same tokens);
+    ``fp8_kv_scale_gather`` off as measured on an H100 (v29, v39: 2.2x slower at 64 rows); ``radix_select`` off as measured (v33: slower in the step); ``hc_side_coeffs`` on as measured (v35: a V4.1 layer faster, the same tokens);
     ``probs_compact_first`` on as measured on an H100 (v37: the sampler's probs at 256 rows 1.02 -> 0.62 ms);
-    ``fp8_kv_rope_apart`` off until timed in the kernel (v38)."""
+    ``fp8_kv_rope_apart`` off: slower on an H100 (v39)."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "hc_side_coeffs": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
         "tilelang": True, "graphed_probs": True, "radix_probs": True, "probs_compact_first": True, "radix_select": False,
