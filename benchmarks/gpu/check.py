@@ -204,6 +204,34 @@ def check_fp8_block32() -> None:
                    wbytes + 2 * T * (i + o), 2 * T * i * o)  # fmt: skip
 
 
+def check_dequant() -> None:
+    """Prefill's quantized dense GEMMs on dequantised weights (``gg.dequantize`` then cuBLAS,
+    ``dispatch.dequant_gemm``): the dequantised weight bit for bit against the reference's, in each format; the
+    linear at a prefill chunk against float32 products of the same bf16 operands."""
+    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+
+    ops = CudaDenseOps()
+    for fmt, (o, i) in [
+        ("fp8_block", (4096, 1024)),
+        ("fp8_block32", (1280, 5120)),
+        ("fp4_e2m1", (2048, 4096)),
+    ]:
+        w = rand_qweight(fmt, o, i)
+        tab = gg.WeightTable.build([w], DEV)
+        got = poisoned(lambda: gg.dequantize(tab, BF16)[0])
+        ref = dequant(w, BF16)
+        bad = int((got.view(torch.int16) != ref.view(torch.int16)).sum())
+        record(f"dequantize[{fmt}]", f"{o}x{i}", float(bad), 0.5, bench(lambda: gg.dequantize(tab, BF16)),
+               w.data.numel() + 4 * w.scale.numel() + 2 * o * i, note="err: differing elements")  # fmt: skip
+        for T in sizes(2048, 16):
+            x = rnd(T, i)
+            on = T >= dispatch.settings().dequant_gemm_rows
+            out = poisoned(lambda: ops.linear(x, w))
+            err = rel_err(out, x.float() @ ref.float().T)
+            record(f"linear[{fmt}]{'[dequant]' if on else ''}", f"{T}x{i}->{o}", err, BOUND["bf16"],
+                   bench(lambda: ops.linear(x, w)), w.data.numel() + 2 * T * (i + o), 2 * T * i * o)  # fmt: skip
+
+
 def check_act_quant() -> None:
     """The release's activation quantiser (``activation_quant="fp8"``) bit for bit against the core's on the GPU, at
     V4.1-Flash's GEMM input widths (hidden, q LoRA, shared / expert intermediate, ``wo_b``'s input), and the FP8
@@ -413,7 +441,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (Triton interpreter)")
-    ap.add_argument("--only", default="dense,fp8_block32,act_quant,attention,moe,sampling,probs")
+    ap.add_argument("--only", default="dense,fp8_block32,dequant,act_quant,attention,moe,sampling,probs")
     args = ap.parse_args()
     G.manual_seed(int(time.time()))
     smi = "cpu smoke run" if SMOKE else subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],

@@ -244,9 +244,38 @@ def decode_experts(ceil) -> None:
 
 
 def triton_only(fn):
-    """``fn()`` with the TileLang FP8 GEMM switched off (``ops.linear`` would pick it at prefill sizes)."""
+    """``fn()`` with the TileLang FP8 GEMM and the dequantised weight on cuBLAS switched off (``ops.linear`` would
+    pick them at prefill sizes)."""
     before = settings.active()
-    settings.use(before.model_copy(update={"tilelang": False}))
+    settings.use(before.model_copy(update={"tilelang": False, "dequant_gemm_rows": 0}))
+    try:
+        return fn()
+    finally:
+        settings.use(before)
+
+
+#: tensor-core tiles tried on the prefill's FP8 linears (as PREFILL_EXPERT_VARIANTS)
+PREFILL_DENSE_VARIANTS = [(128, 128, 128, 8, 3), (128, 128, 64, 8, 3, True), (128, 256, 64, 8, 3, True),
+                          (128, 128, 128, 8, 3, True), (64, 256, 128, 8, 3, True), (128, 256, 128, 8, 3, True)]  # fmt: skip
+
+
+def with_tiles(variant, fn):
+    """``fn()`` with every grouped GEMM on the tensor cores at tile ``variant``."""
+    orig, pick = forced("tensor_cores", variant)
+    dispatch.gemm_config = pick
+    try:
+        return fn()
+    finally:
+        dispatch.gemm_config = orig
+
+
+#: rows at which prefill_dense times the FP8 linears on the Triton kernel and on the dequantised weight
+DEQUANT_SWEEP_ROWS = [128, 256, 512, 1024, 2048]
+
+
+def with_settings(s, fn):
+    before = settings.active()
+    settings.use(s)
     try:
         return fn()
     finally:
@@ -260,18 +289,39 @@ def prefill_dense(ceil) -> None:
         tl_fp8_gemm = None
         print(f"tilelang: not installed ({e})", flush=True)
     ops = CudaDenseOps()
+    shapes = {
+        "wq_b 32768x1024": (32768, 1024),
+        "wo_b 4096x8192": (4096, 8192),
+        "wq_a 1024x4096": (1024, 4096),
+    }
+    for M in (
+        DEQUANT_SWEEP_ROWS
+    ):  # where the dequantised weight on cuBLAS starts to win (settings.dequant_gemm_rows)
+        for name, (n, k) in shapes.items():
+            w = fp8(n, k)
+            x = torch.randn(M, k, device=DEV, generator=G).to(torch.bfloat16)
+            forced_on = settings.active().model_copy(update={"dequant_gemm_rows": 1})
+            for kernel, fn in {"triton": lambda: triton_only(lambda: ops.linear(x, w)),
+                               "dequant_cublas": lambda: with_settings(forced_on, lambda: ops.linear(x, w))}.items():  # fmt: skip
+                ms = triton.testing.do_bench(fn, return_mode="median")
+                record(section="prefill", op=f"fp8 linear {name}", rows=M, kernel=kernel, us=ms * 1e3,
+                       pct_matmul=100 * 2 * M * n * k / (ms * 1e-3) / ceil["flops"])  # fmt: skip
     M = 8192
-    for name, (n, k) in {"wq_b 32768x1024": (32768, 1024), "wo_b 4096x8192": (4096, 8192),
-                         "wq_a 1024x4096": (1024, 4096)}.items():  # fmt: skip
+    for name, (n, k) in shapes.items():
         w = fp8(n, k)
         wd = dequantize(w, torch.bfloat16)
         x = torch.randn(M, k, device=DEV, generator=G).to(torch.bfloat16)
         ref = (x.float() @ wd.float().T) if n * M <= 1 << 28 else None
         flops = 2 * M * n * k
         runs = {
+            "dispatched": lambda: ops.linear(x, w),
             "triton": lambda: triton_only(lambda: ops.linear(x, w)),
             "cublas_bf16_predequantised": lambda: x @ wd.T,
         }
+        for v in PREFILL_DENSE_VARIANTS:
+            runs[f"triton{list(v)}"] = lambda v=v: with_tiles(
+                v, lambda: triton_only(lambda: ops.linear(x, w))
+            )
         if tl_fp8_gemm is not None:  # (block_m, stages, threads, block_k)
             out = torch.empty(M, n, device=DEV, dtype=torch.bfloat16)
             for v in [
@@ -295,8 +345,11 @@ def prefill_dense(ceil) -> None:
 
 
 #: tensor-core tiles tried on the prefill's experts (block_m, block_n, block_k, num_warps, num_stages)
-PREFILL_EXPERT_VARIANTS = [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 128, 8, 3), (128, 64, 64, 4, 4),
-                           (64, 128, 64, 4, 4), (128, 128, 64, 4, 3), (128, 256, 128, 8, 2), (64, 256, 64, 4, 3)]  # fmt: skip
+PREFILL_EXPERT_VARIANTS = [(128, 128, 64, 8, 4), (128, 128, 128, 8, 3), (64, 128, 64, 4, 4),
+                           # the weight tile as the MMA's left operand (swap_ab; v40)
+                           (64, 128, 64, 4, 4, True), (128, 128, 64, 8, 3, True), (64, 128, 128, 4, 3, True),
+                           (128, 128, 128, 8, 3, True), (64, 256, 64, 8, 3, True), (128, 256, 64, 8, 3, True),
+                           (32, 128, 128, 4, 4, True), (64, 128, 64, 8, 4, True), (64, 64, 128, 4, 4, True)]  # fmt: skip
 
 
 def prefill_experts(ceil) -> None:
@@ -337,6 +390,17 @@ def prefill_experts(ceil) -> None:
         record(section="prefill", op="fp4 experts 256x(2048x4096)x3 top-6", rows=T, kernel=kind, variant=var,
                rel_err=rel_err(out, ref), us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12,
                pct_matmul=100 * flops / (ms * 1e-3) / ceil["flops"])  # fmt: skip
+    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
+
+    for proj, ws in (("w1", ew.w1), ("w2", ew.w2)):  # what dequantising the experts for a library GEMM costs
+        table = gg.WeightTable.build(ws, x.device)
+        buf = torch.empty((E, table.n, table.k), dtype=torch.bfloat16, device=DEV)
+        ms = triton.testing.do_bench(
+            lambda t=table, b=buf: gg.dequantize(t, torch.bfloat16, out=b), return_mode="median"
+        )
+        record(section="prefill", op=f"dequantize 256 experts {proj}", kernel="gg.dequantize", us=ms * 1e3,
+               pct_copy=100 * (buf.numel() * 2.5) / (ms * 1e-3) / ceil["bw"])  # fmt: skip
+        del buf
     if not hasattr(torch, "_grouped_mm"):
         return
     order = ids.flatten().argsort()

@@ -12,7 +12,7 @@ from dataclasses import replace
 from deepinfer_cuda_sm100 import dispatch
 
 #: the fields a tensor-core tile variant sets, in order
-TILE_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+TILE_FIELDS = ("block_m", "block_n", "block_k", "num_warps", "num_stages", "swap_ab")
 
 
 def forced(kind: str, variant: tuple | None = None):

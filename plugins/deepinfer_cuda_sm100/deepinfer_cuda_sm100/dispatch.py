@@ -361,6 +361,9 @@ class GemmConfig:
     fp4_h2: bool = True
     #: split-K tiles finished by their last K slice, no epilogue launch (:func:`split_finish`)
     split_finish: bool = False
+    #: tensor-core kernel: the weight tile is the MMA's left operand (``C.T = W @ A.T``), so SM90's wgmma reads the
+    #: dequantised tile from registers
+    swap_ab: bool = False
 
 
 #: decode problems with at most this many rows per expert go to the CUDA-core GEMV kernel, one row per
@@ -578,6 +581,15 @@ def fp4_h2_mode(cfg: GemmConfig, fp4: bool, dtype: torch.dtype, aligned: bool) -
     if dtype not in (torch.bfloat16, torch.float16):
         return 0
     return 1 if arch() == "interpreter" else 2
+
+
+def dequant_gemm(rows: int, dtype: torch.dtype) -> bool:
+    """A quantized dense GEMM of ``rows`` activations of ``dtype`` dequantises its weight (one launch, reading
+    its bytes once and writing bf16) and runs on torch's GEMM (cuBLAS) instead of the tensor-core kernel that
+    dequantises each tile for every row tile: from ``settings.dequant_gemm_rows`` rows (prefill). The weight's
+    bf16 copy is temporary, as large as the weight in bf16."""
+    limit = settings().dequant_gemm_rows
+    return bool(limit) and rows >= limit and dtype in (torch.bfloat16, torch.float16)
 
 
 #: FP8 GEMMs with at least this many rows (prefill chunks, above every decode graph's batch) may go to

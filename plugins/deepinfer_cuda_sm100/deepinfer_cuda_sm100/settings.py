@@ -82,6 +82,13 @@ class CudaSM100Settings(PlatformSettings):
         "(dispatch.fp8_kv_mode 3). Off: timed in the kernel on an H100 (RESULTS v39) it is slower than the merged "
         "tile, 108.7 against 93.2 us at 64 rows, and the V4 slice's step 0.3-2.6% longer at every batch",
     )
+    dequant_gemm_rows: int = Field(
+        0,
+        ge=0,
+        description="quantized dense GEMMs (FP8 and FP4 linears, the shared expert) of at least this many rows "
+        "dequantise the weight to the activations' dtype (gg.dequantize: the values the Triton kernel multiplies) "
+        "and run on the library's GEMM (dispatch.dequant_gemm); 0 (the default until timed on a GPU) turns it off",
+    )
     tilelang: bool = Field(
         True,
         description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",

@@ -75,6 +75,32 @@ def test_experts_match_reference(ops, gen, gemm_kind, fmt):
     assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
 
 
+@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
+def test_experts_with_the_weight_tile_as_left_operand_match_reference(ops, gen, fmt, monkeypatch):
+    """``swap_ab`` (``C.T = W @ A.T``, SM90's prefill tiles): the gated and the down projection's tiles, rows
+    scattered and weighted, against the reference, and equal to the unswapped tiles' result within rounding."""
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+
+    orig = dispatch.gemm_config
+    T, k, E, D, inter = 19, 3, 6, 128, 64
+    ew = _experts(gen, fmt, E, D, inter)
+    ew_dev = to_device(ew, DEVICE)
+    x = rand(gen, T, D, dtype=torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+    ids[:12, 0] = 2  # one expert with more rows than a tile holds
+    w = torch.rand(T, k, generator=gen) + 0.1
+    got = {}
+    for swap in (False, True):
+        tiles = dict(gemv=False, block_m=16, block_n=32, block_k=64, swap_ab=swap)
+        monkeypatch.setattr(dispatch, "gemm_config", lambda *a, t=tiles, **kw: replace(orig(*a, **kw), **t))
+        got[swap] = ops.experts(*dev(x, ids, w), ew_dev, 0.7)
+    ref = REF.experts(x, ids, w, ew, 0.7)
+    assert rel_err(got[True], ref) < BOUND[torch.bfloat16]
+    assert rel_err(got[True], got[False]) < BOUND[torch.bfloat16]
+
+
 @pytest.mark.parametrize("split", [1, 3])
 def test_experts_all_local_write_every_row_without_a_zero_fill(ops, gen, gemm_kind, split, monkeypatch):
     """Without expert parallelism the down projection's float32 rows, and a split-K workspace, are not

@@ -39,6 +39,7 @@ DECISIONS = {
     "radix_probs": (False, lambda: dispatch.radix_probs()),
     "probs_compact_first": (False, lambda: dispatch.probs_compact_first()),
     "fp8_kv_rope_apart": (True, lambda: dispatch.fp8_kv_mode() == 1),
+    "dequant_gemm_rows": (1024, lambda: not dispatch.dequant_gemm(8192, torch.bfloat16)),
 }
 
 
@@ -52,11 +53,12 @@ def _on_sm100(decide):
         dispatch.arch = arch
 
 
-def _config(route: str, field: str, value: bool, tmp_path):
+def _config(route: str, field: str, value: bool | int, tmp_path):
     if route == "argument":
         return load_config(environ={}, cuda_sm100={field: value})
     if route == "environment":
-        return load_config(environ={f"DEEPINFER_CUDA_SM100__{field.upper()}": "1" if value else "0"})
+        text = str(value) if type(value) is int else "1" if value else "0"
+        return load_config(environ={f"DEEPINFER_CUDA_SM100__{field.upper()}": text})
     (tmp_path / "engine.toml").write_text(f"[cuda_sm100]\n{field} = {json.dumps(value)}\n")
     return load_config(tmp_path / "engine.toml", environ={})
 
@@ -69,7 +71,9 @@ def test_each_setting_reaches_its_dispatch_decision_by_every_route(monkeypatch, 
     assert default_decision(), f"{field}: the default setting should take the default path"
     cfg = bind_settings(_config(route, field, value, tmp_path), build_registry().platforms)
     CudaSM100Platform().finalize(None, cfg)
-    assert getattr(settings.active(), field) is value
+    assert getattr(settings.active(), field) == value and type(getattr(settings.active(), field)) is type(
+        value
+    )
     if field != "pdl" or _common.gdc_wait is not None:  # without griddepcontrol PDL is off either way
         assert not default_decision(), f"{field}={value} did not change its decision"
 
@@ -80,9 +84,9 @@ def test_defaults_are_the_measured_choices():
     as measured on an H100 (RESULTS v29); ``fp8_mma`` off as measured (8-12% of the BF16 matmul rate, v25);
     ``fp8_kv_scale_gather`` off as measured on an H100 (v29, v39: 2.2x slower at 64 rows); ``radix_select`` off as measured (v33: slower in the step); ``hc_side_coeffs`` on as measured (v35: a V4.1 layer faster, the same tokens);
     ``probs_compact_first`` on as measured on an H100 (v37: the sampler's probs at 256 rows 1.02 -> 0.62 ms);
-    ``fp8_kv_rope_apart`` off: slower on an H100 (v39)."""
+    ``fp8_kv_rope_apart`` off: slower on an H100 (v39); ``dequant_gemm_rows`` 0 (off) until timed on a GPU."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "hc_side_coeffs": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
         "tilelang": True, "graphed_probs": True, "radix_probs": True, "probs_compact_first": True, "radix_select": False,
-        "fp8_kv_scale_gather": False, "fp8_kv_rope_apart": False,
+        "fp8_kv_scale_gather": False, "fp8_kv_rope_apart": False, "dequant_gemm_rows": 0,
     }  # fmt: skip

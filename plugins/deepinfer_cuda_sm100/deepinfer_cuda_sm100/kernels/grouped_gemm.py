@@ -41,6 +41,7 @@ from deepinfer_cuda_sm100.kernels._common import (
     arrival_counters,
     dot_dtype,
     epilogue,
+    interpreting,
     mma,
     pdl_enter,
     scale_f32,
@@ -123,9 +124,15 @@ def _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
 @triton.jit
 def _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk,
               FMT: tl.constexpr, DOT_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-              FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr, ALIGNED: tl.constexpr, SB: tl.constexpr):  # fmt: skip
+              FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr, ALIGNED: tl.constexpr, SB: tl.constexpr,
+              SWAP_AB: tl.constexpr = False):  # fmt: skip
+    """One K step into ``acc``: ``[BLOCK_M, BLOCK_N]``, or with ``SWAP_AB`` its transpose ``[BLOCK_N, BLOCK_M]``,
+    the dequantised weight tile then being the MMA's left operand (on SM90 wgmma takes that one straight from
+    registers, so the decoded tile is not stored to shared memory first)."""
     w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N,
                 FP4_BITS, FP4_ASM, ALIGNED, SB)  # fmt: skip
+    if SWAP_AB:
+        return mma(w, tl.trans(a), acc, DOT_T)
     return mma(a, tl.trans(w), acc, DOT_T)
 
 
@@ -141,6 +148,7 @@ def _grouped_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
     FINISH: tl.constexpr = False, SB: tl.constexpr = 128, HAS_ADD: tl.constexpr = False, PDL: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False,
 ):  # fmt: skip
     pdl_enter(PDL)
     tile = tl.program_id(0)
@@ -159,8 +167,12 @@ def _grouped_gemm_kernel(
     nm = n < N
     w_base = weight_base(w_tab, ex, W_T, ALIGNED)
     s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         up_base = weight_base(up_tab, ex, W_T, ALIGNED)
         up_s_base = tl.load(up_s_tab + ex).to(tl.pointer_type(S_T))
@@ -171,12 +183,62 @@ def _grouped_gemm_kernel(
         a = tl.load(a_ptr + a_rows[:, None].to(tl.int64) * stride_am + k0 + ks[None, :],
                     mask=rm[:, None] & (k0 + ks < K)[None, :], other=0.0).to(DOT_T)  # fmt: skip
         acc = _mma_step(acc, a, w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K,
-                        BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED, SB)  # fmt: skip
+                        BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED, SB, SWAP_AB)  # fmt: skip
         if GATED:
             acc2 = _mma_step(acc2, a, up_base, up_s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T,
-                             BLOCK_K, BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED, SB)  # fmt: skip
+                             BLOCK_K, BLOCK_N, FP4_BITS, FP4_ASM, ALIGNED, SB, SWAP_AB)  # fmt: skip
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        acc2 = tl.trans(acc2)
     store_tile(acc, acc2, rows, rm, n, nm, c_ptr, c_idx_ptr, row_w_ptr, add_ptr, ws_ptr, cnt_ptr, R, N, stride_cm,
                limit, GATED, HAS_C_IDX, HAS_ROW_W, SPLIT_K, FINISH, HAS_ADD)  # fmt: skip
+
+
+@triton.jit
+def _dequant_kernel(w_tab, s_tab, ex_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_sk, stride_oe, stride_on,
+                    FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr, DOT_T: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
+                    ALIGNED: tl.constexpr, SB: tl.constexpr):  # fmt: skip
+    """``out[i] = `` expert ``ex_ptr[i]``'s weight in ``DOT_T``, tile by tile through :func:`_load_w`: the operand
+    values the tensor-core kernel multiplies, bit for bit."""
+    i = tl.program_id(2)
+    ex = tl.load(ex_ptr + i)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
+    k0 = tl.program_id(1) * BLOCK_K
+    w_base = weight_base(w_tab, ex, W_T, ALIGNED)
+    s_base = tl.load(s_tab + ex).to(tl.pointer_type(S_T))
+    w = _load_w(w_base, s_base, n, nm, k0, K, stride_wn, stride_sn, stride_sk, FMT, DOT_T, BLOCK_K, BLOCK_N,
+                FP4_BITS, FP4_ASM, ALIGNED, SB)  # fmt: skip
+    ks = k0 + tl.arange(0, BLOCK_K)
+    dst = out_ptr + i.to(tl.int64) * stride_oe + n[:, None].to(tl.int64) * stride_on + ks[None, :]
+    tl.store(dst, w, mask=nm[:, None] & (ks < K)[None, :])
+
+
+def dequantize(table: WeightTable, dtype: torch.dtype, experts: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The table's weights (``experts``: their indices in the table, an int32 device tensor; default all) as
+    ``[len(experts), N, K]`` of ``dtype`` (bf16 or float16): the values the tensor-core kernel feeds its MMA, for
+    a library GEMM at prefill sizes (``dispatch.dequant_gemm``). Under the interpreter, whose casts to bf16
+    truncate where a GPU's round to nearest even, the kernel writes float32 and torch rounds."""
+    if experts is None:
+        experts = torch.arange(table.ptrs.numel(), dtype=torch.int32, device=table.ptrs.device)
+    e = experts.numel()
+    out = torch.empty((e, table.n, table.k), dtype=dtype, device=table.ptrs.device) if out is None else out
+    if e == 0:
+        return out
+    if interpreting() and dtype != torch.float32:
+        return out.copy_(dequantize(table, torch.float32, experts))
+    bn, bk = 64, 128 if table.k % 128 == 0 else 64
+    aligned = table.aligned and table.k % bk == 0
+    asm = table.fmt == 2 and dispatch.fp4_decode_ptx(dtype, [table.scale_bytes])
+    _dequant_kernel[(triton.cdiv(table.n, bn), triton.cdiv(table.k, bk), e)](
+        table.ptrs, table.scale_ptrs, experts, out, table.n, table.k, table.stride_wn, table.stride_sn,
+        table.stride_sk, out.stride(0), out.stride(1), FMT=table.fmt, W_T=TL_DTYPE[table.w_dtype],
+        S_T=TL_DTYPE[table.s_dtype], DOT_T=TL_DTYPE[dtype], BLOCK_N=bn, BLOCK_K=bk, FP4_BITS=True, FP4_ASM=asm,
+        ALIGNED=aligned, SB=table.scale_block, num_warps=4,
+    )  # fmt: skip
+    return out
 
 
 @dataclass
@@ -382,7 +444,7 @@ def grouped_gemm(
     else:
         asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])
         _grouped_gemm_kernel[grid](*args, DOT_T=dot_dtype(a.dtype), FP4_BITS=cfg.fp4_bits, FP4_ASM=asm,
-                                   **meta, **dispatch.pdl_args(a.shape[0]))  # fmt: skip
+                                   SWAP_AB=cfg.swap_ab, **meta, **dispatch.pdl_args(a.shape[0]))  # fmt: skip
     if split > 1 and rows and not finish:
         bn = min(1024, triton.next_power_of_2(table.n))
         _splitk_epilogue_kernel[(rows, triton.cdiv(table.n, bn))](

@@ -82,6 +82,8 @@ class CudaDenseOps(DenseOps):
         if T == 0:
             return out.view(*lead, -1)
         fmt = weight.format if quantized else "plain"
+        if quantized and out_dtype == x.dtype and dispatch.dequant_gemm(T, x.dtype):
+            return torch.mm(x2, gg.dequantize(table, x.dtype)[0].t(), out=out).view(*lead, -1)
         if fmt == "fp8_block" and weight.scale.dtype == torch.float32:
             tilelang = dispatch.fp8_gemm_backend(T, table.n, table.k, x.dtype) == "tilelang"
             if tilelang and not torch.cuda.is_current_stream_capturing():  # graphs replay Triton only
@@ -225,6 +227,8 @@ class CudaDenseOps(DenseOps):
             raise ValueError("w1 and w3 read one input but quantise it differently")
         x = _act_input(x, w1)
         fmt = w1.format if isinstance(w1, QuantizedWeight) else "plain"
+        if fmt != "plain" and isinstance(w2, QuantizedWeight) and dispatch.dequant_gemm(T, x.dtype):
+            return _dequant_swiglu_mlp(x, t1, t3, t2, w2, limit, add, out)
         cfg_up = dispatch.gemm_config(T, t1.n, t1.k, fmt, gated=True, active=(T, 1))
         sched = self._schedules.get(T, cfg_up.block_m, x.device)
         gg.grouped_gemm(x, t3, sched, h, cfg_up, gate_table=t1, limit=limit)
@@ -233,6 +237,24 @@ class CudaDenseOps(DenseOps):
         cfg_dn = replace(cfg_dn, block_m=cfg_up.block_m)
         gg.grouped_gemm(_act_input(h, w2), t2, sched, out, cfg_dn, add=add)
         return out
+
+
+def _dequant_swiglu_mlp(x, t1, t3, t2, w2, limit, add, out):
+    """The MLP on dequantised weights and torch's GEMMs (:func:`dispatch.dequant_gemm`): gate and up in one GEMM
+    (bf16 results, as the reference's linears give), the clamped SwiGLU, then the down projection, ``add`` added
+    to its rounded result and the sum rounded (the kernel's epilogue). The SwiGLU is the reference's
+    (``reference.dense.swiglu_rows``): on the rounded gate and up, in their dtype."""
+    inter = t1.n
+    w13 = torch.empty((2, inter, t1.k), dtype=x.dtype, device=x.device)
+    gg.dequantize(t1, x.dtype, out=w13[:1])
+    gg.dequantize(t3, x.dtype, out=w13[1:])
+    gu = torch.mm(x, w13.view(2 * inter, t1.k).t())
+    gate, up = gu[:, :inter], gu[:, inter:]
+    if limit > 0:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    h = _act_input(torch.nn.functional.silu(gate) * up, w2)
+    torch.mm(h, gg.dequantize(t2, x.dtype)[0].t(), out=out)
+    return out if add is None else out.add_(add)
 
 
 def _act_input(x: torch.Tensor, weight: Weight) -> torch.Tensor:
