@@ -67,6 +67,11 @@
 #                                    ropeapart V4's greedy equality and the slice over the FP8 KV cache with
 #                                             DEEPINFER_CUDA_SM100__FP8_KV_ROPE_APART=1, then the slice with it off (A/B)
 #                                    b1cap    the V4 engine at batch 1 with max_num_seqs 1, 16, 256, twice, alternating
+#                                    pexperts the prefill GEMMs at 8,192 rows: FP4 expert tiles (swap_ab among them) against
+#                                             torch._grouped_mm, the FP8 linears on Triton / dequantised on cuBLAS by rows
+#                                             (gemm_kernels.py prefill_experts prefill_dense), then check.py's dequant section
+#                                    dequantab V4's 8k prefill with DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS 0 / 1024, alternating
+#                                             (DEQUANTAB: the order; the first 1024 run profiled)
 set -u
 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -175,6 +180,13 @@ for part in "${@:-check slice gemm}"; do
       b1cap) cmd=(bash -c 'for m in ${B1CAP:-1 16 256 1 16 256}; do echo "-- max_num_seqs=$m"; d="$0/m${m}_$RANDOM"; mkdir -p "$d"
                   timeout 90 python3 benchmarks/gpu/v4_slice.py --sections engine --batches 1 --engine-prompt 64 \
                   --engine-tokens 128 --engine-max-seqs $m --out "$d"; done' "$OUT/b1cap") ;;
+      pexperts) cmd=(bash -c 'R=$PWD; export PYTHONPATH=/tmp/site:$R:$R/plugins/deepinfer_cuda_sm100; cd benchmarks/gpu
+                     timeout 330 python3 gemm_kernels.py --sections prefill_experts prefill_dense --out "$0"
+                     timeout 100 python3 check.py --only dequant --out "$0"' "$OUT/pexperts") ;;
+      dequantab) cmd=(bash -c 'p=1; for v in ${DEQUANTAB:-1024 0 1024 0}; do prof=(); [ "$v$p" = 10241 ] && prof=(--profile-prefill) && p=0
+                      echo "-- DEQUANT_GEMM_ROWS=$v"; DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS=$v timeout 100 python3 \
+                      benchmarks/gpu/v4_slice.py --sections slice --batches 1 --contexts 4096 --prefill 8192 "${prof[@]}" \
+                      --out "$0/rows${v}_$RANDOM"; done' "$OUT/dequantab") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100
