@@ -70,8 +70,8 @@
 #                                    pexperts the prefill GEMMs at 8,192 rows: FP4 expert tiles (swap_ab among them) against
 #                                             torch._grouped_mm, the FP8 linears on Triton / dequantised on cuBLAS by rows
 #                                             (gemm_kernels.py prefill_experts prefill_dense), then check.py's dequant section
-#                                    dequantab V4's 8k prefill with DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS 0 / 1024, alternating
-#                                             (DEQUANTAB: the order; the first 1024 run profiled)
+#                                    dequantab V4's 8k prefill by DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS : PREFILL_SWAP_AB,
+#                                             0:0 1024:0 1024:1 twice (DEQUANTAB: the list; the first 1024:1 profiled)
 set -u
 OUT=${OUT:-/tmp/out}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -183,10 +183,11 @@ for part in "${@:-check slice gemm}"; do
       pexperts) cmd=(bash -c 'R=$PWD; export PYTHONPATH=/tmp/site:$R:$R/plugins/deepinfer_cuda_sm100; cd benchmarks/gpu
                      timeout 330 python3 gemm_kernels.py --sections prefill_experts prefill_dense --out "$0"
                      timeout 100 python3 check.py --only dequant --out "$0"' "$OUT/pexperts") ;;
-      dequantab) cmd=(bash -c 'p=1; for v in ${DEQUANTAB:-1024 0 1024 0}; do prof=(); [ "$v$p" = 10241 ] && prof=(--profile-prefill) && p=0
-                      echo "-- DEQUANT_GEMM_ROWS=$v"; DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS=$v timeout 100 python3 \
-                      benchmarks/gpu/v4_slice.py --sections slice --batches 1 --contexts 4096 --prefill 8192 "${prof[@]}" \
-                      --out "$0/rows${v}_$RANDOM"; done' "$OUT/dequantab") ;;
+      dequantab) cmd=(bash -c 'seen=; for v in ${DEQUANTAB:-0:0 1024:0 1024:1 0:0 1024:0 1024:1}; do rows=${v%:*}; swap=${v#*:}
+                      prof=(); [ "$v" = 1024:1 ] && [ -z "$seen" ] && prof=(--profile-prefill) && seen=1
+                      echo "-- DEQUANT_GEMM_ROWS=$rows PREFILL_SWAP_AB=$swap"; DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS=$rows \
+                      DEEPINFER_CUDA_SM100__PREFILL_SWAP_AB=$swap timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice \
+                      --batches 1 --contexts 4096 --prefill 8192 "${prof[@]}" --out "$0/r${rows}s${swap}_$RANDOM"; done' "$OUT/dequantab") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100

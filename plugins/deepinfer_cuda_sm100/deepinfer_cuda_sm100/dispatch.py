@@ -432,10 +432,15 @@ def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool, weight_bytes: flo
         return GemmConfig(16, 32, 64, 4, 1)
     # H200 sweep (NOTES.md v2): dequantising formats want 64+ row tiles (wgmma) even at decode,
     # where most rows of a tile are empty; FP8 at 64 rows 6.1 ms vs 10.6 ms at 16 (T=64).
+    swap = settings().prefill_swap_ab  # the 128 x 128 tiles with the weight on the MMA's left (swap_ab)
     if fmt == "fp8_block":
-        return GemmConfig(64, 64, 64, 4, 4) if rows_per_expert <= 64 else GemmConfig(128, 128, 64, 8, 3)
+        return (
+            GemmConfig(64, 64, 64, 4, 4)
+            if rows_per_expert <= 64
+            else GemmConfig(128, 128, 64, 8, 3, swap_ab=swap)
+        )
     if fmt == "fp4_e2m1" and rows_per_expert > 64:
-        return GemmConfig(128, 128, 64, 8, 3)
+        return GemmConfig(128, 128, 64, 8, 3, swap_ab=swap)
     bm = (
         16
         if rows_per_expert <= 16

@@ -89,6 +89,12 @@ class CudaSM100Settings(PlatformSettings):
         "dequantise the weight to the activations' dtype (gg.dequantize: the values the Triton kernel multiplies) "
         "and run on the library's GEMM (dispatch.dequant_gemm); 0 (the default until timed on a GPU) turns it off",
     )
+    prefill_swap_ab: bool = Field(
+        False,
+        description="the tensor-core GEMM tiles of more than 64 rows per expert (prefill; FP8 and FP4 weights) "
+        "multiply with the dequantised weight tile as the MMA's left operand (GemmConfig.swap_ab); off until timed "
+        "on a GPU",
+    )
     tilelang: bool = Field(
         True,
         description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",
