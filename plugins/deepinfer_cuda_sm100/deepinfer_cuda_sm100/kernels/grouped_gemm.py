@@ -147,8 +147,8 @@ def _grouped_gemm_kernel(
     GATED: tl.constexpr, HAS_A_IDX: tl.constexpr, HAS_C_IDX: tl.constexpr, HAS_ROW_W: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
-    FINISH: tl.constexpr = False, SB: tl.constexpr = 128, HAS_ADD: tl.constexpr = False, PDL: tl.constexpr = False,
-    SWAP_AB: tl.constexpr = False,
+    FINISH: tl.constexpr = False, SB: tl.constexpr = 128, HAS_ADD: tl.constexpr = False,
+    SWAP_AB: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl_enter(PDL)
     tile = tl.program_id(0)
@@ -198,9 +198,10 @@ def _grouped_gemm_kernel(
 def _dequant_kernel(w_tab, s_tab, ex_ptr, out_ptr, N, K, stride_wn, stride_sn, stride_sk, stride_oe, stride_on,
                     FMT: tl.constexpr, W_T: tl.constexpr, S_T: tl.constexpr, DOT_T: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP4_BITS: tl.constexpr, FP4_ASM: tl.constexpr,
-                    ALIGNED: tl.constexpr, SB: tl.constexpr):  # fmt: skip
+                    ALIGNED: tl.constexpr, SB: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """``out[i] = `` expert ``ex_ptr[i]``'s weight in ``DOT_T``, tile by tile through :func:`_load_w`: the operand
     values the tensor-core kernel multiplies, bit for bit."""
+    pdl_enter(PDL)
     i = tl.program_id(2)
     ex = tl.load(ex_ptr + i)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -216,10 +217,11 @@ def _dequant_kernel(w_tab, s_tab, ex_ptr, out_ptr, N, K, stride_wn, stride_sn, s
 
 
 def dequantize(table: WeightTable, dtype: torch.dtype, experts: torch.Tensor | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+               out: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:  # fmt: skip
     """The table's weights (``experts``: their indices in the table, an int32 device tensor; default all) as
     ``[len(experts), N, K]`` of ``dtype`` (bf16 or float16): the values the tensor-core kernel feeds its MMA, for
-    a library GEMM at prefill sizes (``dispatch.dequant_gemm``). Under the interpreter, whose casts to bf16
+    a library GEMM at prefill sizes (``dispatch.dequant_gemm``). ``rows``: the GEMM's activation rows, for
+    :func:`dispatch.pdl_args` (``None``: a prefill's many). Under the interpreter, whose casts to bf16
     truncate where a GPU's round to nearest even, the kernel writes float32 and torch rounds."""
     if experts is None:
         experts = torch.arange(table.ptrs.numel(), dtype=torch.int32, device=table.ptrs.device)
@@ -228,7 +230,7 @@ def dequantize(table: WeightTable, dtype: torch.dtype, experts: torch.Tensor | N
     if e == 0:
         return out
     if interpreting() and dtype != torch.float32:
-        return out.copy_(dequantize(table, torch.float32, experts))
+        return out.copy_(dequantize(table, torch.float32, experts, rows=rows))
     bn, bk = 64, 128 if table.k % 128 == 0 else 64
     aligned = table.aligned and table.k % bk == 0
     asm = table.fmt == 2 and dispatch.fp4_decode_ptx(dtype, [table.scale_bytes])
@@ -237,6 +239,7 @@ def dequantize(table: WeightTable, dtype: torch.dtype, experts: torch.Tensor | N
         table.stride_sk, out.stride(0), out.stride(1), FMT=table.fmt, W_T=TL_DTYPE[table.w_dtype],
         S_T=TL_DTYPE[table.s_dtype], DOT_T=TL_DTYPE[dtype], BLOCK_N=bn, BLOCK_K=bk, FP4_BITS=True, FP4_ASM=asm,
         ALIGNED=aligned, SB=table.scale_block, num_warps=4,
+        **dispatch.pdl_args(rows if rows is not None else dispatch.PDL_MAX_TOKENS + 1),
     )  # fmt: skip
     return out
 

@@ -83,7 +83,7 @@ class CudaDenseOps(DenseOps):
             return out.view(*lead, -1)
         fmt = weight.format if quantized else "plain"
         if quantized and out_dtype == x.dtype and dispatch.dequant_gemm(T, x.dtype):
-            return torch.mm(x2, gg.dequantize(table, x.dtype)[0].t(), out=out).view(*lead, -1)
+            return torch.mm(x2, gg.dequantize(table, x.dtype, rows=T)[0].t(), out=out).view(*lead, -1)
         if fmt == "fp8_block" and weight.scale.dtype == torch.float32:
             tilelang = dispatch.fp8_gemm_backend(T, table.n, table.k, x.dtype) == "tilelang"
             if tilelang and not torch.cuda.is_current_stream_capturing():  # graphs replay Triton only
@@ -246,14 +246,14 @@ def _dequant_swiglu_mlp(x, t1, t3, t2, w2, limit, add, out):
     (``reference.dense.swiglu_rows``): on the rounded gate and up, in their dtype."""
     inter = t1.n
     w13 = torch.empty((2, inter, t1.k), dtype=x.dtype, device=x.device)
-    gg.dequantize(t1, x.dtype, out=w13[:1])
-    gg.dequantize(t3, x.dtype, out=w13[1:])
+    gg.dequantize(t1, x.dtype, out=w13[:1], rows=x.shape[0])
+    gg.dequantize(t3, x.dtype, out=w13[1:], rows=x.shape[0])
     gu = torch.mm(x, w13.view(2 * inter, t1.k).t())
     gate, up = gu[:, :inter], gu[:, inter:]
     if limit > 0:
         gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
     h = _act_input(torch.nn.functional.silu(gate) * up, w2)
-    torch.mm(h, gg.dequantize(t2, x.dtype)[0].t(), out=out)
+    torch.mm(h, gg.dequantize(t2, x.dtype, rows=x.shape[0])[0].t(), out=out)
     return out if add is None else out.add_(add)
 
 
