@@ -243,15 +243,20 @@ def decode_experts(ceil) -> None:
                    pct_copy_bw=100 * touched * per_expert / (ms * 1e-3) / ceil["bw"])  # fmt: skip
 
 
-def triton_only(fn):
-    """``fn()`` with the TileLang FP8 GEMM and the dequantised weight on cuBLAS switched off (``ops.linear`` would
-    pick them at prefill sizes)."""
+def with_settings(s, fn):
+    """``fn()`` with ``s`` the active ``cuda_sm100`` settings, then the ones before."""
     before = settings.active()
-    settings.use(before.model_copy(update={"tilelang": False, "dequant_gemm_rows": 0}))
+    settings.use(s)
     try:
         return fn()
     finally:
         settings.use(before)
+
+
+def triton_only(fn):
+    """``fn()`` with the TileLang FP8 GEMM and the dequantised weight on cuBLAS switched off (``ops.linear`` would
+    pick them at prefill sizes)."""
+    return with_settings(settings.active().model_copy(update={"tilelang": False, "dequant_gemm_rows": 0}), fn)
 
 
 #: tensor-core tiles tried on the prefill's FP8 linears (as PREFILL_EXPERT_VARIANTS)
@@ -271,15 +276,6 @@ def with_tiles(variant, fn):
 
 #: rows at which prefill_dense times the FP8 linears on the Triton kernel and on the dequantised weight
 DEQUANT_SWEEP_ROWS = [128, 256, 512, 1024, 2048]
-
-
-def with_settings(s, fn):
-    before = settings.active()
-    settings.use(s)
-    try:
-        return fn()
-    finally:
-        settings.use(before)
 
 
 def prefill_dense(ceil) -> None:
