@@ -70,6 +70,8 @@
 #                                    pexperts the prefill GEMMs at 8,192 rows: FP4 expert tiles (swap_ab among them) against
 #                                             torch._grouped_mm, the FP8 linears on Triton / dequantised on cuBLAS by rows
 #                                             (gemm_kernels.py prefill_experts prefill_dense), then check.py's dequant section
+#                                    dpab     the V4 engine at batch 1/16, device_plan off / on three times each, alternating
+#                                             (the plan in the decode graph: kernels.static_plan's three launches)
 #                                    dequantab V4's 8k prefill by DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS : PREFILL_SWAP_AB,
 #                                             0:0 1024:0 1024:1 twice (DEQUANTAB: the list; the first 1024:1 profiled)
 set -u
@@ -107,6 +109,9 @@ for part in "${@:-check slice gemm}"; do
       engdp) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- device_plan=$v"; d="$0/dp${v}_$(date +%s)"; mkdir -p "$d"
                   flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 140 python3 benchmarks/gpu/v4_slice.py --sections engine \
                   --batches 1 16 64 --engine-prompt 64 --engine-tokens 128 "${flag[@]}" --out "$d"; done' "$OUT/engdp") ;;
+      dpab) cmd=(bash -c 'for v in ${DPAB:-0 1 0 1 0 1}; do echo "-- device_plan=$v"; d="$0/dp${v}_$RANDOM"; mkdir -p "$d"
+                 flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 100 python3 benchmarks/gpu/v4_slice.py --sections engine \
+                 --batches 1 16 --engine-prompt 64 --engine-tokens 128 "${flag[@]}" --out "$d"; done' "$OUT/dpab") ;;
       v41dp) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- device_plan=$v"; d="$0/dp${v}_$(date +%s)"; mkdir -p "$d"
                   flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 110 python3 benchmarks/gpu/v41_slice.py --batches 1 16 \
                   --ks 0 --tokens 16 --prompt 4096 --shared-prefix 4080 --save-tokens "${flag[@]}" --out "$d"; done' "$OUT/v41dp") ;;

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from deepinfer_core.ops.slot_tables import candidate_slots, lookup_slots, with_absent_column
+
 if TYPE_CHECKING:
     from deepinfer_core.ops.attention import AttentionOps
     from deepinfer_core.ops.dense import DenseOps
@@ -244,3 +246,62 @@ def compose_indexer_select(
     valid candidates."""
     cols = attention.indexer_topk(q, weights.float() * weight_scale, key_pool, cand_slots, topk)
     return torch.where(cols >= 0, cand_slots.gather(1, cols.clamp(min=0)), -1)
+
+
+StaticPlanTables = tuple[
+    torch.Tensor,
+    torch.Tensor,
+    torch.Tensor,
+    list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+]
+
+
+def compose_static_plan(
+    attention: AttentionOps | None,
+    positions: torch.Tensor,
+    window_table: torch.Tensor,
+    compressed_table: torch.Tensor,
+    rows_per_request: int,
+    sliding_window: int,
+    kinds: tuple[tuple[int, bool], ...],
+    context_bucket: int,
+    block_size: int,
+) -> StaticPlanTables:
+    """A static (graph-shaped) step's slot tables built where its batch lives, with tensor ops only: what
+    ``StepAddressing.static_on_device`` holds. ``positions [T]`` (int64; ``-1``: a padding row), request
+    ``t // rows_per_request`` of row ``t``, its ``window`` and ``compressed`` block tables (int64, ``-1``: no
+    block, at least ``context_bucket / block_size`` columns). Returns ``(req [T], token_slots [T], window_slots
+    [T, sliding_window], tables)``, ``tables`` a tuple per ``(ratio, overlap)`` of ``kinds``: ``(entry_slots
+    [T], entry_positions [T], src_slots [T, 2 ratio if overlap else ratio], cand_slots [T, context_bucket //
+    ratio])``, all int64, as :mod:`deepinfer_core.ops.slot_tables` defines them: the window slots of
+    positions ``p - sliding_window + 1 .. p``; the entry closing at row ``t`` (``(p + 1) % ratio == 0``, its
+    first token ``p + 1 - ratio``; ``-1`` and position 0 where none closes), the window slots of its source
+    tokens (from ``ratio`` before its first with ``overlap``) and the compressed slots of the entries the row
+    sees (``e < (p + 1) // ratio``, ``-1`` past them; an absent block's read slots are negative)."""
+    pos, dev = positions, positions.device
+    req = torch.arange(pos.shape[0], device=dev) // rows_per_request
+    # each table with a last column of -1: every position outside a table's columns reads it (column -1)
+    window, compressed = with_absent_column(window_table), with_absent_column(compressed_table)
+    # every window-group position the step reads, in one lookup: its window, then each kind's sources
+    w = torch.arange(1 - sliding_window, 1, device=dev)
+    window_pos, firsts, p1 = [pos[:, None] + w[None, :]], [], pos + 1
+    for ratio, overlap in kinds:
+        # an entry closes at this token: e = p1 / r - 1 >= 0, its first token e * r
+        live = (p1 % ratio == 0) & (p1 >= ratio)
+        first = torch.where(live, p1 - ratio, -1)
+        span = torch.arange(-ratio if overlap else 0, ratio, device=dev)
+        window_pos.append(torch.where(live[:, None], first[:, None] + span[None, :], -1))
+        firsts.append(first)
+    widths = [p.shape[1] for p in window_pos]
+    looked_up = lookup_slots(window, req[:, None], torch.cat(window_pos, dim=1), block_size, 1)
+    window_slots, *sources = (part.contiguous() for part in looked_up.split(widths, dim=1))
+    tables = [
+        (
+            lookup_slots(compressed, req, first, block_size, ratio),
+            first.clamp(min=0),
+            src,
+            candidate_slots(compressed, req, pos, ratio, context_bucket // ratio, block_size),
+        )
+        for (ratio, overlap), first, src in zip(kinds, firsts, sources, strict=True)
+    ]
+    return req, window_slots[:, -1].contiguous(), window_slots, tables  # the window's last column: the token

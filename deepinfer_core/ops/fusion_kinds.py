@@ -40,6 +40,10 @@ class Fusion(StrEnum):
     #: V4.1's index query: rotated, round-tripped through the index keys' format, its head weights scaled to
     #: float32 (:func:`~deepinfer_core.ops.compose.compose_index_query`), attention
     INDEX_QUERY = "index_query"
+    #: a static step's slot tables from its positions and block tables, built where they live (the plan a
+    #: captured step holds with ``device_plan``; :func:`~deepinfer_core.ops.compose.compose_static_plan`),
+    #: attention
+    STATIC_PLAN = "static_plan"
 
     @property
     def concern(self) -> str:
@@ -50,5 +54,6 @@ class Fusion(StrEnum):
             Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
             Fusion.RMS_NORM_ROPE_STORE_KV,
             Fusion.INDEX_QUERY,
+            Fusion.STATIC_PLAN,
         )
         return "attention" if self in attention else "dense"

@@ -35,6 +35,7 @@ COMPOSED: dict[Fusion, Callable[..., Any]] = {
     Fusion.ROPE_SPARSE_ATTENTION_UNROPE: compose.compose_rope_sparse_attention_unrope,
     Fusion.RMS_NORM_ROPE_STORE_KV: compose.compose_rms_norm_rope_store_kv,
     Fusion.INDEX_QUERY: compose.compose_index_query,
+    Fusion.STATIC_PLAN: compose.compose_static_plan,
 }
 
 #: compositions that also take the other concern's ops, by keyword: the attention's output rotated back by the
@@ -82,6 +83,7 @@ class FusedOps:
     rope_sparse_attention_unrope: Callable[..., Any]
     rms_norm_rope_store_kv: Callable[..., Any]
     index_query: Callable[..., Any]
+    static_plan: Callable[..., Any]
     declared: frozenset[Fusion]
 
 

@@ -143,6 +143,36 @@ def _close_index_query(case_id: str, codec: bool):
     return compare
 
 
+def _static_plan(g):
+    """A static step of 6 requests x 2 rows (one request all padding, one row of another padding: position
+    -1), positions from 0 to 250 (entries closing and not, windows reaching before position 0), block
+    tables 16 wide with the blocks each request needs (random ids) and one released block in each group;
+    window 8, ratios 4 (overlapped) and 16, block size 16, context bucket 256."""
+    bs, q, width = 16, 2, 16
+    starts = torch.randint(0, 250 - q, (6,), generator=g).tolist()
+    starts[1] = 3  # both rows' windows reach before position 0
+    pos, tables = [], {"window": [], "compressed": []}
+    for b, start in enumerate(starts):
+        real = 0 if b == 5 else (1 if b == 4 else q)
+        pos += list(range(start, start + real)) + [-1] * (q - real)
+        need = (start + real + bs - 1) // bs if real else 0
+        for group in tables:
+            tables[group].append(torch.randperm(200, generator=g)[:need].tolist() + [-1] * (width - need))
+    window, compressed = (torch.tensor(tables[k], dtype=torch.int64) for k in ("window", "compressed"))
+    window[0, starts[0] // bs] = -1  # released: nothing is read there, and the token written to scratch
+    compressed[2, 0] = -1
+    return (
+        torch.tensor(pos, dtype=torch.int64),
+        window,
+        compressed,
+        q,
+        8,
+        ((4, True), (16, False)),
+        256,
+        bs,
+    ), {}
+
+
 CASES = [
     OpCase("dense", "linear_f32", "bf16_x_f32_weight", _linear_f32, atol=1e-5, rtol=1e-5, fusion=True),
     OpCase("dense", "rms_norm_rope", "query_heads", _norm_rope(False), atol=1e-5, rtol=1e-4, fusion=True),
@@ -186,4 +216,6 @@ CASES = [
         )
         for codec, name in ((False, "rotated"), (True, "v41_fp4_keys"))
     ),
+    # slot ids: exact
+    OpCase("attention", "static_plan", "decode_q2_csa4_hca16", _static_plan, atol=0, rtol=0, fusion=True),
 ]

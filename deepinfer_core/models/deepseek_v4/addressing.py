@@ -27,13 +27,16 @@ int64), which the host would build in seconds and copy, where the device builds 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 
 from deepinfer_core.models.batch import ForwardBatch, PackedPlan, move_together
+from deepinfer_core.ops.compose import StaticPlanTables, compose_static_plan
+from deepinfer_core.ops.slot_tables import candidate_slots, device_slots
 
 
 @dataclass
@@ -95,6 +98,7 @@ class StepAddressing(PackedPlan):
         sliding_window: int,
         kinds: tuple[tuple[int, bool], ...],
         context_bucket: int,
+        static_plan: Callable[..., StaticPlanTables] | None = None,
     ) -> StepAddressing:
         """The static tables of ``batch`` built where it lives, with tensor ops only (no host synchronisation,
         no checks), so a captured step can hold them: the step's graph then reads only ``input_ids``,
@@ -102,40 +106,29 @@ class StepAddressing(PackedPlan):
         ``q = T / B`` rows, padding rows at position ``-1``) with block tables at least
         ``context_bucket / block_size`` wide. Every table equals the host's (:meth:`__init__` with
         ``context_bucket``) where the host's checks pass; where a block the host would refuse is absent, a
-        written slot is ``-1`` (the scratch slot) and a read one negative (nothing read), never another row's."""
+        written slot is ``-1`` (the scratch slot) and a read one negative (nothing read), never another row's.
+        ``static_plan``: the backends' resolved step (``backends.fused.static_plan``: one kernel a table on a
+        GPU); default the core's composition of torch ops."""
         out = object.__new__(cls)
-        bs = out.block_size = batch.block_size
-        out.batch, out.context_bucket, out.sliding_window = None, context_bucket, sliding_window
-        pos = out.positions = batch.positions.long()
+        out.block_size, out.batch, out.context_bucket, out.sliding_window = (
+            batch.block_size,
+            None,
+            context_bucket,
+            sliding_window,
+        )
+        out.positions = pos = batch.positions.long()
         t, b = pos.shape[0], batch.context_lens.shape[0]
-        dev = pos.device
-        out.req = req = torch.arange(t, device=dev) // max(1, t // max(b, 1))
-        # each table with a last column of -1: every position outside a table's columns reads it (column -1)
-        window, compressed = (_with_absent_column(batch.block_tables[g]) for g in ("window", "compressed"))
-        # every window-group position the step reads, in one lookup: its window, then each kind's sources
-        w = torch.arange(1 - sliding_window, 1, device=dev)
-        window_pos, firsts, p1 = [pos[:, None] + w[None, :]], [], pos + 1
-        for ratio, overlap in kinds:
-            # an entry closes at this token: e = p1 / r - 1 >= 0, its first token e * r
-            live = (p1 % ratio == 0) & (p1 >= ratio)
-            first = torch.where(live, p1 - ratio, -1)
-            span = torch.arange(-ratio if overlap else 0, ratio, device=dev)
-            window_pos.append(torch.where(live[:, None], first[:, None] + span[None, :], -1))
-            firsts.append(first)
-        widths = [p.shape[1] for p in window_pos]
-        looked_up = _device_slots(window, req[:, None], torch.cat(window_pos, dim=1), bs, 1)
-        out.window_slots, *sources = (part.contiguous() for part in looked_up.split(widths, dim=1))
-        out.token_slots = out.window_slots[:, -1].contiguous()  # the window's last column is the token itself
-        out._padded = {"window": window}
-        out._compressions = {}
-        for (ratio, overlap), first, src in zip(kinds, firsts, sources, strict=True):
-            out._compressions[(ratio, overlap)] = Compression(
-                _device_slots(compressed, req, first, bs, ratio),
-                first.clamp(min=0),
-                src,
-                candidate_slots(compressed, req, pos, ratio, context_bucket // ratio, bs),
-                context_bucket // ratio,
-            )
+        window = batch.block_tables["window"]
+        build = static_plan or partial(compose_static_plan, None)
+        out.req, out.token_slots, out.window_slots, tables = build(
+            pos, window, batch.block_tables["compressed"], max(1, t // max(b, 1)), sliding_window, kinds,
+            context_bucket, out.block_size,
+        )  # fmt: skip
+        out._window_table = window
+        out._compressions = {
+            kind: Compression(*parts, context_bucket // kind[0])
+            for kind, parts in zip(kinds, tables, strict=True)
+        }
         return out
 
     def device_window_group(self, block_tables: dict[str, torch.Tensor], group: str) -> StepAddressing:
@@ -153,7 +146,7 @@ class StepAddressing(PackedPlan):
     def device_window_slots(self, pos: torch.Tensor) -> torch.Tensor:
         """(An addressing from :meth:`static_on_device`.) ``window`` group slots of positions ``pos [T, k]`` of
         each row's sequence, tensor ops only (``-1`` before the start or in an absent block)."""
-        return _device_slots(self._padded["window"], self.req[:, None], pos, self.block_size, 1)
+        return device_slots(self._window_table, self.req[:, None], pos, self.block_size, 1)
 
     def _window_positions(self) -> np.ndarray:
         """``[T, W]``: the position each column of :attr:`window_slots` holds (negative: before the start)."""
@@ -339,40 +332,3 @@ def _candidate_slots_host(
     column = np.minimum(cols // epb, max(table.shape[1] - 1, 0))
     slots = table[req[:, None], column] * epb + cols % epb
     return np.where(cols >= ((pos + 1) // ratio)[:, None], -1, slots)
-
-
-def _with_absent_column(table: torch.Tensor) -> torch.Tensor:
-    """``table`` with one more column, all ``-1`` (no block)."""
-    return torch.nn.functional.pad(table, (0, 1), value=-1)
-
-
-def device_slots(
-    table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, block_size: int, tokens_per_entry: int
-) -> torch.Tensor:
-    """:func:`_device_slots` on a plain block table."""
-    return _device_slots(_with_absent_column(table), req, pos, block_size, tokens_per_entry)
-
-
-def _device_slots(
-    table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, block_size: int, tokens_per_entry: int
-) -> torch.Tensor:
-    """:meth:`StepAddressing.slots` with tensor ops only, on a table from :func:`_with_absent_column`: the slot
-    of the entry holding ``pos`` (``req`` and ``pos`` broadcast together), ``-1`` where ``pos < 0``, past the
-    table's columns or in an absent block (each reads the last column: negative columns clamp to -1)."""
-    epb = block_size // tokens_per_entry
-    block = table[req, (pos // block_size).clamp(-1, table.shape[1] - 1)]
-    entry = pos // tokens_per_entry if tokens_per_entry > 1 else pos
-    return torch.where(block >= 0, block * epb + entry % epb, -1)
-
-
-def candidate_slots(
-    table: torch.Tensor, req: torch.Tensor, pos: torch.Tensor, ratio: int, width: int, block_size: int
-) -> torch.Tensor:
-    """``[T, width]`` compressed-pool slots of the entries query ``t`` may attend (``e < (pos+1)//ratio``),
-    ``-1`` padding, from the ``compressed`` block table; tensor ops only (no checks, no synchronisation)."""
-    epb = block_size // ratio  # entries per block: entry e lives in block column e // epb at offset e % epb
-    cols = torch.arange(width, dtype=torch.int64, device=pos.device)[None, :]
-    column = (cols // epb).clamp(max=max(table.shape[1] - 1, 0))  # [1, C]; past a row's visible: masked below
-    slots = table[req[:, None], column]  # the one [T, C] int64 tensor (an 8k prefill's ratio-1 table: 512 MB)
-    slots.mul_(epb).add_(cols % epb)
-    return slots.masked_fill_(cols >= ((pos + 1) // ratio)[:, None], -1)

@@ -106,7 +106,9 @@ class DeepseekV4ForCausalLM(CausalLM, Module):
 
     def plan_on_device(self, batch: ForwardBatch, context_bucket: int) -> StepAddressing:
         """:meth:`plan`'s static tables built on the device (:meth:`StepAddressing.static_on_device`)."""
-        return StepAddressing.static_on_device(batch, self.cfg.sliding_window, self._kinds(), context_bucket)
+        return StepAddressing.static_on_device(
+            batch, self.cfg.sliding_window, self._kinds(), context_bucket, self.backends.fused.static_plan
+        )
 
     def _kinds(self) -> tuple[tuple[int, bool], ...]:
         kinds = {

@@ -258,7 +258,9 @@ class DeepseekV41ForCausalLM(CausalLM, Module):
     def plan_on_device(self, batch: ForwardBatch, context_bucket: int) -> StepPlan:
         """:meth:`plan`'s static tables built on the device (V4's :meth:`StepAddressing.static_on_device`; the
         Engram look-back and the decoder's window slots the same way)."""
-        addr = StepAddressing.static_on_device(batch, self.cfg.sliding_window, self.kinds, context_bucket)
+        addr = StepAddressing.static_on_device(
+            batch, self.cfg.sliding_window, self.kinds, context_bucket, self.backends.fused.static_plan
+        )
         history = None
         if self.cfg.engram is not None:
             shifts = torch.arange(self.cfg.engram.max_ngram_size, device=addr.positions.device)

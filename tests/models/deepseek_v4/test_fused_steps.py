@@ -12,6 +12,7 @@ from deepinfer_core.ops.backends import CONCERNS, Backends
 from deepinfer_core.ops.fusions import ALSO_NEEDS, COMPOSED, Fusion
 from deepinfer_core.ops.reference import ReferenceAttentionOps, ReferenceDenseOps, reference_op
 
+from .test_addressing_static import _static_batch
 from .tiny import full_logits, tokens
 
 CALLS: Counter = Counter()
@@ -57,7 +58,16 @@ def test_declared_fused_ops_are_called_and_match_the_compositions(checkpoints, b
     # declares them runs them whole, so the sparse_attention_unrope and rms_norm_rope inside are not steps of
     # their own (tests/ops/test_fusions.py: composed over them where only those are declared)
     inner = {Fusion.SPARSE_ATTENTION_UNROPE, Fusion.RMS_NORM_ROPE}
-    assert set(CALLS) == set(Fusion) - V41_ONLY - inner, CALLS
+    assert set(CALLS) == set(Fusion) - V41_ONLY - inner - {Fusion.STATIC_PLAN}, CALLS
+    # a static step's plan built on the device (device_plan): the declared step, the same tables
+    batch = _static_batch(torch.Generator().manual_seed(3), [5, 40, 127], 1, bucket=4, context=256)
+    assert all(r <= batch.block_size for r, _ in plain._kinds()), plain._kinds()
+    CALLS.clear()
+    got, want = fused.plan_on_device(batch, 256), plain.plan_on_device(batch, 256)
+    assert CALLS == {Fusion.STATIC_PLAN: 1}
+    assert torch.equal(got.req, want.req)
+    for a, b in zip(got.tensors(), want.tensors(), strict=True):
+        assert torch.equal(a, b)
 
 
 #: DeepSeek-V4.1's single-pass mHC site entries and its index query (its test:

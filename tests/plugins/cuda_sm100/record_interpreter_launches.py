@@ -26,7 +26,7 @@ import torch  # noqa: E402
 NOTE = (
     "kernels the slice run never launched (sampling penalties, grammar bitmask), and V4.1's paths the V4 slice "
     "does not take (single-pass mHC: _hc_coeffs_kernel, _hc_collapse_kernel; FP8 32x32 weights: SB=32; packed "
-    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel (NEGLIGIBLE: not yet run on a GPU), and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, and the select kernel's threshold by digit histograms: _topk_select_kernel RADIX, and the 64-head attention tiles over V4's FP8 rows and V4.1's packed entries (dispatch's tables, DOT_T as a GPU launches them), and V4's FP8 rows with the RoPE channels apart: FP8=3, and prefill's weights dequantised for cuBLAS: _dequant_kernel (as a GPU launches it: bf16 out, FP4 by PTX), none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
+    "KV attention: KV_PACK/CMP_PACK; FP4 index keys: KEY_PACK; packed stores: _pack_v41_kernel; the index queries' round trip: _roundtrip_v41_kernel (not yet run on a GPU); Engram rows read in the step: _host_rows_kernel; activation quantisation: _act_quant_kernel, and SM100's MX GEMM: _mx_gemm_kernel, neither yet run on a GPU; the mHC site entries in the boundary kernels: PRE_IN, not yet run on a GPU; the shared expert's add in the GEMM epilogue: HAS_ADD, and V4's FP8 KV scales gathered per channel: FP8=2, and V4.1's Engram gate in one launch: _engram_gate_kernel, and the keyed draw of sampling: _draw_rows_kernel, _chunk_sums_kernel, _draw_chunk_kernel, and the sort-free probs: _stats_kernel, _softmax_kernel, _radix_pass_kernel, _cut_kernel (NEGLIGIBLE: not yet run on a GPU), and split-KV attention's combine with the output rotated back: _combine_kernel UNROPE, and the query rotated (and normed) as the attention kernel loads it: _sparse_attn_kernel ROPE_Q, and V4.1's KV rows normed, rotated and packed in one launch: _norm_rope_pack_v41_kernel, and V4.1's index query in one launch: _index_query_kernel, and V4's KV row normed, rotated and stored in one launch: _rms_norm_rope_kernel SCATTER, and V4.1's Engram hashes and dequantised rows in one launch each: _engram_hash_kernel, _host_rows_dequant_kernel, and the select kernel's threshold by digit histograms: _topk_select_kernel RADIX, and the 64-head attention tiles over V4's FP8 rows and V4.1's packed entries (dispatch's tables, DOT_T as a GPU launches them), and V4's FP8 rows with the RoPE channels apart: FP8=3, and prefill's weights dequantised for cuBLAS: _dequant_kernel (as a GPU launches it: bf16 out, FP4 by PTX), and device_plan's static plan: _static_window_kernel, _static_compression_kernel (PDL as a decode step launches them), none yet run on a GPU): their launches under TRITON_INTERPRET=1 (CPU, Triton 3.9), tiny shapes "
     "(record_interpreter_launches.py); the H200 run of record_launches.py v41 (meta v41_gpu_run) has since recorded these paths at the tiny V4.1 checkpoints' shapes as well"
 )
 
@@ -245,6 +245,10 @@ def v41_launches() -> dict:
             quantize_fp4_e2m1(r(160, 256) * 0.1),
         ):
             gg.dequantize(gg.WeightTable.build([q], torch.device("cpu")), torch.bfloat16)
+        for T in (1, 16):  # device_plan's static plan (V4-Flash: window 128, ratios 4 overlapped and 128)
+            pos = torch.arange(T, dtype=torch.int64) * 37 + 100
+            tables = torch.arange(T * 32, dtype=torch.int64).view(T, 32)
+            attn.static_plan(pos, tables, tables, 1, 128, ((4, True), (128, False)), 4096, 128)
         for where in (_arch("sm100"), _arch("sm90", fp8_mma=True)):  # the MX MMA, SM90's FP8 MMA path
             with where:
                 for fmt in ("fp8", "fp4"):
@@ -283,6 +287,8 @@ def v41_launches() -> dict:
         "_radix_pass_kernel",
         "_cut_kernel",
         "_dequant_kernel",
+        "_static_window_kernel",
+        "_static_compression_kernel",
     )
     return {
         k: _as_on_a_gpu(dict(e, source="interpreter"))
@@ -317,6 +323,8 @@ def _as_on_a_gpu(e: dict) -> dict:
         fp4 = e["constexprs"]["FMT"] == 2  # and decodes ue8m0-scaled FP4 by PTX (dispatch.fp4_decode_ptx)
         e = dict(e, signature=dict(e["signature"], out_ptr="*bf16"),
                  constexprs=dict(e["constexprs"], DOT_T={"repr": "bf16"}, FP4_ASM=fp4))  # fmt: skip
+    if e["kernel"] in ("_static_window_kernel", "_static_compression_kernel"):  # a decode step's: PDL on SM90+
+        e = dict(e, constexprs=dict(e["constexprs"], PDL=True))
     return e
 
 

@@ -14,7 +14,14 @@ import torch
 
 from deepinfer_core.plugin_api import KV_CACHE_DTYPES, AttentionOps, Fp8KVFormat, Fusion
 from deepinfer_cuda_sm100 import dispatch
-from deepinfer_cuda_sm100.kernels import compressor, indexer, kv_store, norm_rope, sparse_attention
+from deepinfer_cuda_sm100.kernels import (
+    compressor,
+    indexer,
+    kv_store,
+    norm_rope,
+    sparse_attention,
+    static_plan,
+)
 
 
 def _codec(fmt) -> bool:
@@ -68,6 +75,7 @@ class CudaAttentionOps(AttentionOps):
             Fusion.ROPE_SPARSE_ATTENTION_UNROPE,
             Fusion.RMS_NORM_ROPE_STORE_KV,
             Fusion.INDEX_QUERY,
+            Fusion.STATIC_PLAN,
         }
     )
     packed_kv = True
@@ -169,6 +177,21 @@ class CudaAttentionOps(AttentionOps):
                 kv_store.store_plain(pool, slots, values)
         else:
             kv_store.store_fp8(pool, slots, values, kv_format)
+
+    def static_plan(self, positions, window_table, compressed_table, rows_per_request, sliding_window, kinds,
+                    context_bucket, block_size):  # fmt: skip
+        """``compose_static_plan`` in ``1 + len(kinds)`` launches (``kernels.static_plan``) where the composition
+        is ~50 kernels: the plan a captured decode step builds with ``device_plan``."""
+        return static_plan.static_plan(
+            positions,
+            window_table,
+            compressed_table,
+            rows_per_request,
+            sliding_window,
+            kinds,
+            context_bucket,
+            block_size,
+        )
 
     def index_query(self, q, weights, weight_scale, positions, inv_freq, key_format):
         """``compose_index_query`` in one launch (``kv_store.index_query``: the rotation, the round trip through
