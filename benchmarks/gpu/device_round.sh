@@ -70,6 +70,7 @@
 #                                    pexperts the prefill GEMMs at 8,192 rows: FP4 expert tiles (swap_ab among them) against
 #                                             torch._grouped_mm, the FP8 linears on Triton / dequantised on cuBLAS by rows
 #                                             (gemm_kernels.py prefill_experts prefill_dense), then check.py's dequant section
+#                                    checkplan check.py's static plan: the kernels against the torch composition, graphed
 #                                    dpab     the V4 engine at batch 1/16, device_plan off / on three times each, alternating
 #                                             (the plan in the decode graph: kernels.static_plan's three launches)
 #                                    dequantab V4's 8k prefill by DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS : PREFILL_SWAP_AB,
@@ -109,6 +110,7 @@ for part in "${@:-check slice gemm}"; do
       engdp) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- device_plan=$v"; d="$0/dp${v}_$(date +%s)"; mkdir -p "$d"
                   flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 140 python3 benchmarks/gpu/v4_slice.py --sections engine \
                   --batches 1 16 64 --engine-prompt 64 --engine-tokens 128 "${flag[@]}" --out "$d"; done' "$OUT/engdp") ;;
+      checkplan) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only plan --out "$OUT/checkplan") ;;
       dpab) cmd=(bash -c 'for v in ${DPAB:-0 1 0 1 0 1}; do echo "-- device_plan=$v"; d="$0/dp${v}_$RANDOM"; mkdir -p "$d"
                  flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 100 python3 benchmarks/gpu/v4_slice.py --sections engine \
                  --batches 1 16 --engine-prompt 64 --engine-tokens 128 "${flag[@]}" --out "$d"; done' "$OUT/dpab") ;;
