@@ -154,10 +154,12 @@ class EngineConfig(BaseModel):
         "request failing alone); None: one image a pass",
     )
     device_plan: bool = Field(
-        False,
+        True,
         description="build a static step's slot plan on the device, inside its captured graph, where the model "
         "can (DeepSeek-V4; V4.1 with its Engram tables read in the step): the host then builds and copies no "
-        "plan a step; off by default until measured on a GPU",
+        "plan a step (the backend's fused static_plan: three launches on cuda_sm100). Only graph-captured steps "
+        "have one. On by default: V4's engine on an H100 at batch 1, 1.21 ms a step against 1.35-1.38 with the "
+        "host's plan, the same at 16 and 64, 13.16 against 13.25 ms at 256 (RESULTS v41)",
     )
     max_cudagraph_capture_size: int = Field(
         256, ge=1, description="largest decode batch captured as a graph (capped at max_num_seqs)"

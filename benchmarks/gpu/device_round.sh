@@ -108,14 +108,14 @@ for part in "${@:-check slice gemm}"; do
                     --sections engine --batches 1 16 64 256 --engine-prompt 64 --engine-tokens 128 --out "$d"; done' \
                     "$OUT/probsab") ;;
       engdp) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- device_plan=$v"; d="$0/dp${v}_$(date +%s)"; mkdir -p "$d"
-                  flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 140 python3 benchmarks/gpu/v4_slice.py --sections engine \
+                  flag=(--device-plan "$v"); timeout 140 python3 benchmarks/gpu/v4_slice.py --sections engine \
                   --batches 1 16 64 --engine-prompt 64 --engine-tokens 128 "${flag[@]}" --out "$d"; done' "$OUT/engdp") ;;
       checkplan) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only plan --out "$OUT/checkplan") ;;
       dpab) cmd=(bash -c 'for v in ${DPAB:-0 1 0 1 0 1}; do echo "-- device_plan=$v"; d="$0/dp${v}_$RANDOM"; mkdir -p "$d"
-                 flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 100 python3 benchmarks/gpu/v4_slice.py --sections engine \
+                 flag=(--device-plan "$v"); timeout 100 python3 benchmarks/gpu/v4_slice.py --sections engine \
                  --batches 1 16 --engine-prompt 64 --engine-tokens 128 "${flag[@]}" --out "$d"; done' "$OUT/dpab") ;;
       v41dp) cmd=(bash -c 'for v in 0 1 0 1; do echo "-- device_plan=$v"; d="$0/dp${v}_$(date +%s)"; mkdir -p "$d"
-                  flag=(); [ "$v" = 1 ] && flag=(--device-plan); timeout 110 python3 benchmarks/gpu/v41_slice.py --batches 1 16 \
+                  flag=(--device-plan "$v"); timeout 110 python3 benchmarks/gpu/v41_slice.py --batches 1 16 \
                   --ks 0 --tokens 16 --prompt 4096 --shared-prefix 4080 --save-tokens "${flag[@]}" --out "$d"; done' "$OUT/v41dp") ;;
       checkattn) cmd=(timeout 150 python3 benchmarks/gpu/check.py --only attention --out "$OUT/checkattn") ;;
       checkdense) cmd=(timeout 120 python3 benchmarks/gpu/check.py --only dense --out "$OUT/checkdense") ;;

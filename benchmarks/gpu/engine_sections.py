@@ -68,7 +68,7 @@ def section_engine(args) -> None:
             max_num_batched_tokens=max(8192, p_len),
             kv_cache_memory_bytes=args.engine_kv_bytes,
             async_scheduling=overlap,
-            device_plan=getattr(args, "device_plan", False),
+            device_plan=bool(getattr(args, "device_plan", 1)),
         )
         engine = LLMEngine(config, model, rt.backends, None)
         llm = LLM.from_engine(engine)

@@ -68,7 +68,7 @@ def slice_llm(model, rt, args, **settings):
         backend="reference" if SMOKE else "cuda_sm100",
         kv_cache_memory_bytes=args.kv_bytes,
         enforce_eager=SMOKE or getattr(args, "eager", False),
-        device_plan=getattr(args, "device_plan", False),
+        device_plan=bool(getattr(args, "device_plan", 1)),
         **settings,
     )
     reg = rt.registry
@@ -322,9 +322,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--device-plan",
-        action="store_true",
-        help="EngineConfig.device_plan: static plans built inside the decode graphs (needs the Engram tables read "
-        "in the step)",
+        type=int,
+        nargs="?",
+        const=1,
+        default=1,
+        help="EngineConfig.device_plan: static plans built inside the decode graphs (the default, 1, where the "
+        "Engram tables are read in the step; 0: the host's plan)",
     )
     ap.add_argument(
         "--eager",

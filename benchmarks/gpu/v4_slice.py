@@ -358,8 +358,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--device-plan",
-        action="store_true",
-        help="engine section: the engine's device_plan setting (slot plans built inside the decode graphs)",
+        type=int,
+        nargs="?",
+        const=1,
+        default=1,
+        help="engine section: the engine's device_plan setting (slot plans built inside the decode graphs; the "
+        "default, 1; 0: the host's plan)",
     )
     ap.add_argument("--profile", type=int, nargs="*", default=[], help="batches to profile per kernel")
     ap.add_argument("--profile-prefill", action="store_true", help="GPU time per kernel of one prefill")

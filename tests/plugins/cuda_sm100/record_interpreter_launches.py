@@ -323,7 +323,10 @@ def _as_on_a_gpu(e: dict) -> dict:
         fp4 = e["constexprs"]["FMT"] == 2  # and decodes ue8m0-scaled FP4 by PTX (dispatch.fp4_decode_ptx)
         e = dict(e, signature=dict(e["signature"], out_ptr="*bf16"),
                  constexprs=dict(e["constexprs"], DOT_T={"repr": "bf16"}, FP4_ASM=fp4))  # fmt: skip
-    if e["kernel"] in ("_static_window_kernel", "_static_compression_kernel"):  # a decode step's: PDL on SM90+
+    if e["kernel"] in (
+        "_static_window_kernel",
+        "_static_compression_kernel",
+    ):  # a decode step's: PDL on SM90+
         e = dict(e, constexprs=dict(e["constexprs"], PDL=True))
     return e
 

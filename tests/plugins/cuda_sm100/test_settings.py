@@ -39,7 +39,7 @@ DECISIONS = {
     "radix_probs": (False, lambda: dispatch.radix_probs()),
     "probs_compact_first": (False, lambda: dispatch.probs_compact_first()),
     "fp8_kv_rope_apart": (True, lambda: dispatch.fp8_kv_mode() == 1),
-    "dequant_gemm_rows": (1024, lambda: not dispatch.dequant_gemm(8192, torch.bfloat16)),
+    "dequant_gemm_rows": (0, lambda: dispatch.dequant_gemm(8192, torch.bfloat16)),
     "prefill_swap_ab": (True, lambda: not dispatch.gemm_config(192, 2048, 4096, "fp4_e2m1", True).swap_ab),
 }
 
@@ -85,11 +85,11 @@ def test_defaults_are_the_measured_choices():
     as measured on an H100 (RESULTS v29); ``fp8_mma`` off as measured (8-12% of the BF16 matmul rate, v25);
     ``fp8_kv_scale_gather`` off as measured on an H100 (v29, v39: 2.2x slower at 64 rows); ``radix_select`` off as measured (v33: slower in the step); ``hc_side_coeffs`` on as measured (v35: a V4.1 layer faster, the same tokens);
     ``probs_compact_first`` on as measured on an H100 (v37: the sampler's probs at 256 rows 1.02 -> 0.62 ms);
-    ``fp8_kv_rope_apart`` off: slower on an H100 (v39); ``dequant_gemm_rows`` 0 (off) and ``prefill_swap_ab`` off until
-    timed on a GPU."""
+    ``fp8_kv_rope_apart`` off: slower on an H100 (v39); ``dequant_gemm_rows`` 1024 as measured on an H100 (v41: V4's 8k
+    prefill 7% shorter, three processes each way); ``prefill_swap_ab`` off: its tiles slower on an H100 (v41)."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "hc_side_coeffs": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
         "tilelang": True, "graphed_probs": True, "radix_probs": True, "probs_compact_first": True, "radix_select": False,
-        "fp8_kv_scale_gather": False, "fp8_kv_rope_apart": False, "dequant_gemm_rows": 0,
+        "fp8_kv_scale_gather": False, "fp8_kv_rope_apart": False, "dequant_gemm_rows": 1024,
         "prefill_swap_ab": False,
     }  # fmt: skip

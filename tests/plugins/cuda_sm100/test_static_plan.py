@@ -53,7 +53,9 @@ def test_the_kernels_tables_equal_the_composition(q):
         for a, b in zip(_flat(got), _flat(want), strict=True):
             assert a.dtype == torch.int64 and a.shape == b.shape
             assert torch.equal(a.cpu(), b.cpu())
-        assert bool((want[3][0][0] >= 0).any()) and bool((want[3][0][0] == -1).any())  # entries close, and not
+        assert bool((want[3][0][0] >= 0).any()) and bool(
+            (want[3][0][0] == -1).any()
+        )  # entries close, and not
     # tables narrower than the bucket (the contract asks for at least its width): positions past their last
     # column read the absent block, as the composition's padded column does
     for group in ("window", "compressed"):
