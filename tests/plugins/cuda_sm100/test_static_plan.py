@@ -39,17 +39,21 @@ def _flat(out):
     return [req, token, window, *(x for kind in tables for x in kind)]
 
 
-@pytest.mark.parametrize("q", [1, 3])
-def test_the_kernels_tables_equal_the_composition(q):
+@pytest.mark.parametrize(
+    "q, kinds", [(1, ((4, True), (16, False))), (3, ((4, True), (16, False))), (2, ((1, False), (2, False)))]
+)
+def test_the_kernels_tables_equal_the_composition(q, kinds):
+    """V4's kinds (ratio 4 overlapped, 16) and V4.1's (ratios without overlap, 1 and 2 among them)."""
     g = torch.Generator().manual_seed(7 + q)
-    kinds = ((4, True), (16, False))
     for _ in range(3):
         starts = torch.randint(0, 2000 - q, (5,), generator=g).tolist() + [0, 3, 15]
         batch = _static_batch(g, starts, q, bucket=10, context=2048)
         for group, row, col in (("window", 0, starts[0] // 16), ("compressed", 1, 0), ("compressed", 2, 5)):
             batch.block_tables[group][row, col] = -1  # released
-        got, want = _tables(batch, kinds, 8, 2048)  # ratio 4: 512 candidate columns
-        assert got[3][0][3].shape == (10 * q, 512)
+        got, want = _tables(
+            batch, kinds, 8, 2048
+        )  # ratio 4: 512 candidate columns (ratio 1: 2,048, two chunks)
+        assert got[3][0][3].shape == (10 * q, 2048 // kinds[0][0])
         for a, b in zip(_flat(got), _flat(want), strict=True):
             assert a.dtype == torch.int64 and a.shape == b.shape
             assert torch.equal(a.cpu(), b.cpu())
