@@ -7,4 +7,4 @@ __version__ = "0.2.0"
 #: ``DEEPINFER_PLUGIN_API = "MAJOR.MINOR"`` in the module its entry point names. It is accepted when MAJOR
 #: matches and MINOR is not newer than the core's: minors only add names, hooks or optional methods.
 #: The changelog is in ``docs/plugins.md``.
-PLUGIN_API_VERSION = "2.13"
+PLUGIN_API_VERSION = "2.14"

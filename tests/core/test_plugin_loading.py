@@ -79,7 +79,7 @@ def test_a_1x_plugin_is_refused_with_what_moved(fake_dist):
 @pytest.mark.parametrize(
     "declared, ok",
     [
-        ("2.0", True),  # a 2.0 plugin keeps loading on the 2.13 core
+        ("2.0", True),  # a 2.0 plugin keeps loading on the 2.14 core
         ("2.1", True),
         ("2.2", True),
         ("2.3", True),
@@ -93,7 +93,8 @@ def test_a_1x_plugin_is_refused_with_what_moved(fake_dist):
         ("2.11", True),
         ("2.12", True),
         ("2.13", True),
-        ("2.14", False),
+        ("2.14", True),
+        ("2.15", False),
         ("1.3", False),
         ("1.0", False),
         ("3.0", False),

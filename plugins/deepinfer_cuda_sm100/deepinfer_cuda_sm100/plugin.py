@@ -8,7 +8,7 @@ from __future__ import annotations
 from deepinfer_core.plugin_api import hookimpl
 from deepinfer_cuda_sm100.platform import CudaSM100Platform
 
-DEEPINFER_PLUGIN_API = "2.13"  # engram_hashes, host_rows_dequant; 2.12: index_query; 2.11: rms_norm_rope_store_kv; 2.10: rope_sparse_attention_unrope; 2.9: sparse_attention_unrope; 2.8: draws, keyed_rejection (keyed sampling); 2.7: swiglu_mlp_add; 2.6: hc_site_norm / hc_post_site_norm; 2.5: SamplingTensors.any_*; 2.4: indexer_topk_slots; 2.3: kv_roundtrip; 2.2: act_*
+DEEPINFER_PLUGIN_API = "2.14"  # static_plan; 2.13: engram_hashes, host_rows_dequant; 2.12: index_query; 2.11: rms_norm_rope_store_kv; 2.10: rope_sparse_attention_unrope; 2.9: sparse_attention_unrope; 2.8: draws, keyed_rejection (keyed sampling); 2.7: swiglu_mlp_add; 2.6: hc_site_norm / hc_post_site_norm; 2.5: SamplingTensors.any_*; 2.4: indexer_topk_slots; 2.3: kv_roundtrip; 2.2: act_*
 PLATFORM = CudaSM100Platform.name
 
 
