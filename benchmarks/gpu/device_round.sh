@@ -70,6 +70,8 @@
 #                                    pexperts the prefill GEMMs at 8,192 rows: FP4 expert tiles (swap_ab among them) against
 #                                             torch._grouped_mm, the FP8 linears on Triton / dequantised on cuBLAS by rows
 #                                             (gemm_kernels.py prefill_experts prefill_dense), then check.py's dequant section
+#                                    fp4bk    V4's 8k prefill by DEEPINFER_CUDA_SM100__FP4_PREFILL_BLOCK_K, 64 and 128 three
+#                                             times each, alternating (FP4BK: the list)
 #                                    checkplan check.py's static plan: the kernels against the torch composition, graphed
 #                                    dpab     the V4 engine at batch 1/16, device_plan off / on three times each, alternating
 #                                             (the plan in the decode graph: kernels.static_plan's three launches)
@@ -195,6 +197,9 @@ for part in "${@:-check slice gemm}"; do
                       echo "-- DEQUANT_GEMM_ROWS=$rows PREFILL_SWAP_AB=$swap"; DEEPINFER_CUDA_SM100__DEQUANT_GEMM_ROWS=$rows \
                       DEEPINFER_CUDA_SM100__PREFILL_SWAP_AB=$swap timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice \
                       --batches 1 --contexts 4096 --prefill 8192 "${prof[@]}" --out "$0/r${rows}s${swap}_$RANDOM"; done' "$OUT/dequantab") ;;
+      fp4bk) cmd=(bash -c 'for v in ${FP4BK:-64 128 64 128 64 128}; do echo "-- FP4_PREFILL_BLOCK_K=$v"
+                  DEEPINFER_CUDA_SM100__FP4_PREFILL_BLOCK_K=$v timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice \
+                  --batches 1 --contexts 4096 --prefill 8192 --out "$0/bk${v}_$RANDOM"; done' "$OUT/fp4bk") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100

@@ -347,7 +347,10 @@ PREFILL_EXPERT_VARIANTS = [(128, 128, 64, 8, 4), (128, 128, 128, 8, 3), (64, 128
                            (128, 128, 128, 8, 3, True), (64, 256, 64, 8, 3, True), (128, 256, 64, 8, 3, True),
                            (32, 128, 128, 4, 4, True), (64, 128, 64, 8, 4, True), (64, 64, 128, 4, 4, True),
                            # one row tile an expert at 192 rows on average: each weight tile decoded once
-                           (256, 128, 64, 8, 3, True), (256, 64, 64, 8, 3, True), (256, 64, 128, 8, 2, True)]  # fmt: skip
+                           (256, 128, 64, 8, 3, True), (256, 64, 64, 8, 3, True), (256, 64, 128, 8, 2, True),
+                           # around the 128-deep K step (v42)
+                           (128, 128, 128, 8, 4), (64, 128, 128, 4, 4), (64, 128, 128, 8, 3), (128, 64, 128, 4, 3),
+                           (128, 128, 256, 8, 2), (128, 256, 128, 8, 3)]  # fmt: skip
 
 
 def prefill_experts(ceil) -> None:

@@ -440,7 +440,7 @@ def _gemm_tiles(rows_per_expert: float, fmt: str, gated: bool, weight_bytes: flo
             else GemmConfig(128, 128, 64, 8, 3, swap_ab=swap)
         )
     if fmt == "fp4_e2m1" and rows_per_expert > 64:
-        return GemmConfig(128, 128, 64, 8, 3, swap_ab=swap)
+        return GemmConfig(128, 128, settings().fp4_prefill_block_k, 8, 3, swap_ab=swap)
     bm = (
         16
         if rows_per_expert <= 16

@@ -8,7 +8,7 @@ their compiled variants are. Defaults are what the H200 measurements chose (benc
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from deepinfer_core.plugin_api import PlatformSettings
 
@@ -96,10 +96,23 @@ class CudaSM100Settings(PlatformSettings):
         "multiply with the dequantised weight tile as the MMA's left operand (GemmConfig.swap_ab); off: slower on an "
         "H100 (V4's FP4 experts at 8k rows 12.7-13.7 against 10.4-12.3 ms unswapped, RESULTS v41)",
     )
+    fp4_prefill_block_k: int = Field(
+        64,
+        description="K step of the tensor-core tiles of FP4 expert GEMMs at more than 64 rows per expert (prefill: "
+        "(128, 128, block_k, 8 warps, 3 stages)); 128 decodes twice the weight codes per step. In the kernel on an "
+        "H100 (RESULTS v40, v41) the 8k prefill's routed experts took 10.3-10.4 ms at 128 against 12.3 ms at 64",
+    )
     tilelang: bool = Field(
         True,
         description="prefill FP8 GEMMs on the TileLang kernel on SM90 where installed (dispatch.fp8_gemm_backend)",
     )
+
+    @field_validator("fp4_prefill_block_k")
+    @classmethod
+    def _whole_scale_groups(cls, value: int) -> int:
+        if value not in (64, 128):
+            raise ValueError(f"fp4_prefill_block_k must be 64 or 128, got {value}")
+        return value
 
 
 _active = CudaSM100Settings()

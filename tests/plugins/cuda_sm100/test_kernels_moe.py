@@ -101,6 +101,30 @@ def test_experts_with_the_weight_tile_as_left_operand_match_reference(ops, gen, 
     assert rel_err(got[True], got[False]) < BOUND[torch.bfloat16]
 
 
+def test_fp4_experts_in_128_deep_k_steps_match_reference(ops, gen, monkeypatch):
+    """``fp4_prefill_block_k`` 128: each K step decodes four 32-value scale groups of the weight; the gated and
+    the down projection against the reference, and against 64-deep steps within rounding."""
+    from dataclasses import replace
+
+    from deepinfer_cuda_sm100 import dispatch
+
+    orig = dispatch.gemm_config
+    T, k, E, D, inter = 19, 3, 6, 256, 128
+    ew = _experts(gen, "fp4_e2m1", E, D, inter)
+    ew_dev = to_device(ew, DEVICE)
+    x = rand(gen, T, D, dtype=torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+    ids[:12, 0] = 2  # one expert with more rows than a tile holds
+    w = torch.rand(T, k, generator=gen) + 0.1
+    got = {}
+    for bk in (64, 128):
+        tiles = dict(gemv=False, block_m=16, block_n=32, block_k=bk)
+        monkeypatch.setattr(dispatch, "gemm_config", lambda *a, t=tiles, **kw: replace(orig(*a, **kw), **t))
+        got[bk] = ops.experts(*dev(x, ids, w), ew_dev, 0.7)
+    assert rel_err(got[128], REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
+    assert rel_err(got[128], got[64]) < BOUND[torch.bfloat16]
+
+
 @pytest.mark.parametrize("split", [1, 3])
 def test_experts_all_local_write_every_row_without_a_zero_fill(ops, gen, gemm_kind, split, monkeypatch):
     """Without expert parallelism the down projection's float32 rows, and a split-K workspace, are not

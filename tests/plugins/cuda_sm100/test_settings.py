@@ -41,6 +41,10 @@ DECISIONS = {
     "fp8_kv_rope_apart": (True, lambda: dispatch.fp8_kv_mode() == 1),
     "dequant_gemm_rows": (0, lambda: dispatch.dequant_gemm(8192, torch.bfloat16)),
     "prefill_swap_ab": (True, lambda: not dispatch.gemm_config(192, 2048, 4096, "fp4_e2m1", True).swap_ab),
+    "fp4_prefill_block_k": (
+        128,
+        lambda: dispatch.gemm_config(192, 2048, 4096, "fp4_e2m1", True).block_k == 64,
+    ),
 }
 
 
@@ -91,5 +95,5 @@ def test_defaults_are_the_measured_choices():
         "pdl": True, "hc_fused": True, "hc_side_coeffs": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
         "tilelang": True, "graphed_probs": True, "radix_probs": True, "probs_compact_first": True, "radix_select": False,
         "fp8_kv_scale_gather": False, "fp8_kv_rope_apart": False, "dequant_gemm_rows": 1024,
-        "prefill_swap_ab": False,
+        "prefill_swap_ab": False, "fp4_prefill_block_k": 64,
     }  # fmt: skip
