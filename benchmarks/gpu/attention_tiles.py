@@ -67,14 +67,20 @@ def main() -> None:
         "--split-rules", nargs="+", default=["ceil"], choices=["ceil", "floor"],
         help="split-KV chunks: dispatch's cdiv(SMs, programs) (ceil) and/or SMs // programs (floor)",
     )  # fmt: skip
+    ap.add_argument("--kinds", nargs="+", default=["bf16", "fp8", "v41"], choices=["bf16", "fp8", "v41"])
+    ap.add_argument(
+        "--pool", type=int, default=1 << 18,
+        help="window rows in the pool the slots are drawn from (a quarter as many compressed): small pools stay in L2, "
+        "as a prefill's do (8,192 tokens' window and compressed entries)",
+    )  # fmt: skip
     args = ap.parse_args()
     tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles] or TILES
     ops, ref = CudaAttentionOps(), reference_op("attention")
-    S = 1 << 18 if not SMOKE else 256
+    S = args.pool if not SMOKE else 256
     sinks = rnd(HEADS, dtype=F32)
     real, real_splits = dispatch.attention_config, dispatch.attention_splits
     rows = []
-    for kind in ("bf16", "fp8", "v41"):
+    for kind in args.kinds:
         kv, cmp, kf, cf, kb, cb = pools(kind, S)
         for T in args.tokens if not SMOKE else (1, 3):
             q = rnd(T, HEADS, HEAD_DIM)
