@@ -35,7 +35,7 @@ def _kernels(gen: torch.Generator) -> list[torch.Tensor]:
 
 def test_the_kernels_give_the_same_bits_with_and_without_the_repeated_patches():
     """The same kernels and inputs under Triton's own interpreter and under :mod:`tests.interpreter_speed` (no
-    repeated language patches, no overflow sanitizing, remembered numpy types): equal bytes, with a fifth of the
+    repeated language patches, no overflow sanitizing, remembered numpy types, block types and tensor shapes): equal bytes, with a fifth of the
     full ``_patch_lang`` runs or fewer. After every launch the language is Triton's
     again (``tl.sum`` is its ``@triton.jit`` function, not the interpreter's patch)."""
     import triton.language as tl
@@ -44,6 +44,7 @@ def test_the_kernels_give_the_same_bits_with_and_without_the_repeated_patches():
     was_installed = interpreter_speed.uninstall()
     real_sum, real_patch = tl.sum, interpreter._patch_lang
     real_np_dtype, real_options = interpreter._get_np_dtype, interpreter.interpreter_builder.options
+    real_inits = tl.core.block_type.__init__, tl.core.tensor.__init__
     assert real_options.sanitize_overflow and not real_options.debug  # what install() relies on
     runs = [0]
 
@@ -59,12 +60,14 @@ def test_the_kernels_give_the_same_bits_with_and_without_the_repeated_patches():
         assert interpreter_speed.install()  # over the counting one
         assert not interpreter.interpreter_builder.options.sanitize_overflow
         assert interpreter._get_np_dtype is not real_np_dtype
+        assert (tl.core.block_type.__init__, tl.core.tensor.__init__) != real_inits
         sped, sped_runs = _kernels(torch.Generator().manual_seed(11)), runs[0]
         assert tl.sum is real_sum
     finally:
         interpreter_speed.uninstall()
         assert interpreter._get_np_dtype is real_np_dtype
         assert interpreter.interpreter_builder.options is real_options
+        assert (tl.core.block_type.__init__, tl.core.tensor.__init__) == real_inits
         interpreter._patch_lang = real_patch
         if was_installed:
             interpreter_speed.install()
