@@ -103,14 +103,17 @@ def install() -> bool:
         self.shape, self.numel, self.name = known
 
     tensor_init = core.tensor.__init__
-    dims: dict[tuple, tuple] = {}
+    dims: dict[str, tuple] = {}
 
     def remembered_tensor(self, handle, type):
-        shape = type.shape if type.is_block() else ()
-        known = dims.get(shape)
+        # by the type's name, a str holding its shape: a block type's shape is a ``tl.tuple``, whose hash and
+        # equality run in Python
+        key = getattr(type, "name", None)
+        known = dims.get(key) if key is not None else None
         if known is None:
             tensor_init(self, handle, type)
-            dims[shape] = (self.numel, self.shape)
+            if key is not None:
+                dims[key] = (self.numel, self.shape)
             return
         self.handle, self.type, self.dtype = handle, type, type.scalar
         self.numel, self.shape = known
