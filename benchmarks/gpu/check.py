@@ -44,7 +44,6 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     WINDOW,
     G,
     bench,
-    bench_graph,
     ceilings,
     poisoned,
     record,
@@ -55,7 +54,12 @@ from check_common import (  # noqa: E402 - after check_common has set TRITON_INT
     torch,
     triton,
 )
-from check_fusions import check_dense_fusions, check_hc_fused, check_v41_side_coeffs
+from check_fusions import (
+    check_dense_fusions,
+    check_hc_fused,
+    check_plan,  # noqa: F401 - a section, called by name
+    check_v41_side_coeffs,
+)
 from check_probs import check_probs  # noqa: F401 - a section, called by name
 from cuda_settings import use_env_settings
 
@@ -231,42 +235,6 @@ def check_dequant() -> None:
             err = rel_err(out, x.float() @ ref.float().T)
             record(f"linear[{fmt}]{'[dequant]' if on else ''}", f"{T}x{i}->{o}", err, BOUND["bf16"],
                    bench(lambda: ops.linear(x, w)), w.data.numel() + 2 * T * (i + o), 2 * T * i * o)  # fmt: skip
-
-
-def check_plan() -> None:
-    """``device_plan``'s static plan (``kernels.static_plan``, three launches) against the core's composition of
-    torch ops (``compose_static_plan``), exactly, at V4-Flash's shapes (window 128, ratios 4 overlapped and 128,
-    block size 128, a 4k bucket; random positions and block ids, padding rows, a released block); both timed
-    replayed in a CUDA graph (the decode graph's cost of the plan)."""
-    from deepinfer_core.ops.compose import compose_static_plan
-    from deepinfer_cuda_sm100.kernels.static_plan import static_plan
-
-    bs, bucket, kinds = 128, 4096, ((4, True), (128, False))
-    for T in sizes(1, 16, 256):
-        pos = torch.randint(0, bucket - 1, (T,), generator=G, device=DEV)
-        pos[T // 2 :: 7] = -1  # padding rows
-        tables = [torch.randperm(4 * T * bucket // bs, device=DEV, generator=G)[: T * bucket // bs].view(T, -1)
-                  for _ in range(2)]  # fmt: skip
-        tables[1][0, 0] = -1  # released
-        args = (pos, tables[0], tables[1], 1, 128, kinds, bucket, bs)
-        flat = lambda out: [out[0], out[1], out[2], *(x for k in out[3] for x in k)]  # noqa: E731
-        got, want = flat(poisoned(lambda: static_plan(*args))), flat(compose_static_plan(None, *args))
-        bad = sum(int((a != b).sum()) for a, b in zip(got, want, strict=True))
-        record(
-            "static_plan",
-            f"T={T}",
-            float(bad),
-            0.5,
-            bench_graph(lambda: static_plan(*args)),
-            note="err: differing slots",
-        )
-        record(
-            "static_plan[composed]",
-            f"T={T}",
-            None,
-            None,
-            bench_graph(lambda: compose_static_plan(None, *args)),
-        )
 
 
 def check_act_quant() -> None:

@@ -1,6 +1,7 @@
 """Rows of ``check.py``'s dense section for the plugin's fused steps: a sublayer boundary's mHC in two launches
 (``hc_pre_norm``, ``hc_post_pre``) and V4.1's site entry with its coefficients on a side stream, the MoE's shared
-expert with the routed output added in its epilogue (``swiglu_mlp_add``, plugin API 2.7) and V4.1's Engram gate."""
+expert with the routed output added in its epilogue (``swiglu_mlp_add``, plugin API 2.7) and V4.1's Engram gate;
+and the section ``plan``: ``device_plan``'s static plan (plugin API 2.14)."""
 
 # ruff: noqa: B023 - every lambda here is called before its loop variables change
 from __future__ import annotations
@@ -155,3 +156,39 @@ def check_v41_side_coeffs(ops, fn, base, scale):
                    4 * x.numel() + 2 * y.numel() + 2 * sub.numel())  # fmt: skip
         finally:
             settings.use(active)
+
+
+def check_plan() -> None:
+    """``device_plan``'s static plan (``kernels.static_plan``, three launches) against the core's composition of
+    torch ops (``compose_static_plan``), exactly, at V4-Flash's shapes (window 128, ratios 4 overlapped and 128,
+    block size 128, a 4k bucket; random positions and block ids, padding rows, a released block); both timed
+    replayed in a CUDA graph (the decode graph's cost of the plan)."""
+    from deepinfer_core.ops.compose import compose_static_plan
+    from deepinfer_cuda_sm100.kernels.static_plan import static_plan
+
+    bs, bucket, kinds = 128, 4096, ((4, True), (128, False))
+    for T in sizes(1, 16, 256):
+        pos = torch.randint(0, bucket - 1, (T,), generator=G, device=DEV)
+        pos[T // 2 :: 7] = -1  # padding rows
+        tables = [torch.randperm(4 * T * bucket // bs, device=DEV, generator=G)[: T * bucket // bs].view(T, -1)
+                  for _ in range(2)]  # fmt: skip
+        tables[1][0, 0] = -1  # released
+        args = (pos, tables[0], tables[1], 1, 128, kinds, bucket, bs)
+        flat = lambda out: [out[0], out[1], out[2], *(x for k in out[3] for x in k)]  # noqa: E731
+        got, want = flat(poisoned(lambda: static_plan(*args))), flat(compose_static_plan(None, *args))
+        bad = sum(int((a != b).sum()) for a, b in zip(got, want, strict=True))
+        record(
+            "static_plan",
+            f"T={T}",
+            float(bad),
+            0.5,
+            bench_graph(lambda: static_plan(*args)),
+            note="err: differing slots",
+        )
+        record(
+            "static_plan[composed]",
+            f"T={T}",
+            None,
+            None,
+            bench_graph(lambda: compose_static_plan(None, *args)),
+        )
