@@ -97,10 +97,11 @@ class CudaSM100Settings(PlatformSettings):
         "H100 (V4's FP4 experts at 8k rows 12.7-13.7 against 10.4-12.3 ms unswapped, RESULTS v41)",
     )
     fp4_prefill_block_k: int = Field(
-        64,
-        description="K step of the tensor-core tiles of FP4 expert GEMMs at more than 64 rows per expert (prefill: "
-        "(128, 128, block_k, 8 warps, 3 stages)); 128 decodes twice the weight codes per step. In the kernel on an "
-        "H100 (RESULTS v40, v41) the 8k prefill's routed experts took 10.3-10.4 ms at 128 against 12.3 ms at 64",
+        128,
+        description="K step (64 or 128) of the tensor-core tiles of FP4 expert GEMMs at more than 64 rows per expert "
+        "(prefill: (128, 128, block_k, 8 warps, 3 stages)); 128 decodes twice the weight codes per step. 128: V4's 8k "
+        "prefill 99.1-99.4 -> 91.6 ms on an H100, three processes each (RESULTS v42); the routed experts 12.3 -> "
+        "10.3-10.4 ms in the kernel (v40-v42)",
     )
     tilelang: bool = Field(
         True,

@@ -42,8 +42,8 @@ DECISIONS = {
     "dequant_gemm_rows": (0, lambda: dispatch.dequant_gemm(8192, torch.bfloat16)),
     "prefill_swap_ab": (True, lambda: not dispatch.gemm_config(192, 2048, 4096, "fp4_e2m1", True).swap_ab),
     "fp4_prefill_block_k": (
-        128,
-        lambda: dispatch.gemm_config(192, 2048, 4096, "fp4_e2m1", True).block_k == 64,
+        64,
+        lambda: dispatch.gemm_config(192, 2048, 4096, "fp4_e2m1", True).block_k == 128,
     ),
 }
 
@@ -90,10 +90,11 @@ def test_defaults_are_the_measured_choices():
     ``fp8_kv_scale_gather`` off as measured on an H100 (v29, v39: 2.2x slower at 64 rows); ``radix_select`` off as measured (v33: slower in the step); ``hc_side_coeffs`` on as measured (v35: a V4.1 layer faster, the same tokens);
     ``probs_compact_first`` on as measured on an H100 (v37: the sampler's probs at 256 rows 1.02 -> 0.62 ms);
     ``fp8_kv_rope_apart`` off: slower on an H100 (v39); ``dequant_gemm_rows`` 1024 as measured on an H100 (v41: V4's 8k
-    prefill 7% shorter, three processes each way); ``prefill_swap_ab`` off: its tiles slower on an H100 (v41)."""
+    prefill 7% shorter, three processes each way); ``prefill_swap_ab`` off: its tiles slower on an H100 (v41);
+    ``fp4_prefill_block_k`` 128 as measured on an H100 (v42: V4's 8k prefill 8% shorter, three processes each way)."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "hc_side_coeffs": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
         "tilelang": True, "graphed_probs": True, "radix_probs": True, "probs_compact_first": True, "radix_select": False,
         "fp8_kv_scale_gather": False, "fp8_kv_rope_apart": False, "dequant_gemm_rows": 1024,
-        "prefill_swap_ab": False, "fp4_prefill_block_k": 64,
+        "prefill_swap_ab": False, "fp4_prefill_block_k": 128,
     }  # fmt: skip
