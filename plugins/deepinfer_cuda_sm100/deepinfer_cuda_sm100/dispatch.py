@@ -259,11 +259,17 @@ def hc_mixes_config(t: int, k: int, m: int) -> HcMixesConfig:
     9.5 us against 18 us. At 8 tokens the broadcast products spilled (46 us), so only one. One token also
     takes up to 128 splits, one 128-wide step each (v9 run 2, ``hc_pre`` in a graph: 8.4 against 10.2 us)."""
     one = t == 1
-    bt = 1 if one else (16 if t <= 1024 else 32)
-    bk = 128 if arch() != "interpreter" else 64
+    interp = arch() == "interpreter"
+    if t > 1024:
+        # prefill: 128-row tiles read the float32 ``fn`` from L2 a quarter as often as 32-row ones (it outweighed the
+        # activations); 32-deep K steps, 4 stages. H100 (RESULTS v42, hc_mixes_tiles.py): 8,192 rows 637 -> 307 us,
+        # 2,048 rows 244 -> 64 us
+        bt, bk, stages = 128, 32 if not interp else 64, 4
+    else:
+        bt, bk, stages = 1 if one else 16, 128 if not interp else 64, 3
     programs = _cdiv(t, bt)
     splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), 128 if one else 64))
-    return HcMixesConfig(bt, bk, splits, 4, 1 if arch() == "interpreter" else 3, dot=not one)
+    return HcMixesConfig(bt, bk, splits, 4, 1 if interp else stages, dot=not one)
 
 
 @dataclass(frozen=True)

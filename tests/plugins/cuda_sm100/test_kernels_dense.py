@@ -72,6 +72,25 @@ def test_hc_pre_matches_reference(ops, gen, dtype, T):
     assert torch.allclose(got[2].sum(-2).cpu(), torch.ones(T, 4), atol=1e-3)  # columns of comb sum to 1
 
 
+def test_hc_pre_in_the_prefill_tiles_matches_reference(ops, gen, monkeypatch):
+    """The mixes launch in the tile prefill dispatches on a GPU (128-row tiles, 32-deep K steps, K split), over
+    two row tiles, the second partial."""
+    from deepinfer_cuda_sm100 import dispatch
+
+    real = dispatch.hc_mixes_config
+    monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
+    monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
+    tile = real(4096, 4 * 4096, 24)
+    monkeypatch.undo()
+    assert (tile.block_t, tile.block_k) == (128, 32)
+    monkeypatch.setattr(dispatch, "hc_mixes_config", lambda *a: tile)
+    x, fn, base, scale = _hc_inputs(gen, T=150)
+    got = ops.hc_pre(dev(x), HCParams(*dev(fn, base, scale), 20, 1e-6, 1e-6))
+    ref = REF.hc_pre(x, HCParams(fn, base, scale, 20, 1e-6, 1e-6))
+    for g, r in zip(got, ref, strict=True):
+        assert rel_err(g, r) < BOUND[torch.bfloat16]
+
+
 def test_hc_head_matches_reference(ops, gen):
     x, fn, base, scale = _hc_inputs(gen)
     fn, base, scale = fn[:4], base[:4], scale[:1]

@@ -145,7 +145,9 @@ def test_mhc_launch_shapes_for_few_tokens(monkeypatch):
     assert dispatch.hc_split_config(65, 4, 4096) == dispatch.hc_rows_config(4, 4096)
     assert dispatch.hc_mixes_config(1, 4 * 4096, 24).splits == 128
     assert dispatch.hc_mixes_config(16, 4 * 4096, 24).splits == 64
-    assert dispatch.hc_mixes_config(4096, 4 * 4096, 24).splits == 3  # 128 row tiles: 2 programs an SM
+    assert dispatch.hc_mixes_config(1024, 4 * 4096, 24).splits == 5  # 64 row tiles: 2 programs an SM
+    # prefill: 128-row tiles, 32-deep steps (32 row tiles x 9 splits)
+    assert dispatch.hc_mixes_config(4096, 4 * 4096, 24) == dispatch.HcMixesConfig(128, 32, 9, 4, 4)
 
 
 def test_fused_mhc_boundary_for_few_tokens(monkeypatch):
