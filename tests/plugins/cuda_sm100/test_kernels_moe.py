@@ -75,16 +75,16 @@ def test_experts_match_reference(ops, gen, gemm_kind, fmt):
     assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
 
 
-@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
-def test_experts_with_the_weight_tile_as_left_operand_match_reference(ops, gen, fmt, monkeypatch):
-    """``swap_ab`` (``C.T = W @ A.T``, SM90's prefill tiles): the gated and the down projection's tiles, rows
-    scattered and weighted, against the reference, and equal to the unswapped tiles' result within rounding."""
+def _experts_at_tiles(ops, gen, monkeypatch, fmt, D, inter, tile_sets: dict) -> tuple[dict, torch.Tensor]:
+    """19 tokens routed top-3 over 6 experts (one expert holding more rows than a tile), rows weighted: the plugin's
+    experts with the tensor-core tiles forced to each of ``tile_sets`` (``{key: GemmConfig fields}``), and the
+    reference's."""
     from dataclasses import replace
 
     from deepinfer_cuda_sm100 import dispatch
 
     orig = dispatch.gemm_config
-    T, k, E, D, inter = 19, 3, 6, 128, 64
+    T, k, E = 19, 3, 6
     ew = _experts(gen, fmt, E, D, inter)
     ew_dev = to_device(ew, DEVICE)
     x = rand(gen, T, D, dtype=torch.bfloat16)
@@ -92,11 +92,19 @@ def test_experts_with_the_weight_tile_as_left_operand_match_reference(ops, gen, 
     ids[:12, 0] = 2  # one expert with more rows than a tile holds
     w = torch.rand(T, k, generator=gen) + 0.1
     got = {}
-    for swap in (False, True):
-        tiles = dict(gemv=False, block_m=16, block_n=32, block_k=64, swap_ab=swap)
+    for key, fields in tile_sets.items():
+        tiles = dict(gemv=False, block_m=16, block_n=32, **fields)
         monkeypatch.setattr(dispatch, "gemm_config", lambda *a, t=tiles, **kw: replace(orig(*a, **kw), **t))
-        got[swap] = ops.experts(*dev(x, ids, w), ew_dev, 0.7)
-    ref = REF.experts(x, ids, w, ew, 0.7)
+        got[key] = ops.experts(*dev(x, ids, w), ew_dev, 0.7)
+    return got, REF.experts(x, ids, w, ew, 0.7)
+
+
+@pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp4_e2m1"])
+def test_experts_with_the_weight_tile_as_left_operand_match_reference(ops, gen, fmt, monkeypatch):
+    """``swap_ab`` (``C.T = W @ A.T``, SM90's prefill tiles): the gated and the down projection's tiles, rows
+    scattered and weighted, against the reference, and equal to the unswapped tiles' result within rounding."""
+    tiles = {swap: dict(block_k=64, swap_ab=swap) for swap in (False, True)}
+    got, ref = _experts_at_tiles(ops, gen, monkeypatch, fmt, 128, 64, tiles)
     assert rel_err(got[True], ref) < BOUND[torch.bfloat16]
     assert rel_err(got[True], got[False]) < BOUND[torch.bfloat16]
 
@@ -104,24 +112,9 @@ def test_experts_with_the_weight_tile_as_left_operand_match_reference(ops, gen, 
 def test_fp4_experts_in_128_deep_k_steps_match_reference(ops, gen, monkeypatch):
     """``fp4_prefill_block_k`` 128: each K step decodes four 32-value scale groups of the weight; the gated and
     the down projection against the reference, and against 64-deep steps within rounding."""
-    from dataclasses import replace
-
-    from deepinfer_cuda_sm100 import dispatch
-
-    orig = dispatch.gemm_config
-    T, k, E, D, inter = 19, 3, 6, 256, 128
-    ew = _experts(gen, "fp4_e2m1", E, D, inter)
-    ew_dev = to_device(ew, DEVICE)
-    x = rand(gen, T, D, dtype=torch.bfloat16)
-    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
-    ids[:12, 0] = 2  # one expert with more rows than a tile holds
-    w = torch.rand(T, k, generator=gen) + 0.1
-    got = {}
-    for bk in (64, 128):
-        tiles = dict(gemv=False, block_m=16, block_n=32, block_k=bk)
-        monkeypatch.setattr(dispatch, "gemm_config", lambda *a, t=tiles, **kw: replace(orig(*a, **kw), **t))
-        got[bk] = ops.experts(*dev(x, ids, w), ew_dev, 0.7)
-    assert rel_err(got[128], REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
+    tiles = {bk: dict(block_k=bk) for bk in (64, 128)}
+    got, ref = _experts_at_tiles(ops, gen, monkeypatch, "fp4_e2m1", 256, 128, tiles)
+    assert rel_err(got[128], ref) < BOUND[torch.bfloat16]
     assert rel_err(got[128], got[64]) < BOUND[torch.bfloat16]
 
 
