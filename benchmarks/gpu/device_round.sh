@@ -72,6 +72,9 @@
 #                                             (gemm_kernels.py prefill_experts prefill_dense), then check.py's dequant section
 #                                    fp4bk    V4's 8k prefill by DEEPINFER_CUDA_SM100__FP4_PREFILL_BLOCK_K, 64 and 128 three
 #                                             times each, alternating (FP4BK: the list)
+#                                    prefab   V4's 8k prefill with the dispatched tiles (the first run profiled), with mHC's
+#                                             old mixes tiles, with the bf16 attention at 4 warps, three times each,
+#                                             alternating (PREFAB: the list; v4_slice.py --prefill-tiles)
 #                                    checkplan check.py's static plan: the kernels against the torch composition, graphed
 #                                    dpab     the V4 engine at batch 1/16, device_plan off / on three times each, alternating
 #                                             (the plan in the decode graph: kernels.static_plan's three launches)
@@ -200,6 +203,10 @@ for part in "${@:-check slice gemm}"; do
       fp4bk) cmd=(bash -c 'for v in ${FP4BK:-64 128 64 128 64 128}; do echo "-- FP4_PREFILL_BLOCK_K=$v"
                   DEEPINFER_CUDA_SM100__FP4_PREFILL_BLOCK_K=$v timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice \
                   --batches 1 --contexts 4096 --prefill 8192 --out "$0/bk${v}_$RANDOM"; done' "$OUT/fp4bk") ;;
+      prefab) cmd=(bash -c 'seen=; for v in ${PREFAB:-base mixes:old attn:32,64,4,2 base mixes:old attn:32,64,4,2 base mixes:old attn:32,64,4,2}
+                   do prof=(); [ "$v" = base ] && [ -z "$seen" ] && prof=(--profile-prefill) && seen=1; t=""; [ "$v" = base ] || t=$v
+                   echo "-- PREFILL_TILES=$v"; timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 \
+                   --contexts 4096 --prefill 8192 --prefill-tiles "$t" "${prof[@]}" --out "$0/${v//[:,]/_}_$RANDOM"; done' "$OUT/prefab") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100

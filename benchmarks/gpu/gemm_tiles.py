@@ -76,3 +76,38 @@ def force_fp4_tiles(spec: str) -> list[int]:
 
     dispatch.gemm_config = pick
     return tiles
+
+
+def force_prefill_tiles(spec: str) -> dict:
+    """Install other tiles for prefill-sized launches (over 1,024 rows), for an A/B of the whole prefill.
+    ``spec``: ``;``-separated ``mixes:old`` (mHC's mixes launch takes the 32-row, 128-deep tiles it had before
+    RESULTS v42) and ``attn:bh,bn,warps,stages`` (the bf16 sparse-attention tile at more than 256 rows). Returns what
+    was installed."""
+    done = {}
+    for part in filter(None, spec.split(";")):
+        what, _, val = part.partition(":")
+        if what == "mixes" and val == "old":
+            real_mixes = dispatch.hc_mixes_config
+
+            def mixes(t, k, m, real=real_mixes):
+                if t <= 1024:
+                    return real(t, k, m)
+                progs = -(-t // 32)
+                splits = max(1, min(-(-k // 128), -(-2 * dispatch.num_sms() // progs), 64))
+                return dispatch.HcMixesConfig(32, 128, splits, 4, 3)
+
+            dispatch.hc_mixes_config = mixes
+        elif what == "attn":
+            tile = dispatch.AttentionConfig(*(int(v) for v in val.split(",")))
+            real_attn = dispatch.attention_config
+
+            def attn(t, h, d, n_slots, fp8=False, packed=False, real=real_attn, tile=tile):
+                if t > 256 and d >= 256 and not (fp8 or packed):
+                    return tile
+                return real(t, h, d, n_slots, fp8, packed)
+
+            dispatch.attention_config = attn
+        else:
+            raise ValueError(f"--prefill-tiles: unknown part {part!r} (mixes:old or attn:bh,bn,warps,stages)")
+        done[what] = val
+    return done

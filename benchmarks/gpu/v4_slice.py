@@ -194,6 +194,11 @@ def section_slice(args) -> None:
 
         out["fp4_tiles"] = force_fp4_tiles(args.fp4_tiles)
         log("FP4 expert tiles forced:", out["fp4_tiles"])
+    if args.prefill_tiles:
+        from gemm_tiles import force_prefill_tiles
+
+        out["prefill_tiles"] = force_prefill_tiles(args.prefill_tiles)
+        log("prefill tiles forced:", out["prefill_tiles"])
     max_b, max_ctx = max(args.batches), max(args.contexts)
     model.use_kv_cache_dtype(args.kv_cache_dtype)
     fmt = model.layers[0].attn.kv_format
@@ -369,6 +374,9 @@ def main() -> None:
     ap.add_argument("--profile-prefill", action="store_true", help="GPU time per kernel of one prefill")
     ap.add_argument("--smoke", action="store_true", help="toy sizes on the CPU (slice section only)")
     ap.add_argument("--fp4-tiles", default="", help="bm,bn,bk,warps,stages or best:gemm_kernels.json")
+    ap.add_argument(
+        "--prefill-tiles", default="", help="mixes:old and/or attn:bh,bn,warps,stages (';' between)"
+    )
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     RESULTS["meta"] = {
