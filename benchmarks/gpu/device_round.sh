@@ -75,6 +75,8 @@
 #                                    prefab   V4's 8k prefill with the dispatched tiles (the first run profiled), with mHC's
 #                                             old mixes tiles, with the bf16 attention at 4 warps, three times each,
 #                                             alternating (PREFAB: the list; v4_slice.py --prefill-tiles)
+#                                    perlayer V4's slice at batch 1 (4k) with 4 and 8 layers, three times each, alternating:
+#                                             a layer's time and bytes from the difference (per_layer.py), the head out
 #                                    checkplan check.py's static plan: the kernels against the torch composition, graphed
 #                                    dpab     the V4 engine at batch 1/16, device_plan off / on three times each, alternating
 #                                             (the plan in the decode graph: kernels.static_plan's three launches)
@@ -207,6 +209,9 @@ for part in "${@:-check slice gemm}"; do
                    do prof=(); [ "$v" = base ] && [ -z "$seen" ] && prof=(--profile-prefill) && seen=1; t=""; [ "$v" = base ] || t=$v
                    echo "-- PREFILL_TILES=$v"; timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice --batches 1 \
                    --contexts 4096 --prefill 8192 --prefill-tiles "$t" "${prof[@]}" --out "$0/${v//[:,]/_}_$RANDOM"; done' "$OUT/prefab") ;;
+      perlayer) cmd=(bash -c 'for n in ${PERLAYER:-4 8 4 8 4 8}; do echo "-- LAYERS=$n"; timeout 100 python3 benchmarks/gpu/v4_slice.py \
+                     --sections slice --layers $n --batches 1 --contexts 4096 --prefill 0 --out "$0/l${n}_$RANDOM"; done
+                     python3 benchmarks/gpu/per_layer.py "$0"/l*/v4_slice.json' "$OUT/perlayer") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100
