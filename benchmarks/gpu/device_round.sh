@@ -77,6 +77,8 @@
 #                                             alternating (PREFAB: the list; v4_slice.py --prefill-tiles)
 #                                    perlayer V4's slice at batch 1 (4k) with 4 and 8 layers, three times each, alternating:
 #                                             a layer's time and bytes from the difference (per_layer.py), the head out
+#                                    sideab   V4's slice at batch 1 (4k), 4 and 8 layers, hc_side_coeffs off / on, three
+#                                             rounds: per_layer.py for each
 #                                    checkplan check.py's static plan: the kernels against the torch composition, graphed
 #                                    dpab     the V4 engine at batch 1/16, device_plan off / on three times each, alternating
 #                                             (the plan in the decode graph: kernels.static_plan's three launches)
@@ -212,6 +214,11 @@ for part in "${@:-check slice gemm}"; do
       perlayer) cmd=(bash -c 'for n in ${PERLAYER:-4 8 4 8 4 8}; do echo "-- LAYERS=$n"; timeout 100 python3 benchmarks/gpu/v4_slice.py \
                      --sections slice --layers $n --batches 1 --contexts 4096 --prefill 0 --out "$0/l${n}_$RANDOM"; done
                      python3 benchmarks/gpu/per_layer.py "$0"/l*/v4_slice.json' "$OUT/perlayer") ;;
+      sideab) cmd=(bash -c 'for r in 1 2 3; do for v in 0 1; do for n in 4 8; do echo "-- HC_SIDE_COEFFS=$v LAYERS=$n"
+                   DEEPINFER_CUDA_SM100__HC_SIDE_COEFFS=$v timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice \
+                   --layers $n --batches 1 --contexts 4096 --prefill 0 --out "$0/s${v}_l${n}_$RANDOM"; done; done; done
+                   for v in 0 1; do echo "-- per layer, HC_SIDE_COEFFS=$v"; python3 benchmarks/gpu/per_layer.py "$0"/s${v}_*/v4_slice.json; done' \
+                   "$OUT/sideab") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100

@@ -326,10 +326,11 @@ def hc_fused_config(t: int, n: int, d: int, m: int) -> HcFusedConfig | None:
 
 
 def hc_side_coeffs(device: torch.device) -> bool:
-    """V4.1's fused site entry (``PRE_IN``): its own coefficients (``pre``, ``post``, the Sinkhorn's ``comb``) by
-    ``mhc._hc_coeffs_kernel`` on a side stream beside the collapse instead of after it on the current stream, whose
-    next launch (the sublayer's) then waits for the 20 dependent Sinkhorn steps (``settings.hc_side_coeffs``). The
-    same kernel either way, so the same bits. Under the interpreter the launches run in order."""
+    """The fused mHC boundary: the coefficients the next boundary reads (``post``, the Sinkhorn's ``comb``; V4.1's
+    site entry its own ``pre`` too) by ``mhc._hc_coeffs_kernel`` on a side stream beside the collapse instead of
+    after it on the current stream, whose next launch (the sublayer's) then waits for the 20 dependent Sinkhorn
+    steps (``settings.hc_side_coeffs``). The same kernel either way, so the same bits. Under the interpreter the
+    launches run in order."""
     return settings().hc_side_coeffs and (device.type == "cuda" or arch() == "interpreter")
 
 

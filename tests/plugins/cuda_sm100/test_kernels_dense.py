@@ -192,15 +192,15 @@ def test_v41_hc_site_norm_matches_reference(ops, gen, monkeypatch, dtype, post, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("post", [False, True], ids=["site", "post_site"])
+@pytest.mark.parametrize("post", [False, True], ids=["entry", "post_entry"])
+@pytest.mark.parametrize("model", ["v4", "v41"])
 @pytest.mark.parametrize("T", [1, 2])
-def test_v41_site_coefficients_on_the_side_stream_are_the_bytes_in_line(
-    ops, gen, monkeypatch, dtype, post, T
-):
-    """``settings.hc_side_coeffs``: the site's own ``pre``, ``post`` and ``comb`` by ``_hc_coeffs_kernel`` forked
-    before the collapse (on a side stream on a GPU) give byte for byte what the same kernel after the collapse on
-    the current stream gives, on a GPU too (the coefficients inside the collapse differed there in the last bit:
-    NOTES.md v35); the next site reads them as its inputs. Each entry is three launches in either order."""
+def test_boundary_coefficients_on_the_side_stream_are_the_bytes_in_line(ops, gen, monkeypatch, dtype, post, model, T):
+    """``settings.hc_side_coeffs``: a fused boundary's coefficients (``post`` and ``comb``; V4.1's site its own
+    ``pre`` too) by ``_hc_coeffs_kernel`` forked before the collapse (on a side stream on a GPU) give byte for byte
+    what the same kernel after the collapse on the current stream gives, on a GPU too (coefficients inside the
+    collapse differed there in the last bit: NOTES.md v35); the next boundary reads them as its inputs, and both
+    entries are the reference's. Each boundary is three launches in either order."""
     from deepinfer_cuda_sm100 import settings
     from deepinfer_cuda_sm100.kernels import mhc, mhc_boundary
 
@@ -219,12 +219,21 @@ def test_v41_site_coefficients_on_the_side_stream_are_the_bytes_in_line(
         active = settings.active()
         settings.use(settings.CudaSM100Settings(hc_side_coeffs=side))
         try:
-            if post:
-                h, x, own, p, c = ops.hc_post_site_norm(*dev(y, res, post_in, comb_in), hc, *dev(pre, w))
+            if model == "v4":
+                if post:
+                    h, x, p, c = ops.hc_post_pre(*dev(y, res, post_in, comb_in), hc, dev(w))
+                else:
+                    h, (x, p, c) = dev(res), ops.hc_pre_norm(dev(res), hc, dev(w))
+                own = ()
+                nxt = ops.hc_post_pre(x, h, p, c, hc, dev(w))  # reads post and comb as its inputs
             else:
-                h, (x, own, p, c) = dev(res), ops.hc_site_norm(dev(res), hc, *dev(pre, w))
-            nxt = ops.hc_post_site_norm(x, h, p, c, hc, own, dev(w))  # reads the coefficients as its inputs
-            return [t.cpu() for t in (x, own, p, c, *nxt)]
+                if post:
+                    h, x, own, p, c = ops.hc_post_site_norm(*dev(y, res, post_in, comb_in), hc, *dev(pre, w))
+                else:
+                    h, (x, own, p, c) = dev(res), ops.hc_site_norm(dev(res), hc, *dev(pre, w))
+                nxt = ops.hc_post_site_norm(x, h, p, c, hc, own, dev(w))  # reads the coefficients as its inputs
+                own = (own,)
+            return [t.cpu() for t in (x, *own, p, c, *nxt)]
         finally:
             settings.use(active)
 
@@ -235,7 +244,16 @@ def test_v41_site_coefficients_on_the_side_stream_are_the_bytes_in_line(
     assert order == ["mix", "coeffs", "collapse"] * 2
     for g, r in zip(beside, in_line, strict=True):
         assert g.dtype == r.dtype and torch.equal(g, r)
-    assert rel_err(in_line[1], pre) > 10 * BOUND[dtype]  # the site's own pre, not the one it collapsed with
+    ref_hc = HCParams(fn, base, scale, 20, 1e-6, 1e-6)
+    if model == "v4":
+        ref = (compose_hc_post_pre(REF, y, res, post_in, comb_in, ref_hc, w)[1:] if post
+               else compose_hc_pre_norm(REF, res, ref_hc, w))  # fmt: skip
+    else:
+        ref = (compose_hc_post_site_norm(REF, y, res, post_in, comb_in, ref_hc, pre, w)[1:] if post
+               else compose_hc_site_norm(REF, res, ref_hc, pre, w))  # fmt: skip
+        assert rel_err(in_line[1], pre) > 10 * BOUND[dtype]  # the site's own pre, not the one it collapsed with
+    for g, r in zip(beside, ref):
+        assert g.shape == r.shape and rel_err(g, r) < BOUND[dtype]
 
 
 @pytest.mark.parametrize("rows", [1, 3])

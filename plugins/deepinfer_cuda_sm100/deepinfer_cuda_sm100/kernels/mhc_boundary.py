@@ -1,9 +1,10 @@
-"""A sublayer boundary's mHC in two launches at decode (up to ``dispatch.HC_FUSED_MAX_TOKENS`` tokens): ``hc_post``
-then the next ``hc_pre`` and its RMSNorm, instead of four. ``_hc_boundary_mix_kernel`` does ``hc_post``'s work
-inside the mixes' split over channels, plus the streams' Gram partials; ``_hc_collapse_norm_kernel`` does the split
-kernel's work (:mod:`deepinfer_cuda_sm100.kernels.mhc`), its collapse normed through the Gram matrix. V4.1's site
-entry collapses by the site before's ``pre`` and adds ``mhc._hc_coeffs_kernel`` for its own coefficients, after the
-collapse or beside it on a side stream (``settings.hc_side_coeffs``).
+"""A sublayer boundary's mHC in two launches at decode (up to ``dispatch.HC_FUSED_MAX_TOKENS`` tokens) on the
+critical path: ``hc_post`` then the next ``hc_pre`` and its RMSNorm, instead of four. ``_hc_boundary_mix_kernel``
+does ``hc_post``'s work inside the mixes' split over channels, plus the streams' Gram partials;
+``_hc_collapse_norm_kernel`` collapses the streams (by the ``pre`` gate, or V4.1's site entry by the site before's
+``pre``) and norms the collapse through the Gram matrix. The coefficients the next boundary reads (``post`` and the
+Sinkhorn's ``comb``; V4.1's own ``pre`` too) come from a third launch, ``mhc._hc_coeffs_kernel``, beside the
+collapse on a side stream (``settings.hc_side_coeffs``) or after it, the same bits either way.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import triton.language as tl
 from deepinfer_cuda_sm100 import dispatch
 from deepinfer_cuda_sm100.kernels import mhc, side_branch
 from deepinfer_cuda_sm100.kernels._common import pdl_enter, pow2
-from deepinfer_cuda_sm100.kernels.mhc import _post_comb, _pre_gate
+from deepinfer_cuda_sm100.kernels.mhc import _pre_gate
 
 
 @triton.jit
@@ -64,18 +65,18 @@ def _hc_boundary_mix_kernel(
 
 @triton.jit
 def _hc_collapse_norm_kernel(
-    h_ptr, part_ptr, sq_ptr, gram_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, post_ptr, comb_ptr, pre_in_ptr,
-    T, N, D, M, P, stride_ht, stride_hn, stride_ot, iters, inv_k, hc_eps, norm_eps,
+    h_ptr, part_ptr, sq_ptr, gram_ptr, scale_ptr, base_ptr, w_ptr, out_ptr, pre_in_ptr,
+    T, N, D, M, P, stride_ht, stride_hn, stride_ot, inv_k, hc_eps, norm_eps,
     BLOCK_N: tl.constexpr, BLOCK_NN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
     PRE_IN: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """Launch 2, over ``(token, channel block)``, as ``_hc_split_kernel`` (its first block also stores
-    ``post`` and ``comb``), except that it writes the collapse already normed: ``sum_d c[d]^2`` of the collapse
-    ``c = pre . h`` is ``pre^T G pre``, from launch 1's Gram partials, so no program needs the whole row. (The
-    square sum is of ``c`` before its rounding to ``h``'s dtype, which the separate ops would norm: exact in
-    float32, a relative difference of order 1e-5 in the norm in bf16.) ``PRE_IN`` (V4.1's single pass): the
-    collapse is by ``pre_in`` (the site before's), and the site's own ``pre``, ``post`` and ``comb`` are left to
-    ``_hc_coeffs_kernel`` (:func:`_site_coeffs`)."""
+    """Launch 2, over ``(token, channel block)``: the collapse of ``_hc_split_kernel`` by the ``pre`` gate,
+    written already normed: ``sum_d c[d]^2`` of the collapse ``c = pre . h`` is ``pre^T G pre``, from launch 1's
+    Gram partials, so no program needs the whole row. (The square sum is of ``c`` before its rounding to ``h``'s
+    dtype, which the separate ops would norm: exact in float32, a relative difference of order 1e-5 in the norm in
+    bf16.) ``PRE_IN`` (V4.1's single pass): the collapse is by ``pre_in`` (the site before's). ``post`` and
+    ``comb`` (and V4.1's own ``pre``) are ``_hc_coeffs_kernel``'s (:func:`_site_coeffs`), so no program of this one
+    waits for the Sinkhorn's dependent steps."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     db = tl.program_id(1)
@@ -93,9 +94,6 @@ def _hc_collapse_norm_kernel(
     pre0 = tl.where(nm, pre, 0.0)
     ss = tl.sum(tl.sum(g * pre0[:, None] * pre0[None, :], axis=1), axis=0)
     rstd = 1.0 / tl.sqrt(ss / D + norm_eps)
-    if not PRE_IN and db == 0:
-        _post_comb(part_ptr, sq_ptr, scale_ptr, base_ptr, post_ptr, comb_ptr, t, T, N, M, P, iters, inv_k, hc_eps,
-                   norm_eps, BLOCK_N, BLOCK_NN, BLOCK_P)  # fmt: skip
     d = db * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D
     x = tl.load(
@@ -120,8 +118,8 @@ def _site_coeffs(
     norm_eps: float,
     side: bool,
 ):
-    """A V4.1 site's own ``pre``, ``post`` and ``comb`` (``mhc._hc_coeffs_kernel``, the Sinkhorn's dependent steps
-    among them), read at the next site only. ``side``: on a side branch forked after launch 1 and joined at the
+    """A boundary's ``post`` and ``comb`` and V4.1's site's own ``pre`` (``mhc._hc_coeffs_kernel``, the Sinkhorn's
+    dependent steps among them; V4's ``pre`` output is a scratch), read at the next boundary only. ``side``: on a side branch forked after launch 1 and joined at the
     next mHC op, so the collapse, and the sublayer after it, need not wait for them (``settings.hc_side_coeffs``);
     else in line after the collapse. One kernel either way, so the two give the same bits (inside the collapse,
     the same arithmetic compiled in another context gave others: NOTES.md v35)."""
@@ -171,25 +169,24 @@ def _boundary(
         POST=y is not None, BLOCK_N=BN, BLOCK_M=pow2(M), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
         **dispatch.pdl_args(T, forked),
     )  # fmt: skip
-    pre_out = torch.empty((T, N), **f32) if pre_in is not None else post_out  # (not written without pre_in)
+    pre_out = torch.empty((T, N), **f32)  # V4.1: the site's own pre; V4: not returned (the collapse gates its own)
     pre_in = pre_in.float().contiguous() if pre_in is not None else None
     scale, base = scale.float().contiguous(), base.float().contiguous()
     inv_k = 1.0 / (N * D)
-    # V4.1: the site's own coefficients are read at the next site only, so off the collapse's critical path
+    # the coefficients are read at the next boundary only, so off the collapse's critical path
     coeffs = (part, sq, scale, base, pre_out, post_out, comb_out, iters, inv_k, hc_eps, norm_eps)
-    side = pre_in is not None and dispatch.hc_side_coeffs(h.device)
+    side = dispatch.hc_side_coeffs(h.device)
     if side:
         _site_coeffs(*coeffs, side=True)
     _hc_collapse_norm_kernel[(T, triton.cdiv(D, cfg.norm_block_d))](
-        h, part, sq, gram, scale, base, weight.contiguous(), out,
-        post_out, comb_out, pre_in if pre_in is not None else post_out, T, N, D, M, P, h.stride(0),
-        h.stride(1), out.stride(0), iters, inv_k, hc_eps, norm_eps, BLOCK_N=BN, BLOCK_NN=BN * BN,
-        BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None, num_warps=cfg.norm_warps,
-        **dispatch.pdl_args(T),
+        h, part, sq, gram, scale, base, weight.contiguous(), out, pre_in if pre_in is not None else pre_out,
+        T, N, D, M, P, h.stride(0), h.stride(1), out.stride(0), inv_k, hc_eps, norm_eps, BLOCK_N=BN,
+        BLOCK_NN=BN * BN, BLOCK_D=cfg.norm_block_d, BLOCK_P=pow2(P), PRE_IN=pre_in is not None,
+        num_warps=cfg.norm_warps, **dispatch.pdl_args(T),
     )  # fmt: skip
+    if not side:
+        _site_coeffs(*coeffs, side=False)
     if pre_in is not None:
-        if not side:
-            _site_coeffs(*coeffs, side=False)
         return out, pre_out, post_out, comb_out
     return out, post_out, comb_out
 
