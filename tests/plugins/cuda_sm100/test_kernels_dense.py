@@ -195,7 +195,9 @@ def test_v41_hc_site_norm_matches_reference(ops, gen, monkeypatch, dtype, post, 
 @pytest.mark.parametrize("post", [False, True], ids=["entry", "post_entry"])
 @pytest.mark.parametrize("model", ["v4", "v41"])
 @pytest.mark.parametrize("T", [1, 2])
-def test_boundary_coefficients_on_the_side_stream_are_the_bytes_in_line(ops, gen, monkeypatch, dtype, post, model, T):
+def test_boundary_coefficients_on_the_side_stream_are_the_bytes_in_line(
+    ops, gen, monkeypatch, dtype, post, model, T
+):
     """``settings.hc_side_coeffs``: a fused boundary's coefficients (``post`` and ``comb``; V4.1's site its own
     ``pre`` too) by ``_hc_coeffs_kernel`` forked before the collapse (on a side stream on a GPU) give byte for byte
     what the same kernel after the collapse on the current stream gives, on a GPU too (coefficients inside the
@@ -231,7 +233,9 @@ def test_boundary_coefficients_on_the_side_stream_are_the_bytes_in_line(ops, gen
                     h, x, own, p, c = ops.hc_post_site_norm(*dev(y, res, post_in, comb_in), hc, *dev(pre, w))
                 else:
                     h, (x, own, p, c) = dev(res), ops.hc_site_norm(dev(res), hc, *dev(pre, w))
-                nxt = ops.hc_post_site_norm(x, h, p, c, hc, own, dev(w))  # reads the coefficients as its inputs
+                nxt = ops.hc_post_site_norm(
+                    x, h, p, c, hc, own, dev(w)
+                )  # reads the coefficients as its inputs
                 own = (own,)
             return [t.cpu() for t in (x, *own, p, c, *nxt)]
         finally:
@@ -251,7 +255,9 @@ def test_boundary_coefficients_on_the_side_stream_are_the_bytes_in_line(ops, gen
     else:
         ref = (compose_hc_post_site_norm(REF, y, res, post_in, comb_in, ref_hc, pre, w)[1:] if post
                else compose_hc_site_norm(REF, res, ref_hc, pre, w))  # fmt: skip
-        assert rel_err(in_line[1], pre) > 10 * BOUND[dtype]  # the site's own pre, not the one it collapsed with
+        assert (
+            rel_err(in_line[1], pre) > 10 * BOUND[dtype]
+        )  # the site's own pre, not the one it collapsed with
     for g, r in zip(beside, ref):
         assert g.shape == r.shape and rel_err(g, r) < BOUND[dtype]
 
