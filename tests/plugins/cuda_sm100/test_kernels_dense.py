@@ -233,9 +233,8 @@ def test_boundary_coefficients_on_the_side_stream_are_the_bytes_in_line(
                     h, x, own, p, c = ops.hc_post_site_norm(*dev(y, res, post_in, comb_in), hc, *dev(pre, w))
                 else:
                     h, (x, own, p, c) = dev(res), ops.hc_site_norm(dev(res), hc, *dev(pre, w))
-                nxt = ops.hc_post_site_norm(
-                    x, h, p, c, hc, own, dev(w)
-                )  # reads the coefficients as its inputs
+                # the next site reads the coefficients as its inputs
+                nxt = ops.hc_post_site_norm(x, h, p, c, hc, own, dev(w))
                 own = (own,)
             return [t.cpu() for t in (x, *own, p, c, *nxt)]
         finally:
@@ -255,9 +254,8 @@ def test_boundary_coefficients_on_the_side_stream_are_the_bytes_in_line(
     else:
         ref = (compose_hc_post_site_norm(REF, y, res, post_in, comb_in, ref_hc, pre, w)[1:] if post
                else compose_hc_site_norm(REF, res, ref_hc, pre, w))  # fmt: skip
-        assert (
-            rel_err(in_line[1], pre) > 10 * BOUND[dtype]
-        )  # the site's own pre, not the one it collapsed with
+        # the site's own pre, not the one it collapsed with
+        assert rel_err(in_line[1], pre) > 10 * BOUND[dtype]
     for g, r in zip(beside, ref):
         assert g.shape == r.shape and rel_err(g, r) < BOUND[dtype]
 

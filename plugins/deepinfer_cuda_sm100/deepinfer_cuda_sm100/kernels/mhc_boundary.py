@@ -169,9 +169,8 @@ def _boundary(
         POST=y is not None, BLOCK_N=BN, BLOCK_M=pow2(M), BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
         **dispatch.pdl_args(T, forked),
     )  # fmt: skip
-    pre_out = torch.empty(
-        (T, N), **f32
-    )  # V4.1: the site's own pre; V4: not returned (the collapse gates its own)
+    # V4.1: the site's own pre; V4: not returned (the collapse gates its own)
+    pre_out = torch.empty((T, N), **f32)
     pre_in = pre_in.float().contiguous() if pre_in is not None else None
     scale, base = scale.float().contiguous(), base.float().contiguous()
     inv_k = 1.0 / (N * D)
