@@ -62,12 +62,15 @@ def bench_graph(fn, calls: int = 20) -> float:
     a decode step sees, without the host's launch cost (which ``bench`` includes for kernels of a few us)."""
     if SMOKE:
         return bench(fn)
+    from deepinfer_cuda_sm100.kernels import side_branch
+
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(calls):
             fn()
+        side_branch.join(DEV)  # a side branch (mHC's coefficients) must be joined before the capture ends
     return bench(g.replay) / calls
 
 
