@@ -22,10 +22,11 @@ class CudaSM100Settings(PlatformSettings):
     )
     hc_side_coeffs: bool = Field(
         True,
-        description="V4.1's fused mHC site entry computes the site's own coefficients (the Sinkhorn among them) on "
-        "a side stream joined at the next mHC op, off the critical path (dispatch.hc_side_coeffs); off: the same "
-        "kernel after the collapse, the same bits. On as measured on an H100 (2026-12-06, RESULTS v35): a V4.1 layer "
-        "2.8% faster than with them inside the collapse (means of four runs), the slice's greedy tokens equal",
+        description="the fused mHC boundary computes the coefficients the next boundary reads (post and the "
+        "Sinkhorn's comb; V4.1's site entry its own pre too) on a side stream joined at the next mHC op, off the "
+        "critical path (dispatch.hc_side_coeffs); off: the same kernel after the collapse, the same bits. On as "
+        "measured on an H100: a V4.1 layer 2.8% faster (2026-12-06, RESULTS v35), a V4 layer at batch 1 0.169 -> "
+        "0.155 ms (2026-12-07, RESULTS v43), greedy tokens equal",
     )
     splitk_finish: bool = Field(
         False,
