@@ -514,6 +514,14 @@ def split_finish(cfg: GemmConfig) -> bool:
     return cfg.split_finish or settings().splitk_finish
 
 
+def gemv_prefetch(tokens: int) -> bool:
+    """A dense GEMV (weights through tile tables no kernel writes) asks L2 for its weight rows before its
+    programmatic-launch wait, so they stream in while the kernel before it runs (``settings.gemv_prefetch``):
+    only where the launch is a PDL one (its programs can be resident before the kernel before it ends) and not
+    under the interpreter (``cp.async.bulk.prefetch``, SM90+)."""
+    return settings().gemv_prefetch and bool(pdl_args(tokens)) and arch() != "interpreter"
+
+
 def fp8_kv_mode() -> int:
     """How the sparse-attention kernel scales V4's FP8 KV codes (``FP8`` of ``_load_kv``): 1, a row's scales
     loaded once and broadcast through reshapes (v8: FP8 decode 2.7-3.2x the bf16 pool's time, the reshapes
