@@ -446,7 +446,8 @@ def grouped_gemm(
         _grouped_gemv_kernel[grid](
             *args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0,
             FP4_H2=dispatch.fp4_h2_mode(cfg, table.fmt == 2, a.dtype, aligned), **meta,
-            **dispatch.pdl_args(a.shape[0]), **({"PREFETCH": True} if pre else {}),
+            **dispatch.pdl_args(a.shape[0]),
+            **({"PREFETCH": True, "PREFETCH_PARTS": dispatch.prefetch_parts(cfg, table.fmt)} if pre else {}),
         )  # fmt: skip
     else:
         asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])
