@@ -81,9 +81,6 @@
 #                                             rounds: per_layer.py for each
 #                                    engside  the V4 engine (LLM.generate) at batch 1/16, hc_side_coeffs on / off three
 #                                             times each, alternating (ENGSIDE: the list)
-#                                    pfab     V4's slice at batch 1 (4k), 4 and 8 layers, gemv_prefetch off / on, two rounds:
-#                                             per_layer.py for each
-#                                    pfgreedy V4's greedy equality with gemv_prefetch on
 #                                    checkplan check.py's static plan: the kernels against the torch composition, graphed
 #                                    dpab     the V4 engine at batch 1/16, device_plan off / on three times each, alternating
 #                                             (the plan in the decode graph: kernels.static_plan's three launches)
@@ -227,13 +224,6 @@ for part in "${@:-check slice gemm}"; do
       engside) cmd=(bash -c 'for v in ${ENGSIDE:-1 0 1 0 1 0}; do echo "-- HC_SIDE_COEFFS=$v"; DEEPINFER_CUDA_SM100__HC_SIDE_COEFFS=$v \
                     timeout 120 python3 benchmarks/gpu/v4_slice.py --sections engine --batches 1 16 --engine-prompt 64 \
                     --engine-tokens 128 --out "$0/s${v}_$RANDOM"; done' "$OUT/engside") ;;
-      pfab) cmd=(bash -c 'for r in 1 2; do for v in 0 1; do for n in 4 8; do echo "-- GEMV_PREFETCH=$v LAYERS=$n"
-                 DEEPINFER_CUDA_SM100__GEMV_PREFETCH=$v timeout 100 python3 benchmarks/gpu/v4_slice.py --sections slice \
-                 --layers $n --batches 1 --contexts 4096 --prefill 0 --out "$0/p${v}_l${n}_$RANDOM"; done; done; done
-                 for v in 0 1; do echo "-- per layer, GEMV_PREFETCH=$v"; python3 benchmarks/gpu/per_layer.py "$0"/p${v}_*/v4_slice.json; done' \
-                 "$OUT/pfab") ;;
-      pfgreedy) cmd=(env DEEPINFER_CUDA_SM100__GEMV_PREFETCH=1 timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy
-                     --out "$OUT/pfgreedy") ;;
       v4greedy) cmd=(timeout 200 python3 benchmarks/gpu/v4_slice.py --sections greedy --out "$OUT/v4greedy") ;;
       conformance) cmd=(timeout 240 python3 -m pytest -q -p no:cacheprovider -p deepinfer_core.testing.pytest_plugin
                         --pyargs deepinfer_core.testing --deepinfer-backend cuda_sm100

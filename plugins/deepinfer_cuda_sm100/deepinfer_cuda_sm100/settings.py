@@ -28,12 +28,6 @@ class CudaSM100Settings(PlatformSettings):
         "measured on an H100: a V4.1 layer 2.8% faster (2026-12-06, RESULTS v35), a V4 layer at batch 1 0.169 -> "
         "0.155 ms (2026-12-07, RESULTS v43), greedy tokens equal",
     )
-    gemv_prefetch: bool = Field(
-        False,
-        description="dense GEMVs of a PDL launch (a few tokens) ask L2 for their weight rows before waiting for the "
-        "kernel before them (cp.async.bulk.prefetch, dispatch.gemv_prefetch). Off as measured on an H100 "
-        "(2026-12-07, RESULTS v43): a V4 layer at batch 1 0.158 -> 0.171 ms with it",
-    )
     splitk_finish: bool = Field(
         False,
         description="split-K GEMMs finished by their last K slice instead of an epilogue launch (equal, slower)",

@@ -56,28 +56,6 @@ class Counting:
         return self.kernel[grid]
 
 
-def prefetch_requests(monkeypatch) -> list:
-    """Turn ``dispatch.gemv_prefetch`` on and record, for each GEMV launch, whether it asked for the L2 prefetch
-    (its ``PREFETCH``); the launch itself runs without it (the interpreter cannot run the PTX), so results are
-    unchanged. -> the list the launches append to."""
-    from deepinfer_cuda_sm100 import dispatch
-    from deepinfer_cuda_sm100.kernels import grouped_gemm as gg
-
-    asked, real = [], gg._grouped_gemv_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                asked.append(kw.pop("PREFETCH", False))
-                return real[grid](*args, **kw)
-
-            return launch
-
-    monkeypatch.setattr(dispatch, "gemv_prefetch", lambda tokens: True)
-    monkeypatch.setattr(gg, "_grouped_gemv_kernel", Recording())
-    return asked
-
-
 def slot_lists(gen: torch.Generator, T: int, K: int, S: int, pad_frac: float = 0.3) -> torch.Tensor:
     """``[T, K]`` slot ids below ``S``, about ``pad_frac`` of them ``-1`` (padding)."""
     s = torch.randint(0, S, (T, K), generator=gen)

@@ -15,16 +15,7 @@ from deepinfer_core.ops.mhc import HCParams
 from deepinfer_core.ops.quant_formats import quantize_fp4_e2m1, quantize_fp8_block
 from deepinfer_core.ops.reference import reference_op
 
-from .cuda_sm100_helpers import (
-    BOUND,
-    INTERPRETED,
-    Counting,
-    dev,
-    needs_triton,
-    prefetch_requests,
-    rand,
-    rel_err,
-)
+from .cuda_sm100_helpers import BOUND, INTERPRETED, Counting, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 
@@ -338,41 +329,6 @@ def test_plain_linear_of_one_row_is_the_gemv(ops, gen, x_dtype, w_dtype, rows, m
     assert [c.gemv for c in launches] == ([True] if gemv else [])
     monkeypatch.setattr(dispatch, "PLAIN_GEMV_MAX_BYTES", w.numel() * w.element_size() - 1)
     assert not dispatch.plain_gemv(1, w_dtype, w), "the head stays on cuBLAS"
-
-
-@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_block32", "fp4_e2m1"])
-def test_dense_gemvs_ask_for_the_weight_prefetch_only_through_kept_schedules(ops, gen, monkeypatch, fmt):
-    """``dispatch.gemv_prefetch``: a one-row ``linear``, ``swiglu_mlp`` (both launches) and ``grouped_linear`` on
-    quantised weights ask their GEMV for the L2 prefetch before the launch wait, as their tile tables are kept
-    schedules no kernel writes (K whole steps, as the models' are); a plain float32 weight (the router) does not;
-    a schedule the cache did not keep (more rows than it holds) does not. Results as the reference's."""
-    from deepinfer_cuda_sm100.ops._tables import ScheduleCache
-
-    asked = prefetch_requests(monkeypatch)
-    x = rand(gen, 1, 256, dtype=torch.bfloat16)
-    w = _weight(gen, fmt, 192, 256)
-    assert rel_err(ops.linear(dev(x), _to_dev(w)), REF.linear(x, w)) < BOUND[torch.bfloat16]
-    assert asked == [True]
-    asked.clear()
-    w1, w3, w2 = _weight(gen, fmt, 256, 256), _weight(gen, fmt, 256, 256), _weight(gen, fmt, 256, 256)
-    got = ops.swiglu_mlp(dev(x), *(_to_dev(v) for v in (w1, w3, w2)), 0.5)
-    assert rel_err(got, REF.swiglu_mlp(x, w1, w3, w2, 0.5)) < BOUND[torch.bfloat16]
-    assert asked == [True, True]
-    asked.clear()
-    xg, ws = rand(gen, 1, 3, 128, dtype=torch.bfloat16), [_weight(gen, fmt, 64, 128) for _ in range(3)]
-    assert (
-        rel_err(ops.grouped_linear(dev(xg), [_to_dev(v) for v in ws]), REF.grouped_linear(xg, ws))
-        < BOUND[torch.bfloat16]
-    )
-    assert asked == [True]
-    asked.clear()
-    router = rand(gen, 160, 256, scale=0.1)
-    ops.linear(dev(x.float()), dev(router))
-    assert asked == [False]
-    cache = ScheduleCache(max_rows=2)
-    dev_ = dev(x).device
-    assert cache.holds(cache.get(1, 1, dev_)) and not cache.holds(cache.get(3, 1, dev_))
-    assert cache.holds(cache.grouped(1, 3, 1, dev_)) and not cache.holds(cache.grouped(4, 3, 1, dev_))
 
 
 @pytest.mark.parametrize("fmt", ["plain", "fp8_block", "fp8_block32", "fp4_e2m1"])

@@ -10,16 +10,7 @@ from deepinfer_core.ops.reference import reference_op
 from deepinfer_core.ops.weights import ExpertWeights
 from deepinfer_core.testing.kit import to_device
 
-from .cuda_sm100_helpers import (
-    BOUND,
-    DEVICE,
-    INTERPRETED,
-    dev,
-    needs_triton,
-    prefetch_requests,
-    rand,
-    rel_err,
-)
+from .cuda_sm100_helpers import BOUND, DEVICE, INTERPRETED, dev, needs_triton, rand, rel_err
 
 pytestmark = needs_triton
 REF = reference_op("moe")
@@ -82,19 +73,6 @@ def test_experts_match_reference(ops, gen, gemm_kind, fmt):
     got = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.7)
     assert got.dtype == torch.bfloat16
     assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
-
-
-@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_e2m1"])
-def test_expert_gemvs_never_prefetch_before_the_launch_wait(ops, gen, fmt, monkeypatch):
-    """The routed experts' GEMVs read which experts to load from tables the routing kernels just wrote, so they
-    never ask for ``dispatch.gemv_prefetch``'s weight prefetch before the launch wait (one token: GEMVs)."""
-    asked = prefetch_requests(monkeypatch)
-    ew = _experts(gen, fmt, 6, 128, 64)
-    x = rand(gen, 1, 128, dtype=torch.bfloat16)
-    ids, w = torch.tensor([[4, 1, 2]]), torch.rand(1, 3, generator=gen) + 0.1
-    got = ops.experts(*dev(x, ids, w), to_device(ew, DEVICE), 0.7)
-    assert rel_err(got, REF.experts(x, ids, w, ew, 0.7)) < BOUND[torch.bfloat16]
-    assert asked and not any(asked)
 
 
 def _experts_at_tiles(ops, gen, monkeypatch, fmt, D, inter, tile_sets: dict) -> tuple[dict, torch.Tensor]:

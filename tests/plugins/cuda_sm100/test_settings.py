@@ -41,7 +41,6 @@ DECISIONS = {
     "fp8_kv_rope_apart": (True, lambda: dispatch.fp8_kv_mode() == 1),
     "dequant_gemm_rows": (0, lambda: dispatch.dequant_gemm(8192, torch.bfloat16)),
     "prefill_swap_ab": (True, lambda: not dispatch.gemm_config(192, 2048, 4096, "fp4_e2m1", True).swap_ab),
-    "gemv_prefetch": (True, lambda: not dispatch.gemv_prefetch(1) or _common.gdc_wait is None),
     "fp4_prefill_block_k": (
         64,
         lambda: dispatch.gemm_config(192, 2048, 4096, "fp4_e2m1", True).block_k == 128,
@@ -80,9 +79,7 @@ def test_each_setting_reaches_its_dispatch_decision_by_every_route(monkeypatch, 
     assert getattr(settings.active(), field) == value and type(getattr(settings.active(), field)) is type(
         value
     )
-    if (
-        field not in ("pdl", "gemv_prefetch") or _common.gdc_wait is not None
-    ):  # PDL is off without griddepcontrol
+    if field != "pdl" or _common.gdc_wait is not None:  # without griddepcontrol PDL is off either way
         assert not default_decision(), f"{field}={value} did not change its decision"
 
 
@@ -94,11 +91,10 @@ def test_defaults_are_the_measured_choices():
     ``probs_compact_first`` on as measured on an H100 (v37: the sampler's probs at 256 rows 1.02 -> 0.62 ms);
     ``fp8_kv_rope_apart`` off: slower on an H100 (v39); ``dequant_gemm_rows`` 1024 as measured on an H100 (v41: V4's 8k
     prefill 7% shorter, three processes each way); ``prefill_swap_ab`` off: its tiles slower on an H100 (v41);
-    ``fp4_prefill_block_k`` 128 as measured on an H100 (v42: V4's 8k prefill 8% shorter, three processes each way);
-    ``gemv_prefetch`` off as measured on an H100 (v43: a V4 layer at batch 1 8% slower with it)."""
+    ``fp4_prefill_block_k`` 128 as measured on an H100 (v42: V4's 8k prefill 8% shorter, three processes each way)."""
     assert settings.CudaSM100Settings().model_dump() == {
         "pdl": True, "hc_fused": True, "hc_side_coeffs": True, "splitk_finish": False, "fp4_h2": True, "mx_gemm": True, "fp8_mma": False,
         "tilelang": True, "graphed_probs": True, "radix_probs": True, "probs_compact_first": True, "radix_select": False,
         "fp8_kv_scale_gather": False, "fp8_kv_rope_apart": False, "dequant_gemm_rows": 1024,
-        "prefill_swap_ab": False, "fp4_prefill_block_k": 128, "gemv_prefetch": False,
+        "prefill_swap_ab": False, "fp4_prefill_block_k": 128,
     }  # fmt: skip

@@ -157,35 +157,3 @@ def test_the_sm90_fp8_mma_path_compiles_to_hopper_fp8_wgmma():
     assert len(rows) >= 4, rows  # dense e4m3 / e2m1, the gated up and the scattered down projections
     for kinds in rows:
         assert kinds and all(k.endswith(".f32.e4m3.e4m3") for k in kinds), kinds
-
-
-def test_gemv_prefetch_asks_l2_for_the_weights_before_the_launch_wait():
-    """``dispatch.gemv_prefetch``'s GEMVs (dense FP8, gated, grouped) compiled for ``sm_90a`` and ``sm_100a``: the bulk
-    L2 prefetches come before ``griddepcontrol.wait`` (so they overlap the kernel before), one a weight row per
-    table (twice for the gated pair), and the same GEMV without the flag has none."""
-    code = (
-        "import json, copy, launch_manifest as lm\n"
-        "rows = []\n"
-        "for e in lm.load_manifest():\n"
-        "    if e['kernel'] == '_grouped_gemv_kernel' and e['constexprs'].get('PREFETCH'):\n"
-        "        off = copy.deepcopy(e); off['constexprs'].pop('PREFETCH')\n"
-        "        for cc in (90, 100):\n"
-        "            ptx, plain = (lm.compile_entry(x, cc).asm['ptx'] for x in (e, off))\n"
-        "            wait = ptx.find('griddepcontrol.wait')\n"
-        "            first = ptx.find('cp.async.bulk.prefetch.L2.global')\n"
-        "            rows.append({'cc': cc, 'gated': e['constexprs']['GATED'], 'wait': wait, 'first': first,\n"
-        "                         'before': ptx[:wait].count('cp.async.bulk.prefetch.L2.global'),\n"
-        "                         'after': ptx[wait:].count('cp.async.bulk.prefetch.L2.global'),\n"
-        "                         'plain': plain.count('cp.async.bulk.prefetch'),\n"
-        "                         'block_n': e['constexprs']['BLOCK_N']})\n"
-        "print(json.dumps(rows))\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads(out.stdout.strip().splitlines()[-1])
-    assert {(r["cc"], r["gated"]) for r in rows} == {(90, False), (90, True), (100, False), (100, True)}, rows
-    for r in rows:
-        assert 0 < r["first"] < r["wait"] and r["after"] == 0 and r["plain"] == 0, r
-        assert r["before"] >= 1, r

@@ -51,21 +51,6 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(addr, nbytes):
-    """``cp.async.bulk.prefetch.L2`` (SM90+): start bringing ``nbytes`` (a multiple of 16) from global address
-    ``addr`` (an int64, 16-byte aligned) into L2, one instruction per element, without waiting for it. Not under
-    the interpreter (PTX)."""
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
-        "=r,l,r",
-        [addr, nbytes],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
 def pool_slot(slots_ptr, i, S):
     """Slot ``slots_ptr[i]`` of a pool of ``S`` rows as torch indexing reads it: ``-1`` is the last row, the
     scratch slot that padding rows of a static batch write to."""

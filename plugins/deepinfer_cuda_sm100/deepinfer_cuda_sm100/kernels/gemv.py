@@ -30,14 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from deepinfer_cuda_sm100.kernels._common import (
-    pdl_enter,
-    prefetch_l2,
-    scale_f32,
-    store_tile,
-    weight_base,
-    weight_tile,
-)
+from deepinfer_cuda_sm100.kernels._common import pdl_enter, scale_f32, store_tile, weight_base, weight_tile
 from deepinfer_cuda_sm100.kernels.fp4_pairs import one_row_fp4_h2
 
 
@@ -298,31 +291,6 @@ def _one_row(a_ptr, a_idx_ptr, r0, stride_am, w_base, s_base, up_base, up_s_base
 
 
 @triton.jit
-def _prefetch_rows(w_tab, up_tab, tile_expert_ptr, N, K, stride_wn, k_per_split, FMT: tl.constexpr,
-                   GATED: tl.constexpr, BLOCK_N: tl.constexpr, PARTS: tl.constexpr):  # fmt: skip
-    """L2 prefetches of this program's weight bytes: its ``BLOCK_N`` rows (the last row again past ``N``) over its
-    K slice, each row in ``PARTS`` equal bulk prefetches (a multiple of 16 bytes each: ``dispatch.prefetch_parts``),
-    ``BLOCK_N * PARTS`` of them at least one a thread, so no thread asks for the bytes another asks for (FP8 values
-    or FP4 bytes; the scales, a 32nd or less, are not asked for); both tables when ``GATED``. Reads only the tile
-    tables and the weight tables."""
-    ex = tl.maximum(tl.load(tile_expert_ptr + tl.program_id(0)), 0)
-    i = tl.arange(0, BLOCK_N * PARTS)
-    n = tl.minimum(tl.program_id(1) * BLOCK_N + i // PARTS, N - 1).to(tl.int64)
-    k_lo = tl.program_id(2) * k_per_split
-    k_hi = tl.minimum(K, k_lo + k_per_split)
-    if FMT == 2:  # two values a byte
-        b_lo, nbytes = k_lo // 2, (k_hi - k_lo) // 2
-    else:
-        b_lo, nbytes = k_lo, k_hi - k_lo
-    chunk = nbytes // PARTS
-    off = n * stride_wn + b_lo + (i % PARTS) * chunk
-    size = tl.full([BLOCK_N * PARTS], 0, tl.int32) + chunk
-    prefetch_l2(tl.load(w_tab + ex) + off, size)
-    if GATED:
-        prefetch_l2(tl.load(up_tab + ex) + off, size)
-
-
-@triton.jit
 def _grouped_gemv_kernel(
     a_ptr, a_idx_ptr, c_ptr, c_idx_ptr, row_w_ptr, add_ptr,
     w_tab, s_tab, up_tab, up_s_tab,
@@ -334,17 +302,10 @@ def _grouped_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     ALIGNED: tl.constexpr, FP4_ASM: tl.constexpr, EVEN_N: tl.constexpr = False, FP4_H2: tl.constexpr = 0,
     FINISH: tl.constexpr = False, SB: tl.constexpr = 128, HAS_ADD: tl.constexpr = False, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, PREFETCH_PARTS: tl.constexpr = 1,
 ):  # fmt: skip
     """``SB``: the FP8 scale block (rows and columns; ``BLOCK_N`` divides it). ``EVEN_N``: ``N`` is whole ``BLOCK_N`` blocks (with ``ALIGNED``, one-row FP8 tiles load without masks).
     ``FP4_H2``: one-row FP4 tiles (``ALIGNED``, bf16 or float16 activations) in float16 pair arithmetic
-    (:func:`fp4_pairs.one_row_fp4_h2`): 2 by PTX, 1 emulated in Triton (the interpreter), 0 not.
-    ``PREFETCH`` (``dispatch.gemv_prefetch``: dense weights, tile tables that no kernel writes): before the
-    programmatic-launch wait, the program asks L2 for its weight rows, which then stream in while the kernel
-    before it still runs; nothing a kernel before it writes is read before the wait."""
-    if PREFETCH:
-        _prefetch_rows(w_tab, up_tab, tile_expert_ptr, N, K, stride_wn, k_per_split, FMT, GATED, BLOCK_N,
-                       PREFETCH_PARTS)  # fmt: skip
+    (:func:`fp4_pairs.one_row_fp4_h2`): 2 by PTX, 1 emulated in Triton (the interpreter), 0 not."""
     pdl_enter(PDL)
     tile = tl.program_id(0)
     ex = tl.load(tile_expert_ptr + tile)

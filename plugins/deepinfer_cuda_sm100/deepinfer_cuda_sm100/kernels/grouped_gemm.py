@@ -391,16 +391,13 @@ def grouped_gemm(
     limit: float = 0.0,
     all_rows_tiled: bool = False,
     add: torch.Tensor | None = None,
-    static_tables: bool = False,
 ) -> torch.Tensor:
     """Launch one grouped GEMM. With ``gate_table`` (``w1``), ``table`` is ``w3`` and the result is the
     clamped SwiGLU of the two. ``out`` rows are indexed by sorted row, or by ``c_idx`` when given.
     ``all_rows_tiled``: every sorted row lies in some tile (a dense grouped linear, experts when this rank
     holds them all), so a split-K workspace needs no zeroing, and the last K slice of each tile may finish it
     (``dispatch.split_finish``: no epilogue launch). ``add``: a tensor laid out as ``out`` whose elements are added
-    to the cast result and rounded again (``epilogue``'s ``HAS_ADD``; rows by sorted row, no ``c_idx``).
-    ``static_tables``: ``sched`` (and ``a_idx``) are tables no kernel writes (cached dense schedules), so a GEMV may
-    prefetch its weights before its programmatic-launch wait (:func:`dispatch.gemv_prefetch`)."""
+    to the cast result and rounded again (``epilogue``'s ``HAS_ADD``; rows by sorted row, no ``c_idx``)."""
     tile_expert, tile_start, tile_end = sched
     if add is not None and (c_idx is not None or add.shape != out.shape or add.stride() != out.stride()):
         raise ValueError("add must be laid out as out, and rows are not scattered (c_idx) when it is given")
@@ -442,12 +439,10 @@ def grouped_gemm(
     )  # fmt: skip
     if cfg.gemv:  # float32 FMAs: the PTX decode's bf16 weights are exact for any activation dtype
         ptx = cfg.fp4_asm and dispatch.fp4_decode_ptx(None, [first.scale_bytes, table.scale_bytes])
-        pre = static_tables and aligned and table.fmt in (1, 2) and dispatch.gemv_prefetch(a.shape[0])
         _grouped_gemv_kernel[grid](
             *args, FP4_ASM=ptx, EVEN_N=table.n % cfg.block_n == 0,
             FP4_H2=dispatch.fp4_h2_mode(cfg, table.fmt == 2, a.dtype, aligned), **meta,
             **dispatch.pdl_args(a.shape[0]),
-            **({"PREFETCH": True, "PREFETCH_PARTS": dispatch.prefetch_parts(cfg, table.fmt)} if pre else {}),
         )  # fmt: skip
     else:
         asm = cfg.fp4_asm and dispatch.fp4_decode_ptx(a.dtype, [first.scale_bytes, table.scale_bytes])

@@ -51,11 +51,6 @@ class ScheduleCache:
         sched = (torch.zeros(n, dtype=torch.int64, device=device), start, torch.full_like(start, rows))
         return self._keep(key, rows, sched, device)
 
-    def holds(self, value) -> bool:
-        """Whether ``value`` (a ``get`` or ``grouped`` result) is a kept schedule: tensors written once, before any
-        capture, and never again (so a kernel may read them before its programmatic-launch wait)."""
-        return any(v is value for v in self._entries.values())
-
     def grouped(self, rows: int, groups: int, block_m: int, device: torch.device):
         """``(row_index, tile_expert, tile_start, tile_end)`` of a grouped linear: sorted row ``g * rows + t``
         is row ``t * groups + g`` of the ``[rows * groups, K]`` input (and output); group ``g``'s tiles

@@ -93,8 +93,7 @@ class CudaDenseOps(DenseOps):
                     *lead, -1
                 )
         cfg = dispatch.gemm_config(T, table.n, table.k, fmt, gated=False, active=(T, 1))
-        sched = self._schedules.get(T, cfg.block_m, x.device)
-        gg.grouped_gemm(x2, table, sched, out, cfg, static_tables=self._schedules.holds(sched))
+        gg.grouped_gemm(x2, table, self._schedules.get(T, cfg.block_m, x.device), out, cfg)
         return out.view(*lead, -1)
 
     def _mx_linear(self, x2: torch.Tensor, weight: Weight, out_dtype: torch.dtype) -> torch.Tensor | None:
@@ -129,10 +128,8 @@ class CudaDenseOps(DenseOps):
         a = a if a.stride(-1) == 1 else a.contiguous()
         out = torch.empty((T * G, table.n), dtype=x.dtype, device=x.device)
         cfg = dispatch.gemm_config(T, table.n, table.k, fmt, gated=False, active=(T * G, G))
-        kept = self._schedules.grouped(T, G, cfg.block_m, x.device)
-        idx, *sched = kept
-        gg.grouped_gemm(a, table, sched, out, cfg, a_idx=idx, c_idx=idx, all_rows_tiled=True,
-                        static_tables=self._schedules.holds(kept))  # fmt: skip
+        idx, *sched = self._schedules.grouped(T, G, cfg.block_m, x.device)
+        gg.grouped_gemm(a, table, sched, out, cfg, a_idx=idx, c_idx=idx, all_rows_tiled=True)
         return out.view(T, G, table.n)
 
     def rms_norm(self, x, weight, eps):
@@ -234,12 +231,11 @@ class CudaDenseOps(DenseOps):
             return _dequant_swiglu_mlp(x, t1, t3, t2, w2, limit, add, out)
         cfg_up = dispatch.gemm_config(T, t1.n, t1.k, fmt, gated=True, active=(T, 1))
         sched = self._schedules.get(T, cfg_up.block_m, x.device)
-        static = self._schedules.holds(sched)
-        gg.grouped_gemm(x, t3, sched, h, cfg_up, gate_table=t1, limit=limit, static_tables=static)
+        gg.grouped_gemm(x, t3, sched, h, cfg_up, gate_table=t1, limit=limit)
         fmt2 = w2.format if isinstance(w2, QuantizedWeight) else "plain"
         cfg_dn = dispatch.gemm_config(T, t2.n, t2.k, fmt2, gated=False, active=(T, 1))
         cfg_dn = replace(cfg_dn, block_m=cfg_up.block_m)
-        gg.grouped_gemm(_act_input(h, w2), t2, sched, out, cfg_dn, add=add, static_tables=static)
+        gg.grouped_gemm(_act_input(h, w2), t2, sched, out, cfg_dn, add=add)
         return out
 
 
