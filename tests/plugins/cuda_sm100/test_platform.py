@@ -104,6 +104,30 @@ def test_gemm_config_keeps_quant_blocks_aligned(monkeypatch):
             assert cfg.block_m >= 16
 
 
+def test_gemm_shapes_are_functions_of_the_machine_they_are_given():
+    """``gemm_shapes`` reads nothing but its arguments: one process asks the tables for an H100, an SM100 part and
+    the interpreter, with other settings, and gets each one's shapes; ``dispatch`` asks them for this machine."""
+    from deepinfer_cuda_sm100 import gemm_shapes as gs
+
+    def on(arch, **setting):
+        return gs.Machine(arch, settings.CudaSM100Settings(**setting), lambda: 132)
+
+    prefill = (192, 2048, 4096, "fp4_e2m1", True, None)
+    assert gs.gemm_config(*prefill, on("sm90")).block_k == 128
+    assert gs.gemm_config(*prefill, on("sm90", fp4_prefill_block_k=64)).block_k == 64
+    assert gs.gemm_config(*prefill, on("interpreter")) == gs.GemmConfig(16, 32, 64, 4, 1)
+    decode = gs.gemm_config(1, 32768, 1024, "fp8_block", False, (1, 1), on("sm90"))
+    assert decode.gemv and (decode.block_n, decode.block_k) == (32, 512) and decode.split_k == 1
+    few = gs.gemm_config(1, 1536, 4096, "fp8_block", False, (1, 1), on("sm90"))
+    assert few.split_k == gs.split_k(gs.cdiv(1536, few.block_n), 4096, few.block_k, on("sm90")) > 1
+    assert gs.mx_gemm_config(256, 32, on("sm100")).mma == "mx"
+    assert gs.mx_gemm_config(256, 32, on("sm100", mx_gemm=False)) is None
+    assert gs.fp8_gemm_backend(8192, 4096, 8192, torch.bfloat16, True, on("sm90")) == "tilelang"
+    assert gs.fp8_gemm_backend(8192, 4096, 8192, torch.bfloat16, False, on("sm90")) == "triton"
+    args = (1, 4096, 2048, "fp4_e2m1", False, (1, 6))
+    assert dispatch.gemm_config(*args) == gs.gemm_config(*args, dispatch.machine())
+
+
 def test_decode_gemms_take_the_gemv_kernel_only_for_one_row_tiles(monkeypatch):
     monkeypatch.setattr(dispatch, "arch", lambda: "sm90")
     monkeypatch.setattr(dispatch, "num_sms", lambda: 132)
