@@ -119,9 +119,9 @@ def _site_coeffs(
     side: bool,
 ):
     """A boundary's ``post`` and ``comb`` and V4.1's site's own ``pre`` (``mhc._hc_coeffs_kernel``, the Sinkhorn's
-    dependent steps among them; V4's ``pre`` output is a scratch), read at the next boundary only. ``side``: on a side branch forked after launch 1 and joined at the
-    next mHC op, so the collapse, and the sublayer after it, need not wait for them (``settings.hc_side_coeffs``);
-    else in line after the collapse. One kernel either way, so the two give the same bits (inside the collapse,
+    dependent steps among them; V4's ``pre`` output is a scratch), read at the next boundary only. ``side``: on a
+    side branch forked after launch 1 and joined at the next mHC op, so the collapse, and the sublayer after it,
+    need not wait for them (``settings.hc_side_coeffs``); else in line after the collapse. One kernel either way, so the two give the same bits (inside the collapse,
     the same arithmetic compiled in another context gave others: NOTES.md v35)."""
     T, N = pre.shape
     held = (part, sq, scale, base, pre, post, comb)
