@@ -90,11 +90,7 @@ def force_prefill_tiles(spec: str) -> dict:
             real_mixes = dispatch.hc_mixes_config
 
             def mixes(t, k, m, real=real_mixes):
-                if t <= 1024:
-                    return real(t, k, m)
-                progs = -(-t // 32)
-                splits = max(1, min(-(-k // 128), -(-2 * dispatch.num_sms() // progs), 64))
-                return dispatch.HcMixesConfig(32, 128, splits, 4, 3)
+                return real(t, k, m) if t <= 1024 else dispatch.hc_mixes_tile(t, k, 32, 128, 4, 3)
 
             dispatch.hc_mixes_config = mixes
         elif what == "attn":

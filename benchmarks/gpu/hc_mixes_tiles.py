@@ -48,8 +48,7 @@ def main() -> None:
                 bt, bk, w, st = tile if not SMOKE else (tile[0] // 2, 64, tile[2], 1)
 
                 def pick(t, k, m, bt=bt, bk=bk, w=w, st=st):
-                    splits = max(1, min(-(-k // bk), -(-2 * dispatch.num_sms() // -(-t // bt)), 64))
-                    return dispatch.HcMixesConfig(bt, bk, splits, w, st)
+                    return dispatch.hc_mixes_tile(t, k, bt, bk, w, st)
 
                 dispatch.hc_mixes_config = pick
             try:

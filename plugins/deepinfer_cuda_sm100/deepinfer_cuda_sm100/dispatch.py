@@ -278,9 +278,16 @@ def hc_mixes_config(t: int, k: int, m: int) -> HcMixesConfig:
         bt, bk, stages = 128, 32 if not interp else 64, 4
     else:
         bt, bk, stages = 1 if one else 16, 128 if not interp else 64, 3
-    programs = _cdiv(t, bt)
-    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), programs), 128 if one else 64))
-    return HcMixesConfig(bt, bk, splits, 4, 1 if interp else stages, dot=not one)
+    return hc_mixes_tile(t, k, bt, bk, 4, 1 if interp else stages, dot=not one)
+
+
+def hc_mixes_tile(
+    t: int, k: int, bt: int, bk: int, warps: int, stages: int, dot: bool = True
+) -> HcMixesConfig:
+    """The mixes launch at a given tile, K split so that about two programs a multiprocessor run (at most 64
+    splits, 128 for one token's CUDA-core path): :func:`hc_mixes_config`'s rule, which the tile sweeps reuse."""
+    splits = max(1, min(_cdiv(k, bk), _cdiv(2 * num_sms(), _cdiv(t, bt)), 64 if dot else 128))
+    return HcMixesConfig(bt, bk, splits, warps, stages, dot=dot)
 
 
 @dataclass(frozen=True)
